@@ -1,0 +1,203 @@
+"""The frozen configuration of one experiment, its validation and the memory guard.
+
+Everything here runs before JAX allocates anything: a configuration that is malformed or too
+large is refused with a ``ConfigError`` (a ``ValueError``) whose message says what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+
+from .models import MODELS
+from .policies import DEFAULT_POLICY, POLICIES
+
+DTYPES = ("float32", "bfloat16")
+OBJECTIVES = ("value_and_grad", "grad")
+BUDGET_ENV = "REMAT_LAB_MEMORY_BUDGET"
+
+# name -> (lowest, highest) for the integer fields.
+LIMITS = {
+    "width": (1, 16384),
+    "batch": (0, 65536),
+    "seq": (1, 4096),
+    "depth": (1, 16),
+    "repeats": (1, 1000),
+    "warmup": (0, 100),
+    "seed": (0, 2**31 - 1),
+}
+CHOICES = {
+    "model": MODELS,
+    "dtype": DTYPES,
+    "policy": tuple(POLICIES),
+    "objective": OBJECTIVES,
+}
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message is a sentence for the user."""
+
+
+class MemoryBudgetError(ConfigError):
+    """A configuration whose estimated memory exceeds the budget."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One experiment. ``batch = 0`` means the seed's single vector ``x: (width,)`` (mlp only).
+
+    ``seq`` is used by ``seq_mixer`` only (``x: (batch, seq, width)``).
+    """
+
+    model: str = "mlp"
+    width: int = 256
+    batch: int = 64
+    seq: int = 16
+    depth: int = 1
+    dtype: str = "float32"
+    policy: str = DEFAULT_POLICY
+    objective: str = "value_and_grad"
+    repeats: int = 20
+    warmup: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in LIMITS:
+                lo, hi = LIMITS[f.name]
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(f"{f.name} must be a whole number from {lo} to {hi}, "
+                                      f"not {value!r}.")
+                if not lo <= value <= hi:
+                    raise ConfigError(f"{f.name} must be from {lo} to {hi}; got {value}.")
+            else:
+                allowed = CHOICES[f.name]
+                if value not in allowed:
+                    raise ConfigError(f"unknown {f.name} {str(value)[:40]!r}; choose one of: "
+                                      f"{', '.join(allowed)}.")
+        if self.batch == 0 and self.model != "mlp":
+            raise ConfigError("batch 0 (a single vector) is only for the mlp model; "
+                              "use a batch of 1 or more for seq_mixer.")
+
+    def replace(self, **changes) -> RunConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return RunConfig(**{**asdict(self), **changes})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        if self.model == "seq_mixer":
+            return (self.batch, self.seq, self.width)
+        return (self.width,) if self.batch == 0 else (self.batch, self.width)
+
+
+def coerce_config(raw: dict) -> RunConfig:
+    """A ``RunConfig`` from loosely typed values (strings from a URL or a form).
+
+    Unknown keys are refused; integers must be written as plain whole numbers.
+    """
+    known = {f.name for f in fields(RunConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"unknown setting {str(unknown[0])[:40]!r}; known: {', '.join(sorted(known))}.")
+    values = {}
+    for name, value in raw.items():
+        if name in LIMITS and isinstance(value, str):
+            text = value.strip()
+            lo, hi = LIMITS[name]
+            if not (text.isascii() and text.lstrip("-").isdigit()) or len(text) > 12:
+                raise ConfigError(f"{name} must be a whole number from {lo} to {hi}, "
+                                  f"not {value[:40]!r}.")
+            value = int(text)
+        values[name] = value
+    return RunConfig(**values)
+
+
+def _itemsize(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else 4
+
+
+def estimate_bytes(config: RunConfig) -> int:
+    """An upper estimate of the device bytes the step needs, computed without JAX.
+
+    Parameters, their gradients and a copy for the reference run; per block the activations the
+    forward and backward can hold at once (for seq_mixer also the (B, N, N) scores), all with a
+    factor of 2 for XLA's temporaries. Checked against compiled figures in the tests.
+    """
+    item = _itemsize(config.dtype)
+    w = config.width
+    params = config.depth * 2 * (w * w + w) * item
+    rows = max(config.batch, 1) * (config.seq if config.model == "seq_mixer" else 1)
+    act = 8 * rows * w * item  # dot outputs, relu outputs and masks, cotangents
+    if config.model == "seq_mixer":
+        act += 4 * max(config.batch, 1) * config.seq * config.seq * 4  # scores, softmax, grads
+        act += 4 * rows * w * item
+    f32_acc = rows * w * 4  # the float32 loss accumulation of the output
+    return 2 * (3 * params + config.depth * act + f32_acc) + (1 << 20)
+
+
+def _system_memory_bytes() -> int:
+    """Physical memory, or the cgroup limit when a container sets a lower one."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def parse_bytes(text: str) -> int:
+    """``'512M'``, ``'2G'``, ``'1.5GiB'`` or a plain number of bytes."""
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    s = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    unit = s[-1] if s and s[-1] in units else ""
+    number = s[: len(s) - len(unit)].strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ConfigError(f"memory budget {str(text)[:40]!r} is not a size; write e.g. 512M, 2G "
+                          "or a number of bytes.") from None
+    if not 0 < value < 2**60 or value != value:
+        raise ConfigError(f"memory budget must be a positive size; got {str(text)[:40]!r}.")
+    return int(value * units[unit])
+
+
+def default_budget_bytes(device_limit: int | None = None) -> int:
+    """Half the memory the backend can use: the device's limit when known, else the system's."""
+    return (device_limit or _system_memory_bytes()) // 2
+
+
+def resolve_budget(explicit: str | int | None = None, device_limit: int | None = None) -> int:
+    """The budget in bytes: explicit value, else ``$REMAT_LAB_MEMORY_BUDGET``, else the default."""
+    if explicit is not None:
+        return explicit if isinstance(explicit, int) else parse_bytes(explicit)
+    if os.environ.get(BUDGET_ENV):
+        return parse_bytes(os.environ[BUDGET_ENV])
+    return default_budget_bytes(device_limit)
+
+
+def check_budget(config: RunConfig, budget: int) -> int:
+    """Refuse ``config`` when its estimate exceeds ``budget``; returns the estimate."""
+    need = estimate_bytes(config)
+    if need > budget:
+        raise MemoryBudgetError(
+            f"this configuration needs about {human_bytes(need)}, over the memory budget of "
+            f"{human_bytes(budget)}; lower width, batch, seq or depth (or raise the budget with "
+            f"--memory-budget or {BUDGET_ENV}).")
+    return need
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``'1.5 KiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -1,0 +1,236 @@
+"""A frozen config -> build, lower, compile, time, size and dissect -> one JSON-ready result.
+
+``run_experiment`` is the one entry point used by the CLI, the app and the benchmarks, so every
+number the app shows can be reproduced with ``python -m remat_lab run --json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable
+
+import flax
+import jax
+import jaxlib
+import numpy as np
+
+from .config import RunConfig, check_budget, resolve_budget
+from .dissect import Dissection, dissect
+from .step import build_problem, make_step
+
+# dtype -> (rtol, atol). atol is scaled by the largest |value| of each reference leaf.
+TOLERANCES = {"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 2e-2)}
+MEMORY_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
+STAGES = ("waiting", "building", "lowering", "compiling", "timing", "checking", "dissecting")
+
+# One timing at a time in this process: concurrent timings would share the cores and corrupt
+# each other's numbers.
+TIMING_LOCK = threading.Lock()
+
+Progress = Callable[[str], None]
+
+
+class ExecutionError(RuntimeError):
+    """XLA failed to compile or run a configuration; the message says what to change."""
+
+
+def enable_compilation_cache(path: str | None = None) -> str:
+    """Turn on JAX's persistent compilation cache (default ``~/.cache/remat_lab/jax``)."""
+    path = path or os.environ.get("REMAT_LAB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "remat_lab", "jax")
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def environment() -> dict:
+    """Backend, devices and versions of this process."""
+    devices = jax.devices()
+    return {
+        "backend": jax.default_backend(), "device_kind": devices[0].device_kind,
+        "device_count": len(devices), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+        "flax": flax.__version__, "cpu_count": os.cpu_count(),
+    }
+
+
+def device_memory_limit() -> int | None:
+    """Bytes the default device may use, when the backend says (GPU/TPU); None on CPU."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("bytes_limit")
+
+
+def memory_report(compiled) -> dict | None:
+    """Every field of ``compiled.memory_analysis()`` plus the peak; None when unavailable.
+
+    ``peak_bytes = generated_code + argument + output - alias + temp`` is XLA's own lower bound.
+    ``xla_peak_memory_bytes`` is XLA's ``peak_memory_in_bytes`` field (on CPU it leaves out temp).
+    """
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:  # some backends do not implement it
+        return None
+    if ma is None:
+        return None
+    out = {}
+    for prefix in ("", "host_"):
+        for name in MEMORY_FIELDS:
+            out[f"{prefix}{name}_bytes"] = int(getattr(ma, f"{prefix}{name}_size_in_bytes", 0) or 0)
+    out["peak_bytes"] = (out["generated_code_bytes"] + out["argument_bytes"] + out["output_bytes"]
+                         - out["alias_bytes"] + out["temp_bytes"])
+    peak = getattr(ma, "peak_memory_in_bytes", None)
+    out["xla_peak_memory_bytes"] = None if peak is None else int(peak)
+    return out
+
+
+def flops_of(compiled) -> float | None:
+    """XLA's cost-analysis flop count of the compiled step."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    return None if not cost or "flops" not in cost else float(cost["flops"])
+
+
+def time_executable(compiled, args, *, warmup: int, repeats: int) -> np.ndarray:
+    """Seconds per call of ``compiled(*args)``, each ended by ``block_until_ready`` on all outputs."""
+    for _ in range(warmup):
+        jax.block_until_ready(compiled(*args))
+    samples = np.empty(repeats)
+    clock = time.perf_counter
+    for i in range(repeats):
+        t0 = clock()
+        jax.block_until_ready(compiled(*args))
+        samples[i] = clock() - t0
+    return samples
+
+
+def step_time_summary(samples: np.ndarray, warmup: int) -> dict:
+    p25, med, p75 = np.percentile(samples, [25, 50, 75])
+    return {"median": float(med), "p25": float(p25), "p75": float(p75),
+            "min": float(samples.min()), "max": float(samples.max()),
+            "repeats": int(samples.size), "warmup": warmup, "samples": samples.tolist()}
+
+
+@functools.lru_cache(maxsize=16)
+def reference(config: RunConfig) -> tuple[float, list[np.ndarray]]:
+    """Loss and gradients of the ``no_remat`` value_and_grad step for ``config``'s model."""
+    ref_cfg = config.replace(policy="no_remat", objective="value_and_grad")
+    problem = build_problem(ref_cfg)
+    loss, grads = jax.jit(make_step(problem))(*problem.args)
+    return float(loss), [np.asarray(g, dtype=np.float64) for g in grads]
+
+
+def gradient_check(config: RunConfig, grads: list, loss: float | None) -> dict:
+    """Compare the step's loss and every gradient leaf with the ``no_remat`` baseline.
+
+    ``max_rel_err`` is the largest ``max|g - ref| / max|ref|`` over leaves (and the loss).
+    """
+    ref_loss, ref_grads = reference(config)
+    rtol, atol = TOLERANCES[config.dtype]
+    pairs = [(np.asarray(g, dtype=np.float64), r) for g, r in zip(grads, ref_grads)]
+    if loss is not None:
+        pairs.append((np.float64(loss), np.float64(ref_loss)))
+    max_abs = max_rel = 0.0
+    ok = len(grads) == len(ref_grads)
+    for got, ref in pairs:
+        err = np.abs(got - ref)
+        scale = float(np.max(np.abs(ref))) if np.size(ref) else 0.0
+        max_abs = max(max_abs, float(np.max(err, initial=0.0)))
+        max_rel = max(max_rel, float(np.max(err, initial=0.0)) / max(scale, 1e-30))
+        ok &= bool(np.all(err <= atol * max(scale, 1.0) + rtol * np.abs(ref)))
+        ok &= bool(np.all(np.isfinite(got)))
+    return {"reference": "no_remat", "max_abs_err": max_abs, "max_rel_err": max_rel,
+            "rtol": rtol, "atol": atol, "ok": ok}
+
+
+@contextmanager
+def timing_slot(progress: Progress):
+    """Hold the process-wide timing lock, telling ``progress`` when we have to wait for it."""
+    if not TIMING_LOCK.acquire(blocking=False):
+        progress("waiting")
+        TIMING_LOCK.acquire()
+    try:
+        yield
+    finally:
+        TIMING_LOCK.release()
+
+
+def _xla_error(stage: str, err: Exception) -> ExecutionError:
+    text = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+    hint = ("the device ran out of memory: lower width, batch, seq or depth"
+            if "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower()
+            else "try a smaller or different configuration")
+    return ExecutionError(f"XLA failed while {stage}: {text}. {hint.capitalize()}.")
+
+
+def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing: bool = True,
+                   progress: Progress | None = None) -> dict:
+    """Everything about one configuration, as the JSON document of ``remat_lab run --json``.
+
+    Raises ``ConfigError`` (over budget) before anything is allocated and ``ExecutionError`` when
+    XLA fails. With ``timing=False`` the step is compiled and dissected but not timed.
+    """
+    progress = progress or (lambda stage: None)
+    check_budget(config, resolve_budget(budget, device_memory_limit()))
+
+    progress("building")
+    problem = build_problem(config)
+    step = jax.jit(make_step(problem))
+    progress("lowering")
+    t0 = time.perf_counter()
+    try:
+        lowered = step.lower(*problem.args)
+        t1 = time.perf_counter()
+        progress("compiling")
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+    except Exception as err:  # XlaRuntimeError and friends
+        raise _xla_error("compiling", err) from err
+
+    result = {"config": config.as_dict(), "environment": environment(),
+              "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1}}
+    flops = flops_of(compiled)
+    try:
+        if timing:
+            with timing_slot(progress):
+                progress("timing")
+                samples = time_executable(compiled, problem.args, warmup=config.warmup,
+                                          repeats=config.repeats)
+            result["step_time_s"] = step_time_summary(samples, config.warmup)
+        else:
+            result["step_time_s"] = None
+        progress("checking")
+        out = compiled(*problem.args)
+    except Exception as err:
+        raise _xla_error("running", err) from err
+    loss, grads = (None, out) if config.objective == "grad" else (float(out[0]), out[1])
+    median = result["step_time_s"]["median"] if timing else None
+    result["flops"] = flops
+    result["achieved_flops_per_s"] = flops / median if flops and median else None
+    check = gradient_check(config, grads, loss)
+    result["loss"] = loss if loss is not None else reference(config)[0]
+    result["memory"] = memory_report(compiled)
+
+    progress("dissecting")
+    text = compiled.as_text()
+    dis: Dissection = dissect(problem, text)
+    result["hlo"] = {"dot_count": dis.hlo_forward_dots + dis.hlo_recomputed_dots
+                     + dis.hlo_backward_dots,
+                     "forward_dots": dis.hlo_forward_dots,
+                     "recomputed_dots": dis.hlo_recomputed_dots,
+                     "backward_dots": dis.hlo_backward_dots}
+    result["gradient_check"] = check
+    result["residuals"] = dis.residuals
+    result["dots"] = dis.dots
+    result["totals"] = dis.totals
+    result["notes"] = dis.notes
+    result["texts"] = dis.texts
+    return result

@@ -1,0 +1,86 @@
+"""The differentiated step: model + policy -> a pure jittable function of (parameter leaves, x).
+
+Following the Flax examples, the model, the loss and the step are three small separate things:
+``build_model`` (models.py), ``loss_fn`` (here) and ``make_step`` (here). The module is split once
+(``nnx.split``); the step takes the flat list of parameter arrays so that calling the compiled
+executable costs as little as possible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .config import RunConfig
+from .models import blocks_of, build_model
+from .policies import get_policy
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A built model, split into a graph definition and flat parameter leaves, and its input."""
+
+    config: RunConfig
+    graphdef: nnx.GraphDef
+    treedef: jax.tree_util.PyTreeDef
+    leaves: list[jax.Array]
+    paths: list[str]
+    x: jax.Array
+    loss: Callable[[list[jax.Array], jax.Array], jax.Array]
+
+    @property
+    def args(self) -> tuple[list[jax.Array], jax.Array]:
+        return self.leaves, self.x
+
+
+def _block_fn(policy_id: str) -> Callable[[nnx.Module, jax.Array], jax.Array]:
+    """How one block is called: directly (no_remat) or through ``nnx.remat(policy=...)``."""
+    policy = get_policy(policy_id)
+
+    def call(block: nnx.Module, x: jax.Array) -> jax.Array:
+        return block(x)
+
+    if not policy.remat:
+        return call
+    return nnx.remat(call, policy=policy.build())
+
+
+def _path_name(path) -> str:
+    """``(DictKey('l1'), DictKey('kernel'), GetAttrKey('value'))`` -> ``'l1.kernel'``."""
+    parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    return ".".join(p for p in parts if p not in ("value", ""))
+
+
+def build_problem(config: RunConfig) -> Problem:
+    """Build the model and input of ``config`` and the scalar loss over flat parameter leaves."""
+    dtype = DTYPES[config.dtype]
+    model = build_model(config.model, config.width, config.depth, seed=config.seed, dtype=dtype)
+    graphdef, state = nnx.split(model)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+    paths = [_path_name(p) for p, _ in flat]
+    leaves = [leaf for _, leaf in flat]
+    x = jax.random.normal(jax.random.key(config.seed + 1), config.input_shape, dtype=dtype)
+    block_fn = _block_fn(config.policy)
+
+    def loss(leaves: list[jax.Array], x: jax.Array) -> jax.Array:
+        """Sum of the model output, accumulated in float32."""
+        model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+        for i, block in enumerate(blocks_of(model)):
+            with jax.named_scope(f"block{i}"):
+                x = block_fn(block, x)
+        return jnp.sum(x, dtype=jnp.float32)
+
+    return Problem(config, graphdef, treedef, leaves, paths, x, loss)
+
+
+def make_step(problem: Problem) -> Callable:
+    """The un-jitted step: (leaves, x) -> (loss, grads) or grads, per the objective."""
+    if problem.config.objective == "grad":
+        return jax.grad(problem.loss)
+    return jax.value_and_grad(problem.loss)
