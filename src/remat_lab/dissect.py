@@ -33,6 +33,7 @@ _LAYER = re.compile(r"\b(l1|l2|mix)\b")
 _BLOCK = re.compile(r"\bblock(\d+)\b")
 _PATH_LAYER = re.compile(r"(?:blocks\.(\d+)\.)?(l1|l2|mix)\b")
 _PASS_THROUGH = {"reduce_precision", "device_put", "copy", "copy_p"}
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
 _HLO_DOT = re.compile(r"=\s*(\w+)\[([\d,]*)\][^=]*?\bdot\(.*?op_name=\"([^\"]*)\"")
 
 
@@ -225,6 +226,11 @@ def dissect(problem: Problem, compiled_text: str) -> Dissection:
 
     hlo = parse_hlo_dots(compiled_text, depth)
     hlo_recomputed = Counter((d["layer"], tuple(d["shape"])) for d in hlo if d["role"] == "recomputed")
+    hlo_dot_keys = {(d["layer"], tuple(d["shape"])) for d in hlo if d["role"] != "backward"}
+    # XLA may rewrite a product into other instructions (vector x matrix -> multiply + reduce);
+    # then only the op_name metadata of what it became says where it came from.
+    remat_opname_layers = {layer_of(m, depth) for m in _OP_NAME.findall(compiled_text)
+                           if "rematted_computation" in m and m.endswith("/dot_general")}
 
     dots, seen, seen_hlo = [], Counter(), Counter()
     for i, e in enumerate(fwd_dots):
@@ -239,7 +245,10 @@ def dissect(problem: Problem, compiled_text: str) -> Dissection:
         flops = 2 * int(np.prod(out.shape, dtype=np.int64)) * contracted
         hkey = (sig[0], tuple(out.shape))
         in_compiled = False
-        if is_recomputed:
+        rewritten = hkey not in hlo_dot_keys
+        if is_recomputed and rewritten:
+            in_compiled = sig[0] in remat_opname_layers
+        elif is_recomputed:
             seen_hlo[hkey] += 1
             in_compiled = seen_hlo[hkey] <= hlo_recomputed[hkey]
         mem = saved_by.get(id(eqn))
@@ -253,6 +262,10 @@ def dissect(problem: Problem, compiled_text: str) -> Dissection:
             "recomputed": is_recomputed, "recomputed_in_compiled": in_compiled,
         }
         row["note"] = _note(row, cfg)
+        if rewritten:
+            row["note"] = "; ".join(filter(None, [row["note"], (
+                "XLA rewrote this product without a dot instruction (e.g. multiply + reduce); "
+                "the compiled verdict comes from op_name metadata")]))
         dots.append(row)
 
     n_fwd = sum(d["role"] == "forward" for d in hlo)
