@@ -1,0 +1,37 @@
+"""Remat Lab: the Streamlit router. Run with ``streamlit run app.py``.
+
+Sets the page config, shows the shared controls in the sidebar and runs the selected page.
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:  # for "from pages import _shared" (never put pages/ itself on the path)
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+st.set_page_config(page_title="Remat Lab", page_icon="♻️", layout="wide")
+
+from pages import _shared  # noqa: E402
+from remat_lab.experiment import enable_compilation_cache  # noqa: E402
+
+
+@st.cache_resource(show_spinner=False)
+def _compile_cache() -> str:
+    return enable_compilation_cache()
+
+
+_compile_cache()
+PAGES = [
+    st.Page("pages/explore.py", title="Explore", icon="🔬", url_path="explore", default=True),
+    st.Page("pages/compare.py", title="Compare policies", icon="⚖️", url_path="compare"),
+    st.Page("pages/sweep.py", title="Sweep", icon="📈", url_path="sweep"),
+    st.Page("pages/inspect.py", title="Inspect", icon="🧾", url_path="inspect"),
+    st.Page("pages/guide.py", title="Guide", icon="📖", url_path="guide"),
+]
+page = st.navigation(PAGES, position="top")
+config = _shared.controls()
+with _shared.routed(config):
+    page.run()

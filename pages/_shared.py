@@ -1,0 +1,302 @@
+"""Streamlit code shared by the router (app.py) and every page.
+
+Sidebar controls (kept across pages), the URL mirror of the configuration, the cached run wrapper
+with its progress box, the environment line and the error display. Pages stay thin.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from contextlib import contextmanager
+
+import streamlit as st
+
+from remat_lab import experiment, models
+from remat_lab.config import (
+    CHOICES,
+    DTYPES,
+    LIMITS,
+    OBJECTIVES,
+    ConfigError,
+    RunConfig,
+    coerce_config,
+    estimate_bytes,
+    human_bytes,
+)
+from remat_lab.experiment import STAGES, ExecutionError
+from remat_lab.policies import DEFAULT_POLICY, POLICIES
+
+CONTROL_KEYS = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective", "repeats")
+DEFAULT = RunConfig()
+POW2_WIDTHS = [2 ** i for i in range(3, 13)]  # 8 .. 4096
+POW2_BATCHES = [2 ** i for i in range(0, 13)]  # 1 .. 4096
+POW2_SEQS = [2 ** i for i in range(0, 11)]  # 1 .. 1024
+STAGE_TEXT = {
+    "waiting": "Waiting: another session is timing a run (one timing at a time)",
+    "building": "Building the model",
+    "lowering": "Lowering the step",
+    "compiling": "Compiling with XLA",
+    "timing": "Timing the compiled step",
+    "checking": "Checking gradients against no_remat",
+    "dissecting": "Dissecting jaxprs and compiled HLO",
+}
+assert set(STAGE_TEXT) == set(STAGES)
+QUICK_FLOPS = 3e10  # auto-run below this many flops of timed work (a few seconds on 2 cores)
+
+_RUN = threading.local()  # the router's config for this script run; the progress callback
+
+
+def policy_label(pid: str) -> str:
+    return POLICIES[pid].label if pid in POLICIES else pid
+
+
+def describe(cfg: RunConfig) -> str:
+    shape = "x".join(map(str, cfg.input_shape))
+    return (f"{cfg.model} {cfg.dtype} x:({shape}) depth {cfg.depth}, {cfg.policy}, "
+            f"{cfg.objective}, {cfg.repeats} repeats")
+
+
+# ---------------------------------------------------------------- URL <-> controls
+
+
+def _read_url_once() -> list[str]:
+    """On a session's first run, copy valid URL values into the controls; warn about bad ones."""
+    if st.session_state.get("_url_loaded"):
+        return []
+    st.session_state["_url_loaded"] = True
+    warnings, values = [], {}
+    for key in CONTROL_KEYS:
+        if key not in st.query_params:
+            continue
+        raw = st.query_params[key]
+        try:  # validate one parameter at a time so the warning names it; never executed
+            values[key] = getattr(coerce_config({key: raw} if key != "batch" else
+                                                {key: raw, "model": "mlp"}), key)
+        except ConfigError as err:
+            allowed = (", ".join(CHOICES[key]) if key in CHOICES
+                       else "a whole number from {} to {}".format(*LIMITS[key]))
+            warnings.append(f"URL parameter `{key}` = `{str(raw)[:40]}` is not valid ({err}) "
+                            f"Allowed: {allowed}. Using the default, `{getattr(DEFAULT, key)}`.")
+    if values.get("batch") == 0 and values.get("model") == "seq_mixer":
+        warnings.append("URL parameter `batch` = `0` (a single vector) is only for the mlp model. "
+                        f"Using the default, `{DEFAULT.batch}`.")
+        values.pop("batch")
+    for key, value in values.items():
+        st.session_state[key] = value
+    if "width" in values:
+        st.session_state["width_exact"] = values["width"]
+    return warnings
+
+
+def _write_url(cfg: RunConfig) -> None:
+    wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS}
+    if {k: st.query_params.get(k) for k in st.query_params} != wanted:
+        st.query_params.from_dict(wanted)
+
+
+def _width_from_slider() -> None:
+    st.session_state["width_exact"] = st.session_state["width"]
+
+
+def _width_from_entry() -> None:
+    st.session_state["width"] = int(st.session_state["width_exact"])
+
+
+def _render_controls() -> RunConfig:
+    warnings = _read_url_once()
+    ss = st.session_state
+    for key in CONTROL_KEYS:
+        ss.setdefault(key, getattr(DEFAULT, key))
+    ss.setdefault("width_exact", ss["width"])
+    sb = st.sidebar
+    sb.title("Remat Lab")
+    sb.caption("What a JAX checkpoint policy does to a Flax NNX model.")
+    sb.radio("Model", CHOICES["model"], key="model", horizontal=True,
+             help="mlp: relu(l2(relu(l1(x)))); seq_mixer adds token mixing whose dots pair batch axes.")
+    sb.select_slider("Width D (features)", options=sorted(set(POW2_WIDTHS) | {ss["width"]}),
+                     key="width", on_change=_width_from_slider)
+    sb.number_input("…or type any width", min_value=LIMITS["width"][0], max_value=LIMITS["width"][1],
+                    step=1, key="width_exact", on_change=_width_from_entry)
+    if ss["model"] != "mlp" and ss["batch"] == 0:
+        ss["batch"] = 1
+    batches = ([0] if ss["model"] == "mlp" else []) + POW2_BATCHES
+    sb.select_slider("Batch B", options=sorted(set(batches) | {ss["batch"]}), key="batch",
+                     format_func=lambda b: "single vector" if b == 0 else str(b),
+                     help="single vector = x: (D,), the seed's case (mlp only).")
+    sb.select_slider("Sequence length N (seq_mixer)", options=sorted(set(POW2_SEQS) | {ss["seq"]}),
+                     key="seq", disabled=ss["model"] != "seq_mixer")
+    sb.slider("Depth (remat'd blocks)", *LIMITS["depth"], key="depth")
+    sb.radio("dtype", DTYPES, key="dtype", horizontal=True)
+    sb.selectbox("Checkpoint policy", list(POLICIES), key="policy", format_func=policy_label,
+                 help=POLICIES[ss["policy"]].description if ss["policy"] in POLICIES else None)
+    sb.radio("Objective", OBJECTIVES, key="objective", horizontal=True)
+    sb.number_input("Timed repeats", min_value=LIMITS["repeats"][0], max_value=LIMITS["repeats"][1],
+                    step=1, key="repeats")
+    try:
+        cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in CONTROL_KEYS})
+    except ConfigError as err:  # should not happen: every control offers valid values only
+        st.warning(f"{err} Using the defaults.")
+        cfg = DEFAULT
+    for text in warnings:
+        st.warning(text)
+    _write_url(cfg)
+    sb.caption(f"Estimated memory need: {human_bytes(estimate_bytes(cfg))}. "
+               "The link in the address bar restores these settings.")
+    return cfg
+
+
+def controls() -> RunConfig:
+    """The sidebar controls' configuration; rendered once per script run (router or page)."""
+    cfg = getattr(_RUN, "config", None)
+    return cfg if cfg is not None else _render_controls()
+
+
+@contextmanager
+def routed(cfg: RunConfig):
+    """Used by app.py around ``pg.run()`` so pages reuse the router's controls."""
+    _RUN.config = cfg
+    try:
+        yield
+    finally:
+        _RUN.config = None
+
+
+# ---------------------------------------------------------------- running
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def _cached_run(items: tuple, keep_texts: bool) -> dict:
+    cfg = RunConfig(**dict(items))
+    callback = getattr(_RUN, "progress", None) or (lambda stage: None)
+    result = experiment.run_experiment(cfg, progress=callback)
+    if not keep_texts:
+        result.pop("texts", None)
+    return result
+
+
+def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = False) -> dict:
+    """One cached run, naming each stage in ``status``; raises ConfigError / ExecutionError."""
+    def progress(stage: str) -> None:
+        status.update(label=f"{prefix}{STAGE_TEXT.get(stage, stage)}…", state="running")
+
+    _RUN.progress = progress
+    try:
+        return _cached_run(tuple(sorted(cfg.as_dict().items())), keep_texts)
+    finally:
+        _RUN.progress = None
+
+
+def is_quick(cfg: RunConfig) -> bool:
+    """Whether ``cfg`` should run as soon as a control changes (a few seconds at most)."""
+    rows = max(cfg.batch, 1) * (cfg.seq if cfg.model == "seq_mixer" else 1)
+    fwd = 4 * rows * cfg.width ** 2 * cfg.depth
+    if cfg.model == "seq_mixer":
+        fwd += 4 * max(cfg.batch, 1) * cfg.seq ** 2 * cfg.width * cfg.depth
+    return 3 * fwd * (cfg.repeats + cfg.warmup) < QUICK_FLOPS and estimate_bytes(cfg) < (1 << 30)
+
+
+def run_one(cfg: RunConfig, keep_texts: bool = True, button_key: str = "run_now") -> dict | None:
+    """The current configuration's result with a progress box; None (after st.error) on failure.
+
+    Quick configurations run at once; slower ones wait for a click (and then stay remembered).
+    """
+    ran = st.session_state.setdefault("_ran", set())
+    key = (cfg, keep_texts)
+    if not is_quick(cfg) and key not in ran:
+        st.info("This configuration may take a while to compile and time, so it does not run "
+                "automatically.")
+        if not st.button("Run this configuration", key=button_key, type="primary"):
+            return None
+    t0 = time.perf_counter()
+    with st.status(f"Running {describe(cfg)}…", expanded=False) as status:
+        try:
+            result = run_config(cfg, status, keep_texts=keep_texts)
+        except (ConfigError, ExecutionError) as err:
+            status.update(label="Run failed", state="error")
+            error = err
+        else:
+            error = None
+            took = time.perf_counter() - t0
+            status.update(label=f"Done: {describe(cfg)} ({took:.1f} s"
+                                f"{', from cache' if took < 0.2 else ''})", state="complete")
+            st.write(" → ".join(s for s in STAGES if s != "waiting"))
+    if error is not None:
+        show_error(error)
+        return None
+    ran.add(key)
+    return result
+
+
+def show_error(err: Exception) -> None:
+    """ConfigError / ExecutionError as a red box with what to change."""
+    if isinstance(err, ConfigError):
+        st.error(f"**This configuration cannot run.** {err}\n\nChange the settings in the sidebar "
+                 "(for example a smaller width, batch, seq or depth); the app keeps serving.")
+    elif isinstance(err, ExecutionError):
+        st.error(f"**XLA failed.** {err}\n\nChange the settings in the sidebar and the app will "
+                 "run again.")
+    else:
+        st.error(f"Unexpected error: {err}")
+
+
+# ---------------------------------------------------------------- page furniture
+
+
+@st.cache_resource(show_spinner=False)
+def _environment() -> dict:
+    return experiment.environment()
+
+
+def page_start(title: str, intro: str | None = None) -> RunConfig:
+    """Controls, header and environment line; the configuration to use."""
+    cfg = controls()
+    st.header(title)
+    if intro:
+        st.caption(intro)
+    env_line()
+    return cfg
+
+
+def env_line() -> None:
+    e = _environment()
+    st.caption(f"Environment: backend **{e['backend']}** · device {e['device_kind']} × "
+               f"{e['device_count']} · {e['cpu_count']} CPU cores · jax {e['jax']} · jaxlib "
+               f"{e['jaxlib']} · flax {e['flax']} · streamlit {st.__version__}")
+
+
+def cli_command(cfg: RunConfig) -> str:
+    parts = ["python -m remat_lab run", f"--model {cfg.model}", f"--width {cfg.width}",
+             f"--batch {cfg.batch}"]
+    if cfg.model == "seq_mixer":
+        parts.append(f"--seq {cfg.seq}")
+    parts += [f"--depth {cfg.depth}", f"--dtype {cfg.dtype}", f"--policy {cfg.policy}",
+              f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", "--json"]
+    return " ".join(parts)
+
+
+def reproduce_code(cfg: RunConfig) -> str:
+    """Self-contained code for the configuration: the model, the remat'd block and the step."""
+    block = models.MLP if cfg.model == "mlp" else models.SeqMixer
+    policy = POLICIES[cfg.policy]
+    src = inspect.getsource(block)
+    head = ("import math\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import nnx\n\n\n")
+    call = f"{policy.code}\ndef call_block(block, x):\n    return block(x)\n"
+    dtype = f"jnp.{cfg.dtype}"
+    shape = cfg.input_shape
+    grad = "nnx.value_and_grad" if cfg.objective == "value_and_grad" else "nnx.grad"
+    return (f"{head}{src}\n\n{call}\n\n"
+            f"rngs = nnx.Rngs({cfg.seed})\n"
+            f"blocks = nnx.List([{block.__name__}({cfg.width}, rngs=rngs, dtype={dtype})\n"
+            f"                   for _ in range({cfg.depth})])\n"
+            f"x = jax.random.normal(jax.random.key({cfg.seed + 1}), {shape!r}, dtype={dtype})\n\n\n"
+            "def loss_fn(blocks, x):\n    for block in blocks:\n        x = call_block(block, x)\n"
+            "    return jnp.sum(x, dtype=jnp.float32)\n\n\n"
+            f"step = nnx.jit({grad}(loss_fn))\nout = step(blocks, x)  # "
+            f"{'(loss, grads)' if cfg.objective == 'value_and_grad' else 'grads'}\n")
+
+
+__all__ = ["controls", "routed", "run_one", "run_config", "show_error", "page_start", "env_line",
+           "cli_command", "reproduce_code", "describe", "policy_label", "is_quick", "STAGE_TEXT",
+           "DEFAULT_POLICY"]

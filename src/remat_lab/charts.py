@@ -1,0 +1,179 @@
+"""Plotly figures for the app: DataFrame in, ``go.Figure`` out.
+
+No Streamlit and no JAX here. Every builder accepts an empty frame (it returns a figure with a
+"no data" note). ``POLICY_COLORS`` gives every policy one colour used on every chart.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+POLICY_COLORS = {
+    "no_remat": "#4C566A",
+    "nnx_remat_default": "#E69F00",
+    "nothing_saveable": "#D55E00",
+    "everything_saveable": "#56B4E9",
+    "dots_saveable": "#009E73",
+    "dots_with_no_batch_dims_saveable": "#0072B2",
+    "offload_dot_with_no_batch_dims": "#CC79A7",
+}
+MEMORY_COLORS = {"argument": "#0072B2", "output": "#56B4E9", "temp": "#E69F00",
+                 "alias": "#999999", "generated_code": "#009E73"}
+KIND_COLORS = {"argument": "#8FA9C7", "dot_general": "#0072B2"}
+_FALLBACK = ["#F0E442", "#7F3C8D", "#11A579", "#3969AC", "#F2B701", "#E73F74"]
+PAGE_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50),
+                   legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), height=380)
+
+
+def policy_color(policy: str) -> str:
+    """The colour of ``policy`` (a stable fallback for unknown ids)."""
+    return POLICY_COLORS.get(policy) or _FALLBACK[sum(map(ord, str(policy))) % len(_FALLBACK)]
+
+
+def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, **PAGE_LAYOUT)
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title)
+    return fig
+
+
+def _empty(fig: go.Figure) -> go.Figure:
+    fig.add_annotation(text="no data yet", showarrow=False, xref="paper", yref="paper",
+                       x=0.5, y=0.5, font=dict(size=16, color="#888"))
+    return fig
+
+
+def make_step_time_figure(df: pd.DataFrame) -> go.Figure:
+    """Distribution of timed runs: ``df`` columns policy, run, ms (one box per policy)."""
+    fig = _figure("Step time of the timed runs", "policy", "step time (ms)")
+    if df is None or df.empty:
+        return _empty(fig)
+    for policy, part in df.groupby("policy", sort=False):
+        fig.add_trace(go.Box(
+            y=part["ms"], name=str(policy), boxpoints="all", jitter=0.4, pointpos=0,
+            marker_color=policy_color(policy), customdata=part["run"],
+            hovertemplate="run %{customdata}: %{y:.4f} ms<extra>%{fullData.name}</extra>"))
+    fig.update_layout(showlegend=False)
+    return fig
+
+
+def make_memory_figure(df: pd.DataFrame) -> go.Figure:
+    """Stacked memory parts per policy with the peak marked.
+
+    ``df`` columns: policy, argument, output, temp, alias, generated_code, peak_mib (MiB). Alias
+    is drawn below zero because peak = generated_code + argument + output - alias + temp.
+    """
+    fig = _figure("Compiled memory (XLA memory analysis)", "policy", "memory (MiB)")
+    if df is None or df.empty:
+        return _empty(fig)
+    for part in ("argument", "output", "temp", "generated_code", "alias"):
+        sign = -1 if part == "alias" else 1
+        fig.add_trace(go.Bar(
+            x=df["policy"], y=sign * df[part], name=part.replace("_", " "),
+            marker_color=MEMORY_COLORS[part], customdata=df[part],
+            hovertemplate=f"{part}: %{{customdata:.4f}} MiB<extra>%{{x}}</extra>"))
+    fig.add_trace(go.Scatter(
+        x=df["policy"], y=df["peak_mib"], mode="markers+text", name="peak",
+        marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color="#222")),
+        text=[f"peak {v:.3f} MiB" for v in df["peak_mib"]], textposition="top center",
+        hovertemplate="peak: %{y:.4f} MiB<extra>%{x}</extra>"))
+    fig.update_layout(barmode="relative")
+    return fig
+
+
+def make_residuals_figure(df: pd.DataFrame) -> go.Figure:
+    """Residual bytes by layer, stacked by kind: ``df`` columns layer, kind, bytes, mib."""
+    fig = _figure("Residuals kept for the backward pass", "layer", "residual memory (MiB)")
+    if df is None or df.empty:
+        return _empty(fig)
+    for kind, part in df.groupby("kind", sort=False):
+        fig.add_trace(go.Bar(
+            x=part["layer"], y=part["mib"], name=str(kind),
+            marker_color=KIND_COLORS.get(kind, "#999"), customdata=part["bytes"],
+            hovertemplate="%{customdata:,} bytes (%{y:.4f} MiB)<extra>" + str(kind) + "</extra>"))
+    fig.update_layout(barmode="stack")
+    return fig
+
+
+def make_time_bars_figure(df: pd.DataFrame) -> go.Figure:
+    """Median step time per policy with p25-p75 error bars: columns policy, median_ms, p25_ms, p75_ms."""
+    fig = _figure("Step time per policy (median, bars p25-p75)", "policy", "step time (ms)")
+    if df is None or df.empty:
+        return _empty(fig)
+    for _, row in df.iterrows():
+        fig.add_trace(go.Bar(
+            x=[row["policy"]], y=[row["median_ms"]], name=str(row["policy"]),
+            marker_color=policy_color(row["policy"]),
+            error_y=dict(type="data", symmetric=False, array=[row["p75_ms"] - row["median_ms"]],
+                         arrayminus=[row["median_ms"] - row["p25_ms"]]),
+            customdata=[[row["p25_ms"], row["p75_ms"]]],
+            hovertemplate="median %{y:.4f} ms<br>p25 %{customdata[0]:.4f} ms<br>"
+                          "p75 %{customdata[1]:.4f} ms<extra>%{x}</extra>"))
+    fig.update_layout(barmode="group", showlegend=False)
+    return fig
+
+
+def make_pareto_figure(df: pd.DataFrame, front: pd.Series | None = None) -> go.Figure:
+    """Step time vs peak memory, one point per policy, the Pareto front as a line.
+
+    ``df`` columns policy, median_ms, peak_mib; ``front`` a boolean mask of the front's rows.
+    """
+    fig = _figure("Step time vs peak memory (Pareto front: nothing beats it on both)",
+                  "peak memory (MiB)", "step time (ms)")
+    if df is None or df.empty:
+        return _empty(fig)
+    for _, row in df.iterrows():
+        fig.add_trace(go.Scatter(
+            x=[row["peak_mib"]], y=[row["median_ms"]], mode="markers", name=str(row["policy"]),
+            marker=dict(size=14, color=policy_color(row["policy"]), line=dict(width=1, color="#222")),
+            hovertemplate="%{x:.4f} MiB, %{y:.4f} ms<extra>%{fullData.name}</extra>"))
+    if front is not None and front.any():
+        pts = df[front.to_numpy()].sort_values("peak_mib")
+        fig.add_trace(go.Scatter(
+            x=pts["peak_mib"], y=pts["median_ms"], mode="lines", name="Pareto front",
+            line=dict(color="#222", dash="dash", shape="hv"), hoverinfo="skip"))
+    return fig
+
+
+def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figure:
+    """One line per policy (and per value of the other axis) of ``y`` against ``x``.
+
+    ``x`` is "width" or "batch"; the other of the two picks the line dash.
+    """
+    other = "batch" if x == "width" else "width"
+    fig = _figure(f"{y_title} vs {x}", x, y_title)
+    if df is None or df.empty:
+        return _empty(fig)
+    dashes = ["solid", "dot", "dash", "longdash", "dashdot", "longdashdot"]
+    others = sorted(df[other].unique())
+    for policy, part in df.groupby("policy", sort=False):
+        for i, val in enumerate(others):
+            sub = part[part[other] == val].sort_values(x)
+            if sub.empty:
+                continue
+            fig.add_trace(go.Scatter(
+                x=sub[x], y=sub[y], mode="lines+markers", legendgroup=str(policy),
+                name=f"{policy} ({other} {val})" if len(others) > 1 else str(policy),
+                line=dict(color=policy_color(policy), dash=dashes[i % len(dashes)]),
+                hovertemplate=f"{x} %{{x}}: %{{y:.4f}}<extra>%{{fullData.name}}</extra>"))
+    if (df[x] > 0).all():
+        fig.update_xaxes(type="log")
+    fig.update_layout(height=420)
+    return fig
+
+
+def make_relative_heatmap_figure(df: pd.DataFrame, title: str) -> go.Figure:
+    """Each policy's metric relative to no_remat: ``df`` columns policy, config, ratio."""
+    fig = _figure(title, "configuration (width, batch)", "policy")
+    if df is None or df.empty:
+        return _empty(fig)
+    table = df.pivot_table(index="policy", columns="config", values="ratio", sort=False)
+    fig.add_trace(go.Heatmap(
+        z=table.to_numpy(), x=list(table.columns), y=list(table.index), colorscale="RdBu_r",
+        zmid=1.0, colorbar=dict(title="x no_remat"),
+        text=[[f"{v:.2f}x" for v in row] for row in table.to_numpy()], texttemplate="%{text}",
+        hovertemplate="%{y} at %{x}: %{z:.3f}x no_remat<extra></extra>"))
+    fig.update_layout(height=max(260, 60 + 40 * len(table.index)), margin=dict(l=260, r=20, t=50, b=50))
+    return fig

@@ -1,0 +1,154 @@
+"""Result dicts (``run_experiment`` documents) -> pandas DataFrames for the app's tables and charts.
+
+pandas only: no Streamlit, no JAX. Every builder accepts partial or empty input and returns a frame
+with its documented columns (possibly with no rows).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+MIB = float(1 << 20)
+MEMORY_PARTS = ("argument", "output", "temp", "alias", "generated_code")
+
+DOT_COLUMNS = ["index", "layer", "lhs_shape", "rhs_shape", "out_shape", "has_batch_dims",
+               "policy_verdict", "saved", "offloaded", "recomputed", "recomputed_in_compiled",
+               "flops", "out_bytes", "note"]
+RESIDUAL_COLUMNS = ["index", "shape", "dtype", "bytes", "memory_kind", "kind", "layer", "source"]
+SUMMARY_COLUMNS = ["policy", "model", "width", "batch", "seq", "depth", "dtype", "objective",
+                   "median_ms", "p25_ms", "p75_ms", "peak_mib", "temp_mib", "residual_mib",
+                   "peak_bytes", "temp_bytes", "residual_bytes", "dots_saved", "dots_recomputed",
+                   "recompute_flops", "grad_ok", "compile_s"]
+
+
+def _shape(value) -> str:
+    return "(" + ", ".join(str(v) for v in value) + ("," if len(value) == 1 else "") + ")" \
+        if isinstance(value, (list, tuple)) else str(value)
+
+
+def dots_frame(result: dict | None) -> pd.DataFrame:
+    """One row per forward dot_general: shapes as text, verdict and booleans, the note."""
+    rows = (result or {}).get("dots") or []
+    df = pd.DataFrame(rows, columns=DOT_COLUMNS)
+    for col in ("lhs_shape", "rhs_shape", "out_shape"):
+        df[col] = df[col].map(_shape)
+    return df
+
+
+def residuals_frame(result: dict | None) -> pd.DataFrame:
+    """One row per residual the backward pass keeps (arguments included)."""
+    rows = (result or {}).get("residuals") or []
+    df = pd.DataFrame(rows, columns=RESIDUAL_COLUMNS)
+    df["shape"] = df["shape"].map(_shape)
+    return df
+
+
+def residual_layer_kind_frame(result: dict | None) -> pd.DataFrame:
+    """Residual bytes summed by (layer, kind): columns layer, kind, bytes, mib."""
+    df = residuals_frame(result)
+    if df.empty:
+        return pd.DataFrame(columns=["layer", "kind", "bytes", "mib"])
+    out = df.groupby(["layer", "kind"], sort=False, as_index=False)["bytes"].sum()
+    out["mib"] = out["bytes"] / MIB
+    return out
+
+
+def samples_frame(result: dict | None) -> pd.DataFrame:
+    """The timed runs of one result: columns policy, run, ms."""
+    st = (result or {}).get("step_time_s") or {}
+    samples = st.get("samples") or []
+    policy = ((result or {}).get("config") or {}).get("policy", "")
+    return pd.DataFrame({"policy": [policy] * len(samples), "run": list(range(1, len(samples) + 1)),
+                         "ms": [s * 1e3 for s in samples]}, columns=["policy", "run", "ms"])
+
+
+def memory_frame(results: list[dict]) -> pd.DataFrame:
+    """One row per result: policy, each memory part in MiB, peak_mib and the raw bytes."""
+    rows = []
+    for r in results:
+        mem = r.get("memory")
+        if not mem:
+            continue
+        row = {"policy": r["config"]["policy"]}
+        for part in MEMORY_PARTS:
+            row[part] = mem.get(f"{part}_bytes", 0) / MIB
+        row["peak_mib"] = mem["peak_bytes"] / MIB
+        row["peak_bytes"] = mem["peak_bytes"]
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["policy", *MEMORY_PARTS, "peak_mib", "peak_bytes"])
+
+
+def summary_row(result: dict) -> dict:
+    """The numbers of one result that the comparison and the sweep tables show."""
+    c = result["config"]
+    st = result.get("step_time_s") or {}
+    mem = result.get("memory") or {}
+    tot = result.get("totals") or {}
+    ms = lambda key: st[key] * 1e3 if st.get(key) is not None else None  # noqa: E731
+    return {
+        "policy": c["policy"], "model": c["model"], "width": c["width"], "batch": c["batch"],
+        "seq": c["seq"], "depth": c["depth"], "dtype": c["dtype"], "objective": c["objective"],
+        "median_ms": ms("median"), "p25_ms": ms("p25"), "p75_ms": ms("p75"),
+        "peak_mib": mem["peak_bytes"] / MIB if mem else None,
+        "temp_mib": mem["temp_bytes"] / MIB if mem else None,
+        "residual_mib": tot.get("residual_bytes", 0) / MIB,
+        "peak_bytes": mem.get("peak_bytes"), "temp_bytes": mem.get("temp_bytes"),
+        "residual_bytes": tot.get("residual_bytes"), "dots_saved": tot.get("dots_saved"),
+        "dots_recomputed": tot.get("dots_recomputed"),
+        "recompute_flops": tot.get("recompute_flops"),
+        "grad_ok": (result.get("gradient_check") or {}).get("ok"),
+        "compile_s": (result.get("compile") or {}).get("compile_s"),
+    }
+
+
+def summary_frame(results: list[dict]) -> pd.DataFrame:
+    """One row per result (see ``summary_row``)."""
+    return pd.DataFrame([summary_row(r) for r in results], columns=SUMMARY_COLUMNS)
+
+
+def relative_frame(df: pd.DataFrame, metric: str, baseline: str = "no_remat") -> pd.DataFrame:
+    """``metric`` of each row divided by the baseline policy's at the same width and batch.
+
+    Columns: policy, width, batch, config ("w256 b64"), ratio. Empty without baseline rows.
+    """
+    cols = ["policy", "width", "batch", "config", "ratio"]
+    if df.empty or metric not in df or "policy" not in df:
+        return pd.DataFrame(columns=cols)
+    base = df[df["policy"] == baseline].groupby(["width", "batch"])[metric].mean()
+    if base.empty:
+        return pd.DataFrame(columns=cols)
+    out = df[["policy", "width", "batch", metric]].copy()
+    keys = list(zip(out["width"], out["batch"]))
+    out["ratio"] = [v / base[k] if k in base.index and base[k] else None
+                    for v, k in zip(out[metric], keys)]
+    out = out.dropna(subset=["ratio"])
+    out["config"] = [f"w{w} b{b}" for w, b in zip(out["width"], out["batch"])]
+    out = out.groupby(["policy", "width", "batch", "config"], as_index=False, sort=False)["ratio"].mean()
+    return out[cols].sort_values(["width", "batch"], kind="stable").reset_index(drop=True)
+
+
+def pareto_mask(df: pd.DataFrame, x: str, y: str) -> pd.Series:
+    """True for rows no other row beats on both ``x`` and ``y`` (lower is better)."""
+    if df.empty:
+        return pd.Series([], dtype=bool)
+    xs, ys = df[x].to_numpy(), df[y].to_numpy()
+    keep = []
+    for i in range(len(df)):
+        dominated = any((xs[j] <= xs[i] and ys[j] <= ys[i]) and (xs[j] < xs[i] or ys[j] < ys[i])
+                        for j in range(len(df)))
+        keep.append(not dominated)
+    return pd.Series(keep, index=df.index)
+
+
+def matching_lines(text: str, pattern: str, limit: int = 400) -> list[str]:
+    """The lines of ``text`` containing a regex ``pattern`` (a plain substring if it is invalid)."""
+    if not text or not pattern:
+        return []
+    try:
+        rx = re.compile(pattern)
+        hits = [ln for ln in text.splitlines() if rx.search(ln)]
+    except re.error:
+        hits = [ln for ln in text.splitlines() if pattern in ln]
+    return hits[:limit]
