@@ -3,5 +3,11 @@
 from .config import ConfigError, MemoryBudgetError, RunConfig, coerce_config
 from .policies import DEFAULT_POLICY, POLICIES
 
-__all__ = ["ConfigError", "MemoryBudgetError", "RunConfig", "coerce_config", "DEFAULT_POLICY",
-           "POLICIES"]
+__all__ = [
+           "DEFAULT_POLICY",
+           "POLICIES",
+           "ConfigError",
+           "MemoryBudgetError",
+           "RunConfig",
+           "coerce_config",
+]

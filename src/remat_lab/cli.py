@@ -9,10 +9,9 @@ import argparse
 import json
 import sys
 
-from .config import LIMITS, ConfigError, RunConfig, human_bytes
+from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes
 from .models import MODELS
 from .policies import DEFAULT_POLICY, POLICIES
-from .config import DTYPES, OBJECTIVES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,7 +83,7 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
         return "(none)"
     cells = [[str(r[c]) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))
     return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])
 
 
@@ -101,10 +100,10 @@ def format_tables(result: dict) -> str:
     out += ["", "Residuals (saved for the backward pass):",
             format_table(result["residuals"], RESIDUAL_COLUMNS)]
     t = result["totals"]
-    out += ["", f"Residual bytes: {human_bytes(t['residual_bytes'])} "
-                f"(host {human_bytes(t['residual_host_bytes'])}); dots saved {t['dots_saved']}, "
-                f"offloaded {t['dots_offloaded']}, recomputed {t['dots_recomputed']} "
-                f"({t['dots_recomputed_in_compiled']} in the compiled program)"]
+    out += ["", (f"Residual bytes: {human_bytes(t['residual_bytes'])} "
+                 f"(host {human_bytes(t['residual_host_bytes'])}); dots saved {t['dots_saved']}, "
+                 f"offloaded {t['dots_offloaded']}, recomputed {t['dots_recomputed']} "
+                 f"({t['dots_recomputed_in_compiled']} in the compiled program)")]
     h = result["hlo"]
     out.append(f"Compiled HLO dots: {h['dot_count']} (forward {h['forward_dots']}, recomputed "
                f"{h['recomputed_dots']}, backward {h['backward_dots']})")
@@ -117,8 +116,8 @@ def format_run(result: dict) -> str:
     head = (f"{c['model']} width={c['width']} batch={c['batch']} depth={c['depth']} {c['dtype']} "
             f"policy={c['policy']} objective={c['objective']}"
             + (f" seq={c['seq']}" if c["model"] == "seq_mixer" else ""))
-    lines = [head, f"on {env['backend']} ({env['device_kind']}) x{env['device_count']}, jax "
-             f"{env['jax']}, flax {env['flax']}", ""]
+    lines = [head, (f"on {env['backend']} ({env['device_kind']}) x{env['device_count']}, jax "
+                    f"{env['jax']}, flax {env['flax']}"), ""]
     lines.append(f"compile: lower {result['compile']['lower_s']:.3f} s, "
                  f"compile {result['compile']['compile_s']:.3f} s")
     if st:
@@ -127,7 +126,8 @@ def format_run(result: dict) -> str:
                      f"max {_fmt_time(st['max'])}; {st['repeats']} runs after {st['warmup']} warm-up)")
     if result["flops"]:
         rate = result["achieved_flops_per_s"]
-        lines.append(f"flops: {result['flops']:.4g}" + (f", achieved {rate / 1e9:.2f} GFLOP/s" if rate else ""))
+        achieved = f", achieved {rate / 1e9:.2f} GFLOP/s" if rate else ""
+        lines.append(f"flops: {result['flops']:.4g}{achieved}")
     lines.append(f"loss: {result['loss']:.6g}")
     g = result["gradient_check"]
     lines.append(f"gradient check vs {g['reference']}: {'ok' if g['ok'] else 'MISMATCH'} "

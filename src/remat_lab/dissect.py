@@ -125,18 +125,16 @@ def _residual_producers(jaxpr: jcore.Jaxpr, n_out: int):
     found = []
     for v in jaxpr.outvars[n_out:]:
         if isinstance(v, jcore.Literal):
-            found.append((v, None, None, []))
+            found.append((v, None, None))
             continue
-        via = []
         src = v
         # Look through copies (reduce_precision, device_put to host) to the value they carry.
         while src in producer and producer[src].eqn.primitive.name in _PASS_THROUGH:
-            via.append(producer[src].eqn.primitive.name)
             src = producer[src].eqn.invars[0]
         if src in invar_index:
-            found.append((v, None, invar_index[src], via))
+            found.append((v, None, invar_index[src]))
         else:
-            found.append((v, _resolve_call(producer.get(src), src), None, via))
+            found.append((v, _resolve_call(producer.get(src), src), None))
     return found
 
 
@@ -176,8 +174,13 @@ def _kind(e: _Eqn) -> str:
     return name
 
 
-def dissect(problem: Problem, compiled_text: str) -> Dissection:
-    """Residuals, per-dot decisions and their fate in the compiled program for ``problem``."""
+def dissect(problem: Problem, compiled_text: str, *,
+            step_jaxpr: jcore.ClosedJaxpr | None = None) -> Dissection:
+    """Residuals, per-dot decisions and their fate in the compiled program for ``problem``.
+
+    ``step_jaxpr``: the step's jaxpr when the caller has already traced it (``jit(...).trace``),
+    so it is not traced a second time.
+    """
     cfg = problem.config
     depth = cfg.depth
     policy_entry = get_policy(cfg.policy)
@@ -190,7 +193,8 @@ def dissect(problem: Problem, compiled_text: str) -> Dissection:
 
     vjp_closed = jax.make_jaxpr(lambda *a: jax.vjp(flat_loss, *a))(*leaves, x)
     vjp_jaxpr = vjp_closed.jaxpr
-    step_closed = jax.make_jaxpr(make_step(problem))(leaves, x)
+    step_closed = (step_jaxpr if step_jaxpr is not None
+                   else jax.make_jaxpr(make_step(problem))(leaves, x))
     fwd_closed = jax.make_jaxpr(problem.loss)(leaves, x)
     arg_names = [*problem.paths, "x"]
 
@@ -199,7 +203,7 @@ def dissect(problem: Problem, compiled_text: str) -> Dissection:
 
     # Residuals.
     residuals, saved_by = [], {}
-    for i, (var, prod, arg_idx, via) in enumerate(_residual_producers(vjp_jaxpr, 1)):
+    for i, (var, prod, arg_idx) in enumerate(_residual_producers(vjp_jaxpr, 1)):
         aval = var.aval
         if arg_idx is not None:
             name = arg_names[arg_idx]

@@ -7,8 +7,8 @@ the names it is given), so listing it would show a policy that does not do what 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import jax
 

@@ -8,8 +8,9 @@ executable costs as little as possible.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -57,15 +58,29 @@ def _path_name(path) -> str:
     return ".".join(p for p in parts if p not in ("value", ""))
 
 
-def build_problem(config: RunConfig) -> Problem:
-    """Build the model and input of ``config`` and the scalar loss over flat parameter leaves."""
-    dtype = DTYPES[config.dtype]
-    model = build_model(config.model, config.width, config.depth, seed=config.seed, dtype=dtype)
+# Parameters and inputs depend on neither the policy nor the objective: a sweep over policies
+# (or the app re-running a configuration) reuses them instead of re-initialising eagerly, which
+# costs more than compiling the step at a new width. Arrays are immutable, so sharing is safe.
+@functools.lru_cache(maxsize=4)
+def _parameters(model_name: str, width: int, depth: int, seed: int, dtype_name: str):
+    model = build_model(model_name, width, depth, seed=seed, dtype=DTYPES[dtype_name])
     graphdef, state = nnx.split(model)
     flat, treedef = jax.tree_util.tree_flatten_with_path(state)
-    paths = [_path_name(p) for p, _ in flat]
-    leaves = [leaf for _, leaf in flat]
-    x = jax.random.normal(jax.random.key(config.seed + 1), config.input_shape, dtype=dtype)
+    return (graphdef, treedef, tuple(leaf for _, leaf in flat),
+            tuple(_path_name(p) for p, _ in flat))
+
+
+@functools.lru_cache(maxsize=4)
+def _input(shape: tuple[int, ...], seed: int, dtype_name: str) -> jax.Array:
+    return jax.random.normal(jax.random.key(seed + 1), shape, dtype=DTYPES[dtype_name])
+
+
+def build_problem(config: RunConfig) -> Problem:
+    """Build the model and input of ``config`` and the scalar loss over flat parameter leaves."""
+    graphdef, treedef, leaves, paths = _parameters(config.model, config.width, config.depth,
+                                                   config.seed, config.dtype)
+    leaves, paths = list(leaves), list(paths)
+    x = _input(config.input_shape, config.seed, config.dtype)
     block_fn = _block_fn(config.policy)
 
     def loss(leaves: list[jax.Array], x: jax.Array) -> jax.Array:

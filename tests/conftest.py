@@ -1,0 +1,26 @@
+"""Shared fixtures: small configurations and one cached run per configuration."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from remat_lab.config import RunConfig
+from remat_lab.experiment import run_experiment
+
+
+@functools.lru_cache(maxsize=64)
+def _run(config: RunConfig, timing: bool) -> dict:
+    return run_experiment(config, timing=timing)
+
+
+@pytest.fixture(scope="session")
+def run():
+    """``run(config, timing=False)``: the engine's result, computed once per configuration."""
+    return lambda config, timing=False: _run(config, timing)
+
+
+@pytest.fixture
+def small() -> RunConfig:
+    return RunConfig(width=32, batch=4, repeats=3, warmup=1)

@@ -1,0 +1,143 @@
+"""The measurement engine: correctness of every policy, compiled-program facts, memory, timing."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from remat_lab.config import RunConfig
+from remat_lab.experiment import TOLERANCES, memory_report
+from remat_lab.models import build_model
+from remat_lab.policies import POLICIES
+from remat_lab.step import build_problem, make_step
+
+
+def _independent_reference(config: RunConfig):
+    """Loss and grads of the plain model (no remat, no engine code), straight from Flax."""
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.dtype]
+    model = build_model(config.model, config.width, config.depth, seed=config.seed, dtype=dtype)
+    x = jax.random.normal(jax.random.key(config.seed + 1), config.input_shape, dtype=dtype)
+
+    def loss(m):
+        return jnp.sum(m(x) if config.depth == 1 else _stack(m, x), dtype=jnp.float32)
+
+    value, grads = nnx.value_and_grad(loss)(model)
+    return float(value), [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
+
+
+def _stack(m, x):
+    for block in m.blocks:
+        x = block(x)
+    return x
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("model", ["mlp", "seq_mixer"])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_every_policy_keeps_the_gradients(policy, model, dtype):
+    config = RunConfig(model=model, width=32, batch=4, seq=6, dtype=dtype, policy=policy)
+    problem = build_problem(config)
+    loss, grads = jax.jit(make_step(problem))(*problem.args)
+    ref_loss, ref_grads = _independent_reference(config)
+    rtol, atol = TOLERANCES[dtype]
+    np.testing.assert_allclose(float(loss), ref_loss, rtol=rtol, atol=atol * max(1, abs(ref_loss)))
+    assert len(grads) == len(ref_grads) == 4
+    for got, ref in zip(grads, ref_grads):
+        scale = max(1.0, float(np.abs(ref).max()))
+        np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=rtol, atol=atol * scale)
+
+
+def test_gradients_differ_when_the_model_differs():
+    """The comparison above can fail: a different seed gives different gradients."""
+    a = _independent_reference(RunConfig(width=32, batch=4))
+    b = _independent_reference(RunConfig(width=32, batch=4, seed=1))
+    assert not np.allclose(a[1][1], b[1][1], rtol=1e-5)
+
+
+def test_result_document_has_every_key(run):
+    result = run(RunConfig(width=32, batch=4, repeats=3, warmup=1), True)
+    assert set(result) >= {"config", "environment", "compile", "step_time_s", "flops",
+                           "achieved_flops_per_s", "loss", "memory", "hlo", "gradient_check"}
+    st = result["step_time_s"]
+    assert st["repeats"] == 3 and st["warmup"] == 1 and len(st["samples"]) == 3
+    assert 0 < st["min"] <= st["p25"] <= st["median"] <= st["p75"] <= st["max"]
+    assert result["compile"]["lower_s"] > 0 and result["compile"]["compile_s"] > 0
+    assert result["flops"] > 0 and result["achieved_flops_per_s"] > 0
+    assert result["gradient_check"]["ok"] is True
+    assert result["gradient_check"]["reference"] == "no_remat"
+    env = result["environment"]
+    assert env["backend"] == jax.default_backend() and env["device_count"] >= 1
+    assert env["jax"] == jax.__version__
+
+
+def test_forward_equality_is_not_policy_equality():
+    """Same forward values, different compiled programs (the seed's warning)."""
+    cfgs = [RunConfig(width=256, batch=64, policy=p)
+            for p in ("nothing_saveable", "dots_with_no_batch_dims_saveable")]
+    forwards, dots = [], []
+    for cfg in cfgs:
+        problem = build_problem(cfg)
+        forwards.append(np.asarray(jax.jit(problem.loss)(*problem.args)))
+        text = jax.jit(make_step(problem)).lower(*problem.args).compile().as_text()
+        dots.append(sum(" dot(" in line for line in text.splitlines()))
+    np.testing.assert_allclose(forwards[0], forwards[1], rtol=1e-6)
+    assert dots == [7, 5]
+
+
+def test_grad_only_at_depth_one_compiles_every_policy_alike(run):
+    counts = {p: run(RunConfig(width=256, batch=64, objective="grad", policy=p))["hlo"]["dot_count"]
+              for p in POLICIES}
+    assert len(set(counts.values())) == 1, counts
+    # ... whereas value_and_grad tells them apart at the same size.
+    vg = {p: run(RunConfig(width=256, batch=64, policy=p))["hlo"]["dot_count"]
+          for p in ("nothing_saveable", "dots_with_no_batch_dims_saveable")}
+    assert vg["nothing_saveable"] > vg["dots_with_no_batch_dims_saveable"]
+
+
+def test_grad_objective_reports_loss_and_checks_gradients(run):
+    result = run(RunConfig(width=32, batch=4, objective="grad", policy="nothing_saveable"))
+    ref = run(RunConfig(width=32, batch=4, policy="no_remat"))
+    assert result["gradient_check"]["ok"]
+    np.testing.assert_allclose(result["loss"], ref["loss"], rtol=1e-5)
+
+
+def test_memory_analysis_fields_and_peak_formula(run):
+    mem = run(RunConfig(width=64, batch=8))["memory"]
+    for prefix in ("", "host_"):
+        for name in ("argument", "output", "alias", "temp", "generated_code"):
+            value = mem[f"{prefix}{name}_bytes"]
+            assert isinstance(value, int) and value >= 0
+    assert mem["peak_bytes"] == (mem["generated_code_bytes"] + mem["argument_bytes"]
+                                 + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"])
+    # Arguments are the parameters and x: 2*(64*64+64) + 8*64 float32 values.
+    assert mem["argument_bytes"] == 4 * (2 * (64 * 64 + 64) + 8 * 64)
+    assert mem["xla_peak_memory_bytes"] is None or mem["xla_peak_memory_bytes"] > 0
+
+
+def test_memory_report_handles_backends_without_analysis():
+    class NoAnalysis:
+        def memory_analysis(self):
+            return None
+
+    class Broken:
+        def memory_analysis(self):
+            raise NotImplementedError
+
+    assert memory_report(NoAnalysis()) is None
+    assert memory_report(Broken()) is None
+
+
+def test_remat_trades_memory_for_dots_at_depth(run):
+    """Deeper stacks: saving nothing holds fewer residual bytes than saving the dots."""
+    save = run(RunConfig(width=128, batch=64, depth=3))
+    none = run(RunConfig(width=128, batch=64, depth=3, policy="nothing_saveable"))
+    assert none["totals"]["residual_bytes"] < save["totals"]["residual_bytes"]
+
+
+def test_bfloat16_gradient_check_uses_looser_tolerance(run):
+    check = run(RunConfig(width=32, batch=4, dtype="bfloat16", policy="nothing_saveable"))[
+        "gradient_check"]
+    assert check["ok"] and check["rtol"] == TOLERANCES["bfloat16"][0] > TOLERANCES["float32"][0]
