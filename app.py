@@ -12,7 +12,7 @@ if str(ROOT) not in sys.path:  # for "from pages import _shared" (never put page
 
 import streamlit as st  # noqa: E402
 
-st.set_page_config(page_title="Remat Lab", page_icon="♻️", layout="wide")
+st.set_page_config(page_title="Remat Lab", page_icon=":material/autorenew:", layout="wide")
 
 from pages import _shared  # noqa: E402
 from remat_lab.experiment import enable_compilation_cache  # noqa: E402
@@ -25,11 +25,12 @@ def _compile_cache() -> str:
 
 _compile_cache()
 PAGES = [
-    st.Page("pages/explore.py", title="Explore", icon="🔬", url_path="explore", default=True),
-    st.Page("pages/compare.py", title="Compare policies", icon="⚖️", url_path="compare"),
-    st.Page("pages/sweep.py", title="Sweep", icon="📈", url_path="sweep"),
-    st.Page("pages/inspect.py", title="Inspect", icon="🧾", url_path="inspect"),
-    st.Page("pages/guide.py", title="Guide", icon="📖", url_path="guide"),
+    st.Page("pages/explore.py", title="Explore", icon=":material/science:", url_path="explore", default=True),
+    st.Page("pages/compare.py", title="Compare policies", icon=":material/compare_arrows:",
+            url_path="compare"),
+    st.Page("pages/sweep.py", title="Sweep", icon=":material/stacked_line_chart:", url_path="sweep"),
+    st.Page("pages/inspect.py", title="Inspect", icon=":material/code:", url_path="inspect"),
+    st.Page("pages/guide.py", title="Guide", icon=":material/menu_book:", url_path="guide"),
 ]
 page = st.navigation(PAGES, position="top")
 config = _shared.controls()

@@ -22,8 +22,9 @@ MEMORY_COLORS = {"argument": "#0072B2", "output": "#56B4E9", "temp": "#E69F00",
                  "alias": "#999999", "generated_code": "#009E73"}
 KIND_COLORS = {"argument": "#8FA9C7", "dot_general": "#0072B2"}
 _FALLBACK = ["#F0E442", "#7F3C8D", "#11A579", "#3969AC", "#F2B701", "#E73F74"]
-PAGE_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50),
-                   legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), height=380)
+PAGE_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50),
+                   legend=dict(orientation="v", yanchor="top", y=1, x=1.02, font=dict(size=11)),
+                   title=dict(font=dict(size=15)), height=400)
 
 
 def policy_color(policy: str) -> str:
@@ -33,7 +34,8 @@ def policy_color(policy: str) -> str:
 
 def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(title=title, **PAGE_LAYOUT)
+    fig.update_layout(**PAGE_LAYOUT)
+    fig.update_layout(title_text=title)
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title)
     return fig
@@ -77,7 +79,8 @@ def make_memory_figure(df: pd.DataFrame) -> go.Figure:
     fig.add_trace(go.Scatter(
         x=df["policy"], y=df["peak_mib"], mode="markers+text", name="peak",
         marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color="#222")),
-        text=[f"peak {v:.3f} MiB" for v in df["peak_mib"]], textposition="top center",
+        text=[f"peak {v:.3f} MiB" for v in df["peak_mib"]] if len(df) == 1 else None,
+        textposition="top center",
         hovertemplate="peak: %{y:.4f} MiB<extra>%{x}</extra>"))
     fig.update_layout(barmode="relative")
     return fig

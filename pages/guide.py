@@ -1,0 +1,65 @@
+"""Guide: what the app measures and how to read it."""
+
+import sys
+from pathlib import Path
+
+if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
+    sys.path.insert(0, _root)
+
+import streamlit as st  # noqa: E402
+
+from pages import _shared  # noqa: E402
+
+_shared.page_start("Guide", "How to read Remat Lab.")
+
+st.markdown(r"""
+### What a checkpoint policy controls
+Reverse-mode autodiff runs the forward pass, keeps some intermediate values (the **residuals**)
+and uses them in the backward pass. `nnx.remat` (`jax.checkpoint`) wraps a block so that autodiff
+asks a **policy** about every value the block computes: *save it* (keep it in memory until the
+backward pass), *offload it* (keep it in another memory space, e.g. host memory) or *recompute it*
+(run that part of the forward pass again inside the backward pass). The policy trades memory for
+compute; it never changes the math, so the gradients must match the no-remat baseline.
+
+### The batch-dims rule
+`dots_with_no_batch_dims_saveable` saves a `dot_general` result only when the product has **no
+batch dimensions**, i.e. no axis that appears on both operands and is paired rather than
+contracted. What counts is the `dot_general`'s dimension numbers, not whether your data has a batch:
+
+| product | batch dims? | saved by the rule? |
+|---|---|---|
+| `(D,) @ (D,F)`: one vector times a shared matrix | none | yes |
+| `(B,D) @ (D,F)`: rows times a shared matrix | none; B is a free axis of the left operand | yes |
+| `(B,N,D) @ (B,D,F)`: a batched matmul (token mixing) | **B is paired** on both sides | no: recomputed |
+
+So a dense layer is saved whatever the batch size, while the token-mixing products of `seq_mixer`
+are recomputed. `dots_saveable` saves all of them.
+
+### Why `grad` alone can make every policy compile the same at depth 1
+With one block, everything the backward pass needs is available right after the forward pass, and
+with `jax.grad` the loss value itself is not returned. XLA is free to fuse and to merge a
+recomputation with the original forward computation (common-subexpression elimination), so the
+compiled program, its memory and its time can be identical across policies even though the jaxprs
+differ. The per-dot table therefore shows both the jaxpr's verdict and whether the compiled
+program really recomputes (`recomputed in HLO`); the notes explain disagreements. Use depth > 1
+or `value_and_grad` to see policies diverge.
+
+### Why equal forward values prove nothing
+Every policy computes the same forward function, so equal losses say nothing about what was
+saved. Remat Lab checks **gradients** against the no-remat baseline and reads the residuals from
+the vjp jaxpr and the recomputations from the step jaxpr and the compiled HLO.
+
+### How the memory numbers are defined
+From XLA's `compiled.memory_analysis()` of the whole step:
+**peak = generated_code + argument + output − alias + temp**. `alias` is output memory that
+reuses an argument buffer, so it is subtracted. XLA's own `peak_memory_in_bytes` field is shown
+in the JSON as `xla_peak_memory_bytes`; on CPU it leaves out temp, so the app uses the sum above.
+Residual bytes are the sizes of the values the vjp keeps, arguments included.
+
+### What CPU can and cannot show
+On CPU, timing is noisy at small sizes (look at the p25–p75 spread), the memory analysis has only
+the fields above and there is no separate device memory: `offload_dot_with_no_batch_dims` names
+`pinned_host`, which on CPU is the same RAM, so offloading saves nothing measurable. On GPU and
+TPU, offloaded residuals really move to host memory (the `host_*` fields), recomputation costs real
+accelerator time, and the memory analysis reflects device HBM, which is what remat is for.
+""")
