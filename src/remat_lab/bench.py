@@ -1,0 +1,494 @@
+"""``python -m remat_lab bench [--quick] [--json]``: how faithful and how fast the engine is.
+
+Five measurements, side by side in one process, each reported as a ratio with its target:
+
+1. **Timing fidelity**: the engine's reported median step time (``time_executable`` +
+   ``step_time_summary``, exactly what ``run_experiment`` reports) over a bare loop
+   (``compiled(state, x)`` + ``block_until_ready``) on the same compiled executable, interleaved
+   round by round (alternating which goes first) so drift and neighbours' load hit both alike.
+2. **Call overhead** at width 64, batch 8: the engine's step vs the bare compiled call, ``jax.jit``
+   on the split ``nnx.State`` and ``nnx.jit`` on the module (same loss, same policy).
+3. **Cold and warm latency** through the Explore page's path (``pages/_shared.run_config``, an
+   ``st.cache_data`` wrapper around ``run_experiment``; an equivalent in-process cache when the
+   app is not next to the package). Cold = first request for a configuration in a running process
+   (fresh persistent cache, in-process caches cleared); warm = the same request again.
+4. **Sweep throughput**: widths x batches x every policy through ``run_experiment``, once with an
+   empty persistent compilation cache and once more with it filled (in-process caches cleared in
+   between, as in a new session).
+5. **Roofline**: XLA's flop count over the engine's median, as a fraction of the device's peak
+   (on CPU an estimate from cores x clock x vector FMA width, labelled so).
+
+Timings on a shared machine are noisy: every figure is a median, the two sides of each ratio are
+interleaved, and the load average before and after is recorded in ``machine``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import pickle
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from . import experiment, step
+from .config import RunConfig
+from .experiment import enable_compilation_cache, run_experiment, step_time_summary, time_executable
+from .policies import POLICIES
+from .step import build_problem, make_step
+
+DEFAULT = RunConfig(width=512, batch=256)  # the app's default configuration
+SMALL = RunConfig(width=64, batch=8)
+TARGETS = {  # key -> (comparison, bound, meaning)
+    "fidelity_ratio_default": ("<=", 1.03, "engine median / bare loop median, default size"),
+    "fidelity_ratio_small": ("<=", None, "engine median / bare loop median, width 64 batch 8"),
+    "overhead_ratio": ("<=", 1.2, "engine per call / bare compiled call, width 64 batch 8"),
+    "warm_latency_s": ("<=", 0.3, "repeat request through the app's cached path"),
+    "cold_latency_s": ("", None, "first request: build, lower, compile, time, check, dissect"),
+    "dissect_overhead_ratio": ("<=", 1.25, "(lower+compile+time+check+dissect+cache) / "
+                               "(lower+compile+time), default size"),
+    "sweep_s_per_config": ("", None, "seconds per configuration, empty compile cache"),
+    "cache_speedup": (">=", 3.0, "first sweep / second sweep (persistent compile cache)"),
+    "achieved_flops_fraction": ("", None, "achieved FLOP/s / peak FLOP/s, default size"),
+}
+
+
+# ---------------------------------------------------------------- machine and peak
+
+
+def _cpuinfo() -> dict:
+    info = {"model": platform.processor() or platform.machine(), "flags": set(), "mhz": None}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and value:
+            info["model"] = value
+        elif key == "flags" and not info["flags"]:
+            info["flags"] = set(value.split())
+        elif key == "cpu MHz" and info["mhz"] is None:
+            with contextlib.suppress(ValueError):
+                info["mhz"] = float(value)
+    return info
+
+
+def cpu_count() -> int:
+    """Cores this process may use (the affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def peak_flops() -> tuple[float | None, str]:
+    """The default device's peak float32 FLOP/s and how it was obtained.
+
+    CPU: cores x clock x FLOPs per cycle per core, with two FMA units at the widest vector width
+    the flags advertise (avx512f: 64, avx2+fma: 32, avx: 16, else 8). An upper estimate: some
+    cores split 512-bit FMAs in two, and clocks vary with load.
+    """
+    if jax.default_backend() != "cpu":
+        kind = jax.devices()[0].device_kind
+        table = {"H200": 67e12, "H100": 67e12, "A100": 19.5e12, "V100": 15.7e12, "L4": 30.3e12,
+                 "A10": 31.2e12, "T4": 8.1e12}
+        for name, peak in table.items():
+            if name.lower() in kind.lower():
+                return peak, f"{kind}: float32 (non tensor-core) spec-sheet peak"
+        return None, f"{kind}: peak unknown"
+    cpu = _cpuinfo()
+    flags = cpu["flags"]
+    if "avx512f" in flags:
+        per_cycle, isa = 64, "avx512f"
+    elif "avx2" in flags and "fma" in flags:
+        per_cycle, isa = 32, "avx2+fma"
+    elif "avx" in flags:
+        per_cycle, isa = 16, "avx"
+    else:
+        per_cycle, isa = 8, "sse"
+    if not cpu["mhz"]:
+        return None, "estimate impossible: no clock in /proc/cpuinfo"
+    cores = cpu_count()
+    peak = cores * cpu["mhz"] * 1e6 * per_cycle
+    return peak, (f"estimate: {cores} cores x {cpu['mhz']:.0f} MHz x {per_cycle} float32 "
+                  f"FLOP/cycle ({isa}, 2 FMA units)")
+
+
+def machine() -> dict:
+    cpu = _cpuinfo()
+    peak, how = peak_flops()
+    env = experiment.environment()
+    return {**env, "cpu_model": cpu["model"], "cores": cpu_count(), "cpu_mhz": cpu["mhz"],
+            "vector_flags": sorted(cpu["flags"] & {"avx512f", "avx2", "fma", "avx"}),
+            "python": platform.python_version(), "peak_flops": peak, "peak_flops_source": how,
+            "loadavg_start": _loadavg()}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- caches
+
+
+def clear_caches() -> None:
+    """Forget every in-process compile and trace (JAX's and the engine's), as a new session."""
+    jax.clear_caches()
+    experiment.reference.cache_clear()
+    for name in ("_parameters", "_input"):
+        fn = getattr(step, name, None)
+        if fn is not None and hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+
+
+def use_cache_dir(path: str) -> str:
+    """Point JAX's persistent compilation cache at ``path`` (re-initialised if already in use)."""
+    from jax._src import compilation_cache  # pinned jax; needed to switch directories
+
+    path = enable_compilation_cache(path)
+    compilation_cache.reset_cache()
+    return path
+
+
+# ---------------------------------------------------------------- 1 and 2: fidelity, overhead
+
+
+def compile_step(config: RunConfig):
+    """The step compiled as ``run_experiment`` compiles it; (compiled, args, problem)."""
+    problem = build_problem(config)
+    compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
+    return compiled, problem.args, problem
+
+
+def bare_loop(fn: Callable, args: tuple, *, warmup: int, repeats: int) -> np.ndarray:
+    """The reference loop: ``fn(*args)`` + ``block_until_ready``, nothing else."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    out = np.empty(repeats)
+    clock = time.perf_counter
+    for i in range(repeats):
+        t0 = clock()
+        jax.block_until_ready(fn(*args))
+        out[i] = clock() - t0
+    return out
+
+
+def interleave(contenders: dict[str, Callable[[], np.ndarray]], rounds: int) -> dict[str, np.ndarray]:
+    """Run each contender once per round, rotating the order; all samples per contender."""
+    names = list(contenders)
+    samples: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(contenders[name]())
+    return {n: np.concatenate(s) for n, s in samples.items()}
+
+
+def fidelity(config: RunConfig, *, rounds: int, repeats: int) -> dict:
+    """Engine-reported median vs bare-loop median on one compiled executable."""
+    compiled, args, _ = compile_step(config)
+    warmup = max(config.warmup, 1)
+    got = interleave({
+        "engine": lambda: time_executable(compiled, args, warmup=warmup, repeats=repeats),
+        "bare": lambda: bare_loop(compiled, args, warmup=warmup, repeats=repeats),
+    }, rounds)
+    engine = step_time_summary(got["engine"], warmup)["median"]
+    bare = float(np.median(got["bare"]))
+    flops = experiment.flops_of(compiled)
+    return {"config": {"width": config.width, "batch": config.batch, "policy": config.policy},
+            "engine_median_s": engine, "bare_median_s": bare, "ratio": engine / bare,
+            "rounds": rounds, "repeats": repeats, "flops": flops,
+            "achieved_flops_per_s": flops / engine if flops else None}
+
+
+def overhead(config: RunConfig, *, rounds: int, repeats: int) -> dict:
+    """Per-call time: engine step, bare compiled call, jax.jit on nnx.State, nnx.jit on module."""
+    from flax import nnx
+
+    compiled, args, problem = compile_step(config)
+    leaves, x = args
+    state = jax.tree_util.tree_unflatten(problem.treedef, leaves)
+    model = nnx.merge(problem.graphdef, state)
+
+    def loss_of_state(st, x):
+        return problem.loss(jax.tree_util.tree_leaves(st), x)
+
+    jit_state = jax.jit(jax.value_and_grad(loss_of_state))
+
+    @nnx.jit
+    def nnx_step(m, x):
+        return nnx.value_and_grad(lambda m, x: loss_of_state(nnx.state(m), x))(m, x)
+
+    warmup = max(config.warmup, 1)
+    got = interleave({
+        "engine": lambda: time_executable(compiled, args, warmup=warmup, repeats=repeats),
+        "bare_compiled": lambda: bare_loop(compiled, args, warmup=warmup, repeats=repeats),
+        "jax_jit_state": lambda: bare_loop(jit_state, (state, x), warmup=warmup, repeats=repeats),
+        "nnx_jit_module": lambda: bare_loop(nnx_step, (model, x), warmup=warmup, repeats=repeats),
+    }, rounds)
+    med = {k: float(np.median(v)) for k, v in got.items()}
+    return {"per_call_s": med, "ratio": med["engine"] / med["bare_compiled"],
+            "vs_jax_jit_state": med["engine"] / med["jax_jit_state"],
+            "vs_nnx_jit_module": med["engine"] / med["nnx_jit_module"],
+            "rounds": rounds, "repeats": repeats}
+
+
+# ---------------------------------------------------------------- 3: cold and warm latency
+
+
+class _Status:
+    """Stands in for ``st.status``: records when each stage label appears."""
+
+    def __init__(self, labels: dict[str, str]):
+        self.labels, self.marks = labels, []
+
+    def update(self, label: str = "", **_):
+        stage = next((s for s, text in self.labels.items() if text in label), label)
+        self.marks.append((stage, time.perf_counter()))
+
+
+def _app_runner() -> tuple[Callable[[RunConfig, _Status], dict], Callable[[], None], str, dict]:
+    """(run, clear, description, stage labels): the Explore page's cached run, else an equivalent.
+
+    The app module is imported lazily (streamlit is not a dependency of the engine) and runs in
+    streamlit's bare mode, where ``st.cache_data`` works without a server.
+    """
+    shared = Path(__file__).resolve().parents[2] / "pages" / "_shared.py"
+    if shared.exists():
+        try:
+            import logging
+
+            for name in ("streamlit", "streamlit.runtime"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+            spec = importlib.util.spec_from_file_location("remat_lab_bench_shared", shared)
+            mod = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, str(shared.parent.parent))
+            try:
+                spec.loader.exec_module(mod)
+            finally:
+                sys.path.remove(str(shared.parent.parent))
+            run = lambda cfg, status: mod.run_config(cfg, status, keep_texts=True)  # noqa: E731
+            return (run, mod._cached_run.clear,
+                    "pages/_shared.run_config (st.cache_data, bare mode)", dict(mod.STAGE_TEXT))
+        except Exception as err:  # noqa: BLE001 - fall back, and say so
+            why = f"app wrapper unavailable ({type(err).__name__}: {str(err)[:80]})"
+    else:
+        why = "app wrapper not found"
+    store: dict = {}
+
+    def run(cfg: RunConfig, status: _Status) -> dict:
+        # Like st.cache_data: key on the config, store the pickled result, return a fresh copy.
+        key = tuple(sorted(cfg.as_dict().items()))
+        if key not in store:
+            store[key] = pickle.dumps(run_experiment(cfg, progress=lambda s: status.update(s)))
+        return pickle.loads(store[key])
+
+    return run, store.clear, f"in-process pickle cache around run_experiment ({why})", \
+        {s: s for s in experiment.STAGES}
+
+
+def latency(config: RunConfig, *, warm_repeats: int = 5) -> dict:
+    """Cold and warm latency of ``config`` through the app's cached run path."""
+    run, clear, how, labels = _app_runner()
+    clear()
+    clear_caches()
+    status = _Status(labels)
+    t0 = time.perf_counter()
+    result = run(config, status)
+    t_end = time.perf_counter()
+    marks = [("start", t0), *status.marks, ("end", t_end)]
+    stages: dict[str, float] = {}
+    for (name, t), (_, t_next) in zip(marks, marks[1:]):
+        stages[name] = stages.get(name, 0.0) + t_next - t
+    cold = t_end - t0
+    warm = []
+    for _ in range(warm_repeats):
+        t = time.perf_counter()
+        run(config, _Status(labels))
+        warm.append(time.perf_counter() - t)
+    core = sum(stages.get(s, 0.0) for s in ("lowering", "compiling", "timing"))
+    build = stages.get("start", 0.0) + stages.get("building", 0.0)
+    return {"path": how, "cold_s": cold, "warm_s": float(np.median(warm)), "warm_samples_s": warm,
+            "stages_s": stages, "build_s": build, "core_s": core,
+            "dissect_overhead_ratio": (cold - build) / core if core else None,
+            "cold_share_build": build / cold,
+            "reported_median_s": result["step_time_s"]["median"]}
+
+
+# ---------------------------------------------------------------- 4: sweep throughput
+
+
+def sweep(widths, batches, policies, *, repeats: int, warmup: int) -> dict:
+    configs = [RunConfig(width=w, batch=b, policy=p, repeats=repeats, warmup=warmup)
+               for w in widths for b in batches for p in policies]
+    compile_s = lower_s = 0.0
+    t0 = time.perf_counter()
+    for cfg in configs:
+        r = run_experiment(cfg)
+        compile_s += r["compile"]["compile_s"]
+        lower_s += r["compile"]["lower_s"]
+    total = time.perf_counter() - t0
+    return {"configs": len(configs), "total_s": total, "s_per_config": total / len(configs),
+            "compile_s": compile_s, "lower_s": lower_s, "compile_share": compile_s / total}
+
+
+def sweep_pair(widths, batches, policies, *, repeats: int, warmup: int,
+               cache_dir: str | None = None) -> dict:
+    """The sweep with an empty persistent cache, then again with it filled (new-session-like)."""
+    own = cache_dir is None
+    path = cache_dir or tempfile.mkdtemp(prefix="remat_lab_bench_cache_")
+    try:
+        use_cache_dir(path)
+        clear_caches()
+        first = sweep(widths, batches, policies, repeats=repeats, warmup=warmup)
+        clear_caches()
+        second = sweep(widths, batches, policies, repeats=repeats, warmup=warmup)
+    finally:
+        if own:
+            shutil.rmtree(path, ignore_errors=True)
+    return {"widths": list(widths), "batches": list(batches), "policies": len(policies),
+            "repeats": repeats, "warmup": warmup, "first": first, "second": second,
+            "speedup": first["total_s"] / second["total_s"]}
+
+
+# ---------------------------------------------------------------- all together
+
+
+def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) -> dict:
+    say = progress or (lambda msg: None)
+    m = machine()
+    cache_dir = tempfile.mkdtemp(prefix="remat_lab_bench_cache_")
+    try:
+        use_cache_dir(cache_dir)  # fresh: nothing below is served from an earlier session
+        say("warming up the process")
+        run_experiment(RunConfig(width=8, batch=1, repeats=1, warmup=0))
+        say("3/5 cold and warm latency")
+        lat = latency(DEFAULT.replace(repeats=20, warmup=3))
+        say("1/5 timing fidelity")
+        # Many short interleaved chunks: on a shared machine the step time flips between
+        # levels for tens of milliseconds at a time, so long blocks would compare different
+        # levels; short alternating chunks see the same ones.
+        scale = 1 if quick else 2
+        fid_default = fidelity(DEFAULT, rounds=10 * scale, repeats=5)
+        fid_small = fidelity(SMALL, rounds=40 * scale, repeats=25)
+        say("2/5 call overhead")
+        ovh = overhead(SMALL, rounds=40 * scale, repeats=25)
+        say("4/5 sweep throughput")
+        widths, batches = ((32, 64, 128), (4, 16, 64)) if quick else ((128, 256, 512),
+                                                                      (32, 128, 256))
+        sw = sweep_pair(widths, batches, list(POLICIES), repeats=5 if quick else 10,
+                        warmup=1 if quick else 2, cache_dir=None)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    peak = m["peak_flops"]
+    achieved = fid_default["achieved_flops_per_s"]
+    m["loadavg_end"] = _loadavg()
+    return {
+        "fidelity_ratio_default": fid_default["ratio"],
+        "fidelity_ratio_small": fid_small["ratio"],
+        "overhead_ratio": ovh["ratio"],
+        "warm_latency_s": lat["warm_s"],
+        "cold_latency_s": lat["cold_s"],
+        "dissect_overhead_ratio": lat["dissect_overhead_ratio"],
+        "sweep_s_per_config": sw["first"]["s_per_config"],
+        "cache_speedup": sw["speedup"],
+        "achieved_flops_fraction": achieved / peak if achieved and peak else None,
+        "achieved_flops_per_s": achieved,
+        "peak_flops_per_s": peak,
+        "quick": quick,
+        "machine": m,
+        "details": {"fidelity_default": fid_default, "fidelity_small": fid_small,
+                    "overhead": ovh, "latency": lat, "sweep": sw},
+    }
+
+
+def verdict(key: str, value) -> tuple[str, str]:
+    op, bound, _ = TARGETS[key]
+    if bound is None or value is None:
+        return "-", "report"
+    ok = value <= bound if op == "<=" else value >= bound
+    return f"{op} {bound:g}", "PASS" if ok else "MISS"
+
+
+def _fmt(key: str, value) -> str:
+    if value is None:
+        return "n/a"
+    if key.endswith("_s") or key == "sweep_s_per_config":
+        return f"{value:.3f} s"
+    if key == "achieved_flops_fraction":
+        return f"{value:.1%}"
+    return f"{value:.3f}"
+
+
+def format_report(doc: dict) -> str:
+    m, d = doc["machine"], doc["details"]
+    rows = [("figure", "value", "target", "verdict", "meaning")]
+    for key, (_, _, meaning) in TARGETS.items():
+        target, ok = verdict(key, doc[key])
+        rows.append((key, _fmt(key, doc[key]), target, ok, meaning))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"Remat Lab bench{' (quick)' if doc['quick'] else ''} on {m['cpu_model']}, "
+             f"{m['cores']} cores, {m['backend']} ({m['device_kind']}), jax {m['jax']}; "
+             f"load average {m['loadavg_start']} -> {m['loadavg_end']}", ""]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 7)
+    fd, fs, ov, lat, sw = (d["fidelity_default"], d["fidelity_small"], d["overhead"],
+                           d["latency"], d["sweep"])
+    us = lambda s: f"{s * 1e6:.1f} us"  # noqa: E731
+    lines += [
+        "",
+        f"fidelity: default engine {us(fd['engine_median_s'])} vs bare {us(fd['bare_median_s'])}; "
+        f"small engine {us(fs['engine_median_s'])} vs bare {us(fs['bare_median_s'])} "
+        f"({fd['rounds']} interleaved rounds)",
+        "per call (width 64, batch 8): " + ", ".join(f"{k} {us(v)}"
+                                                     for k, v in ov["per_call_s"].items()),
+        f"latency via {lat['path']}: cold {lat['cold_s']:.3f} s = "
+        + ", ".join(f"{k} {v:.3f}" for k, v in lat["stages_s"].items())
+        + f"; warm {lat['warm_s'] * 1e3:.1f} ms",
+        f"sweep {len(sw['widths'])}x{len(sw['batches'])}x{sw['policies']} = "
+        f"{sw['first']['configs']} configs (repeats {sw['repeats']}): first "
+        f"{sw['first']['total_s']:.1f} s (compile share {sw['first']['compile_share']:.0%}), "
+        f"second {sw['second']['total_s']:.1f} s (compile share "
+        f"{sw['second']['compile_share']:.0%})",
+        f"peak: {m['peak_flops_source']}"
+        + (f" = {doc['peak_flops_per_s'] / 1e9:.0f} GFLOP/s; achieved "
+           f"{doc['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s" if doc["peak_flops_per_s"]
+           and doc["achieved_flops_per_s"] else ""),
+    ]
+    return "\n".join(lines)
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    return obj
+
+
+def main(quick: bool = False, as_json: bool = False) -> int:
+    say = (lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
+    doc = _jsonable(run_all(quick=quick, progress=say))
+    print(json.dumps(doc, indent=2) if as_json else format_report(doc))
+    return 0
