@@ -1,0 +1,162 @@
+"""The Streamlit app with AppTest: every page, the URL mirror and the engine's results on screen.
+
+Pages run one by one (``AppTest.from_file("pages/x.py")``) with small configurations.
+"""
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from remat_lab.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"width": "64", "batch": "8", "repeats": "3"}
+
+
+def _app(page: str, **params) -> AppTest:
+    at = AppTest.from_file(str(ROOT / page), default_timeout=120)
+    for key, value in params.items():
+        at.query_params[key] = value
+    return at
+
+
+def _frame(at: AppTest, column: str):
+    """The first st.dataframe whose data has ``column``."""
+    for df in at.dataframe:
+        if column in df.value.columns:
+            return df.value
+    raise AssertionError(f"no table with a {column!r} column")
+
+
+@pytest.mark.parametrize("page", ["app.py", "pages/explore.py", "pages/compare.py",
+                                  "pages/sweep.py", "pages/inspect.py", "pages/guide.py"])
+def test_every_page_runs(page):
+    at = _app(page, **SMALL).run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert at.sidebar.title[0].value == "Remat Lab"
+    assert any("Environment: backend" in c.value for c in at.caption)
+
+
+def test_explore_saves_then_recomputes_both_dots():
+    at = _app("pages/explore.py", width="256", batch="64", repeats="3").run()
+    assert not at.exception
+    assert at.selectbox(key="policy").value == DEFAULT_POLICY
+    dots = _frame(at, "policy_verdict")
+    assert len(dots) == 2
+    assert dots["saved"].tolist() == [True, True]
+    assert dots["recomputed"].tolist() == [False, False]
+    labels = [m.label for m in at.metric]
+    assert labels == ["Median step time", "Peak memory", "Residual bytes", "Dots saved / recomputed",
+                      "Gradient check", "Compile time"]
+    assert at.metric[3].value == "2 / 0" and at.metric[4].value == "ok"
+    assert any("@nnx.remat(policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)"
+               in c.value for c in at.code)
+    assert any(c.value.startswith("python -m remat_lab run --model mlp --width 256 --batch 64")
+               for c in at.code)
+
+    at.selectbox(key="policy").set_value("nothing_saveable").run()
+    assert not at.exception
+    dots = _frame(at, "policy_verdict")
+    assert dots["saved"].tolist() == [False, False]
+    assert dots["recomputed"].tolist() == [True, True]
+    assert at.query_params["policy"] == "nothing_saveable"
+
+
+def test_slider_change_reruns_and_syncs_width_entry():
+    at = _app("pages/explore.py", **SMALL).run()
+    at.select_slider(key="width").set_value(32).run()
+    assert not at.exception
+    assert at.number_input(key="width_exact").value == 32
+    assert _frame(at, "policy_verdict")["lhs_shape"].tolist()[0] == "(8, 32)"
+    at.number_input(key="width_exact").set_value(40).run()
+    assert at.select_slider(key="width").value == 40
+    assert at.query_params["width"] == "40"
+
+
+def test_compare_one_row_per_policy():
+    at = _app("pages/compare.py", **SMALL).run()
+    assert not at.exception
+    table = _frame(at, "grad_ok")
+    assert table["policy"].tolist() == list(POLICIES)
+    assert table["grad_ok"].all()
+    at.multiselect(key="compare_policies").set_value(["no_remat", "nothing_saveable"]).run()
+    assert _frame(at, "grad_ok")["policy"].tolist() == ["no_remat", "nothing_saveable"]
+
+
+def test_sweep_two_widths_two_batches_two_policies():
+    at = _app("pages/sweep.py", repeats="3").run()
+    assert not _has_frame(at, "median_ms")
+    at.multiselect(key="sweep_widths").set_value([8, 16])
+    at.multiselect(key="sweep_batches").set_value([1, 4])
+    at.multiselect(key="sweep_policies").set_value(["no_remat", "nothing_saveable"])
+    at.button(key="sweep_run").click().run()
+    assert not at.exception
+    rows = _frame(at, "median_ms")
+    assert len(rows) == 8
+    assert sorted(set(zip(rows["width"], rows["batch"]))) == [(8, 1), (8, 4), (16, 1), (16, 4)]
+    assert (rows["median_ms"] > 0).all()
+
+
+def _has_frame(at, column):
+    return any(column in df.value.columns for df in at.dataframe)
+
+
+def test_inspect_shows_dot_lines():
+    at = _app("pages/inspect.py", width="32", batch="4", depth="2", repeats="3",
+              policy="nothing_saveable").run()
+    assert not at.exception
+    codes = [c.value for c in at.code]
+    assert any("dot_general" in c and "rematted_computation" in c for c in codes)
+    assert len(at.tabs) == 4
+
+
+def test_url_restores_every_control():
+    params = {"model": "seq_mixer", "width": "48", "batch": "2", "seq": "8", "depth": "2",
+              "dtype": "bfloat16", "policy": "nothing_saveable", "objective": "grad", "repeats": "3"}
+    at = _app("pages/guide.py", **params).run()
+    assert not at.exception and not at.warning
+    assert at.radio(key="model").value == "seq_mixer"
+    assert at.select_slider(key="width").value == 48
+    assert at.number_input(key="width_exact").value == 48
+    assert at.select_slider(key="batch").value == 2
+    assert at.select_slider(key="seq").value == 8
+    assert at.slider(key="depth").value == 2
+    assert at.radio(key="dtype").value == "bfloat16"
+    assert at.selectbox(key="policy").value == "nothing_saveable"
+    assert at.radio(key="objective").value == "grad"
+    assert at.number_input(key="repeats").value == 3
+    assert {k: at.query_params[k] for k in params} == params
+
+
+@pytest.mark.parametrize("key,value,widget,default", [
+    ("width", "-3", "select_slider", 256), ("width", "abc", "select_slider", 256),
+    ("policy", "rm -rf", "selectbox", DEFAULT_POLICY), ("batch", "10**12", "select_slider", 64),
+    ("batch", str(10 ** 12), "select_slider", 64), ("model", "__import__('os')", "radio", "mlp"),
+])
+def test_bad_url_values_warn_and_fall_back(key, value, widget, default):
+    at = _app("pages/guide.py", **{key: value, "depth": "3"}).run()
+    assert not at.exception
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1 and f"`{key}`" in warnings[0] and "Allowed" in warnings[0]
+    assert getattr(at, widget)(key=key).value == default
+    assert at.slider(key="depth").value == 3  # the valid parameter is kept
+    assert at.query_params[key] == str(default)
+
+
+def test_batch_zero_with_seq_mixer_is_refused():
+    at = _app("pages/guide.py", model="seq_mixer", batch="0").run()
+    assert not at.exception
+    assert any("`batch`" in w.value for w in at.warning)
+    assert at.select_slider(key="batch").value == 64
+
+
+def test_over_budget_is_an_error_not_a_traceback(monkeypatch):
+    monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "1K")
+    at = _app("pages/explore.py", width="24", batch="8", repeats="3").run()
+    assert not at.exception
+    assert len(at.error) == 1 and "memory budget" in at.error[0].value
+    assert not at.metric

@@ -1,0 +1,107 @@
+"""Chart builders: DataFrame in, Figure out; traces, axis titles and empty frames."""
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from remat_lab import charts
+from remat_lab.policies import POLICIES
+
+BUILDERS = {
+    "time": lambda df: charts.make_step_time_figure(df),
+    "memory": lambda df: charts.make_memory_figure(df),
+    "residuals": lambda df: charts.make_residuals_figure(df),
+    "bars": lambda df: charts.make_time_bars_figure(df),
+    "pareto": lambda df: charts.make_pareto_figure(df),
+    "sweep": lambda df: charts.make_sweep_figure(df, "width", "median_ms", "step time (ms)"),
+    "heatmap": lambda df: charts.make_relative_heatmap_figure(df, "t"),
+}
+
+
+def test_every_policy_has_its_own_colour():
+    assert set(charts.POLICY_COLORS) == set(POLICIES)
+    assert len(set(charts.POLICY_COLORS.values())) == len(POLICIES)
+    assert charts.policy_color("no_remat") == charts.POLICY_COLORS["no_remat"]
+    assert charts.policy_color("unknown") == charts.policy_color("unknown")
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_empty_frames_give_a_figure_with_a_note(name):
+    fig = BUILDERS[name](pd.DataFrame())
+    assert isinstance(fig, go.Figure)
+    assert len(fig.data) == 0
+    assert "no data" in fig.layout.annotations[0].text
+
+
+def test_step_time_distribution():
+    df = pd.DataFrame({"policy": ["no_remat"] * 3 + ["nothing_saveable"] * 2, "run": [1, 2, 3, 1, 2],
+                       "ms": [1.0, 1.1, 0.9, 2.0, 2.1]})
+    fig = charts.make_step_time_figure(df)
+    assert [t.type for t in fig.data] == ["box", "box"]
+    assert fig.data[1].marker.color == charts.POLICY_COLORS["nothing_saveable"]
+    assert fig.layout.yaxis.title.text == "step time (ms)"
+
+
+def test_memory_stacked_with_peak_and_negative_alias():
+    df = pd.DataFrame({"policy": ["no_remat"], "argument": [1.0], "output": [0.5], "temp": [0.25],
+                       "alias": [0.5], "generated_code": [0.0], "peak_mib": [1.25]})
+    fig = charts.make_memory_figure(df)
+    names = [t.name for t in fig.data]
+    assert names == ["argument", "output", "temp", "generated code", "alias", "peak"]
+    assert fig.data[4].y[0] == -0.5
+    assert fig.data[-1].y[0] == 1.25
+    assert fig.layout.barmode == "relative"
+    assert fig.layout.yaxis.title.text == "memory (MiB)"
+
+
+def test_residuals_by_layer_and_kind():
+    df = pd.DataFrame({"layer": ["l1", "l2", "l1"], "kind": ["argument", "argument", "dot_general"],
+                       "bytes": [1024, 1024, 2048], "mib": [1 / 1024, 1 / 1024, 2 / 1024]})
+    fig = charts.make_residuals_figure(df)
+    assert sorted(t.name for t in fig.data) == ["argument", "dot_general"]
+    assert fig.layout.barmode == "stack"
+    assert "MiB" in fig.layout.yaxis.title.text
+
+
+def test_time_bars_have_p25_p75_error_bars():
+    df = pd.DataFrame({"policy": ["no_remat", "dots_saveable"], "median_ms": [1.0, 2.0],
+                       "p25_ms": [0.8, 1.5], "p75_ms": [1.5, 2.1]})
+    fig = charts.make_time_bars_figure(df)
+    assert len(fig.data) == 2
+    assert fig.data[0].error_y.array[0] == pytest.approx(0.5)
+    assert fig.data[0].error_y.arrayminus[0] == pytest.approx(0.2)
+    assert fig.data[1].marker.color == charts.POLICY_COLORS["dots_saveable"]
+    assert fig.layout.yaxis.title.text == "step time (ms)"
+
+
+def test_pareto_front_line():
+    df = pd.DataFrame({"policy": ["a", "b", "c"], "median_ms": [1.0, 2.0, 3.0],
+                       "peak_mib": [3.0, 1.0, 4.0]})
+    fig = charts.make_pareto_figure(df, pd.Series([True, True, False]))
+    assert [t.name for t in fig.data] == ["a", "b", "c", "Pareto front"]
+    assert list(fig.data[-1].x) == [1.0, 3.0]
+    assert fig.layout.xaxis.title.text == "peak memory (MiB)"
+    assert len(charts.make_pareto_figure(df).data) == 3
+
+
+def test_sweep_lines_one_per_policy_and_batch():
+    df = pd.DataFrame({"policy": ["no_remat"] * 4 + ["nothing_saveable"] * 4,
+                       "width": [8, 16, 8, 16] * 2, "batch": [1, 1, 4, 4] * 2,
+                       "median_ms": range(8)})
+    fig = charts.make_sweep_figure(df, "width", "median_ms", "step time (ms)")
+    assert len(fig.data) == 4
+    assert {t.line.color for t in fig.data} == {charts.POLICY_COLORS["no_remat"],
+                                               charts.POLICY_COLORS["nothing_saveable"]}
+    assert fig.layout.xaxis.title.text == "width"
+    assert fig.layout.yaxis.title.text == "step time (ms)"
+    one = charts.make_sweep_figure(df[df.batch == 1], "batch", "median_ms", "t")
+    assert len(one.data) == 4  # one line per policy and width
+
+
+def test_relative_heatmap():
+    df = pd.DataFrame({"policy": ["no_remat", "nothing_saveable"], "config": ["w8 b1"] * 2,
+                       "ratio": [1.0, 1.5]})
+    fig = charts.make_relative_heatmap_figure(df, "Step time relative to no_remat")
+    assert fig.data[0].type == "heatmap"
+    assert list(fig.data[0].y) == ["no_remat", "nothing_saveable"]
+    assert fig.data[0].z[1][0] == pytest.approx(1.5)

@@ -1,0 +1,87 @@
+"""Result dict -> DataFrame helpers (pandas only)."""
+
+import pandas as pd
+import pytest
+
+from remat_lab import tables
+
+
+def _result(policy="dots_with_no_batch_dims_saveable", median=1e-3, peak=3 << 20, width=64, batch=8):
+    return {
+        "config": {"policy": policy, "model": "mlp", "width": width, "batch": batch, "seq": 16,
+                   "depth": 1, "dtype": "float32", "objective": "value_and_grad"},
+        "compile": {"lower_s": 0.1, "compile_s": 0.2},
+        "step_time_s": {"median": median, "p25": median * 0.9, "p75": median * 1.1,
+                        "samples": [median * 0.9, median, median * 1.1]},
+        "memory": {"argument_bytes": 1 << 20, "output_bytes": 1 << 20, "temp_bytes": 1 << 20,
+                   "alias_bytes": 0, "generated_code_bytes": 0, "peak_bytes": peak},
+        "totals": {"residual_bytes": 2048, "dots_saved": 2, "dots_recomputed": 0,
+                   "recompute_flops": 0},
+        "gradient_check": {"ok": True},
+        "dots": [{"index": 0, "layer": "l1", "lhs_shape": [8, 64], "rhs_shape": [64, 64],
+                  "out_shape": [8, 64], "has_batch_dims": False, "policy_verdict": "save",
+                  "saved": True, "offloaded": False, "recomputed": False,
+                  "recomputed_in_compiled": False, "flops": 1, "out_bytes": 2048, "note": ""}],
+        "residuals": [
+            {"index": 0, "shape": [64], "dtype": "float32", "bytes": 256, "memory_kind": "device",
+             "kind": "argument", "layer": "l1", "source": "argument l1.bias"},
+            {"index": 1, "shape": [8, 64], "dtype": "float32", "bytes": 2048,
+             "memory_kind": "device", "kind": "dot_general", "layer": "l1", "source": "dot"},
+            {"index": 2, "shape": [8, 64], "dtype": "float32", "bytes": 2048,
+             "memory_kind": "device", "kind": "dot_general", "layer": "l2", "source": "dot"}],
+    }
+
+
+def test_dots_frame_shapes_and_booleans():
+    df = tables.dots_frame(_result())
+    assert list(df.columns) == tables.DOT_COLUMNS
+    assert df.loc[0, "lhs_shape"] == "(8, 64)"
+    assert bool(df.loc[0, "saved"]) is True
+
+
+def test_empty_inputs_give_empty_frames_with_columns():
+    assert tables.dots_frame(None).empty
+    assert list(tables.residuals_frame({}).columns) == tables.RESIDUAL_COLUMNS
+    assert tables.samples_frame(None).empty
+    assert tables.memory_frame([]).empty
+    assert tables.summary_frame([]).columns.tolist() == tables.SUMMARY_COLUMNS
+    assert tables.relative_frame(pd.DataFrame(), "median_ms").empty
+    assert tables.pareto_mask(pd.DataFrame(), "a", "b").empty
+
+
+def test_residual_layer_kind_sums_bytes():
+    df = tables.residual_layer_kind_frame(_result())
+    l1 = df[(df["layer"] == "l1")].set_index("kind")["bytes"]
+    assert l1["argument"] == 256 and l1["dot_general"] == 2048
+    assert df["bytes"].sum() == 256 + 2048 + 2048
+    assert tables.residuals_frame(_result()).loc[0, "shape"] == "(64,)"
+
+
+def test_samples_and_memory_in_ms_and_mib():
+    s = tables.samples_frame(_result(median=2e-3))
+    assert s["ms"].tolist() == pytest.approx([1.8, 2.0, 2.2])
+    m = tables.memory_frame([_result(peak=3 << 20)])
+    assert m.loc[0, "peak_mib"] == pytest.approx(3.0)
+    assert m.loc[0, "argument"] == pytest.approx(1.0)
+
+
+def test_summary_and_relative_to_no_remat():
+    rows = [_result("no_remat", 1e-3, 4 << 20), _result("nothing_saveable", 2e-3, 2 << 20)]
+    df = tables.summary_frame(rows)
+    assert df["median_ms"].tolist() == pytest.approx([1.0, 2.0])
+    rel = tables.relative_frame(df, "median_ms").set_index("policy")["ratio"]
+    assert rel["no_remat"] == pytest.approx(1.0) and rel["nothing_saveable"] == pytest.approx(2.0)
+    assert tables.relative_frame(df[df.policy != "no_remat"], "median_ms").empty
+
+
+def test_pareto_mask_drops_dominated_points():
+    df = pd.DataFrame({"t": [1.0, 2.0, 3.0, 1.5], "m": [3.0, 1.0, 3.5, 2.0]})
+    assert tables.pareto_mask(df, "t", "m").tolist() == [True, True, False, True]
+
+
+def test_matching_lines_regex_and_bad_regex():
+    text = "a dot_general b\nc add d\ne rematted_computation dot_general\n"
+    assert len(tables.matching_lines(text, "dot_general")) == 2
+    assert tables.matching_lines(text, "rematted_computation|add") == text.splitlines()[1:]
+    assert tables.matching_lines(text, "dot_general[") == []  # invalid regex -> substring
+    assert tables.matching_lines("", "x") == []
