@@ -76,4 +76,4 @@ st.dataframe(tables.residuals_frame(result), hide_index=True, width="stretch", c
 
 st.subheader("Reproduce this configuration")
 st.code(_shared.reproduce_code(cfg), language="python")
-st.code(_shared.cli_command(cfg), language="bash")
+st.code(_shared.cli_command(cfg), language="bash", wrap_lines=True)

@@ -104,4 +104,6 @@ def test_relative_heatmap():
     fig = charts.make_relative_heatmap_figure(df, "Step time relative to no_remat")
     assert fig.data[0].type == "heatmap"
     assert list(fig.data[0].y) == ["no_remat", "nothing_saveable"]
-    assert fig.data[0].z[1][0] == pytest.approx(1.5)
+    assert fig.data[0].z[1][0] == pytest.approx(0.5849625)  # log2(1.5)
+    assert fig.data[0].z[0][0] == pytest.approx(0.0)
+    assert fig.data[0].text[1][0] == "1.50x"

@@ -6,6 +6,7 @@ No Streamlit and no JAX here. Every builder accepts an empty frame (it returns a
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -162,7 +163,7 @@ def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figu
                 line=dict(color=policy_color(policy), dash=dashes[i % len(dashes)]),
                 hovertemplate=f"{x} %{{x}}: %{{y:.4f}}<extra>%{{fullData.name}}</extra>"))
     if (df[x] > 0).all():
-        fig.update_xaxes(type="log")
+        fig.update_xaxes(type="log", tickvals=sorted(df[x].unique()))
     fig.update_layout(height=420)
     return fig
 
@@ -173,10 +174,15 @@ def make_relative_heatmap_figure(df: pd.DataFrame, title: str) -> go.Figure:
     if df is None or df.empty:
         return _empty(fig)
     table = df.pivot_table(index="policy", columns="config", values="ratio", sort=False)
+    ratios = table.to_numpy(dtype=float)
+    # Colour on log2(ratio) so 2x slower and 2x faster are equally strong; text shows the ratio.
+    z = np.log2(np.where(ratios > 0, ratios, np.nan))
+    bound = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     fig.add_trace(go.Heatmap(
-        z=table.to_numpy(), x=list(table.columns), y=list(table.index), colorscale="RdBu_r",
-        zmid=1.0, colorbar=dict(title="x no_remat"),
-        text=[[f"{v:.2f}x" for v in row] for row in table.to_numpy()], texttemplate="%{text}",
-        hovertemplate="%{y} at %{x}: %{z:.3f}x no_remat<extra></extra>"))
+        z=z, x=list(table.columns), y=list(table.index), colorscale="RdBu_r",
+        zmin=-max(bound, 0.1), zmax=max(bound, 0.1), customdata=ratios,
+        colorbar=dict(title="log2(x no_remat)"),
+        text=[[f"{v:.2f}x" for v in row] for row in ratios], texttemplate="%{text}",
+        hovertemplate="%{y} at %{x}: %{customdata:.3f}x no_remat<extra></extra>"))
     fig.update_layout(height=max(260, 60 + 40 * len(table.index)), margin=dict(l=260, r=20, t=50, b=50))
     return fig
