@@ -165,6 +165,26 @@ def use_cache_dir(path: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def temporary_cache_dir(path: str | None = None):
+    """A fresh (or given) persistent cache directory for the block; the previous one after it.
+
+    A directory made here is deleted afterwards.
+    """
+    previous = jax.config.jax_compilation_cache_dir
+    own = path is None
+    path = path or tempfile.mkdtemp(prefix="remat_lab_bench_cache_")
+    try:
+        yield use_cache_dir(path)
+    finally:
+        from jax._src import compilation_cache
+
+        jax.config.update("jax_compilation_cache_dir", previous)
+        compilation_cache.reset_cache()
+        if own:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- 1 and 2: fidelity, overhead
 
 
@@ -302,11 +322,12 @@ def _app_runner() -> tuple[Callable[[RunConfig, _Status], dict], Callable[[], No
         {s: s for s in experiment.STAGES}
 
 
-def latency(config: RunConfig, *, warm_repeats: int = 5) -> dict:
-    """Cold and warm latency of ``config`` through the app's cached run path."""
-    run, clear, how, labels = _app_runner()
-    clear()
-    clear_caches()
+def _timed_run(run, config: RunConfig, labels: dict) -> dict:
+    """One request through ``run``: total seconds, seconds per stage and the overhead ratio.
+
+    ``core_s`` = the engine's own lower_s + compile_s + the timing stage; ``build_s`` = model
+    initialisation (reported, kept out of the ratio: it is neither dissection nor bookkeeping).
+    """
     status = _Status(labels)
     t0 = time.perf_counter()
     result = run(config, status)
@@ -315,19 +336,36 @@ def latency(config: RunConfig, *, warm_repeats: int = 5) -> dict:
     stages: dict[str, float] = {}
     for (name, t), (_, t_next) in zip(marks, marks[1:]):
         stages[name] = stages.get(name, 0.0) + t_next - t
-    cold = t_end - t0
+    total = t_end - t0
+    core = (result["compile"]["lower_s"] + result["compile"]["compile_s"]
+            + stages.get("timing", 0.0))
+    build = stages.get("start", 0.0) + stages.get("building", 0.0)
+    return {"total_s": total, "stages_s": stages, "build_s": build, "core_s": core,
+            "overhead_ratio": (total - build) / core if core else None,
+            "reported_median_s": result["step_time_s"]["median"]}
+
+
+def latency(config: RunConfig, *, warm_repeats: int = 5) -> dict:
+    """Cold and warm latency of ``config`` through the app's cached run path.
+
+    Cold: a new model in a running process (in-process caches cleared). Also a policy change on
+    that model (its parameters and no_remat reference already cached), the common Explore step.
+    """
+    run, clear, how, labels = _app_runner()
+    clear()
+    clear_caches()
+    cold = _timed_run(run, config, labels)
     warm = []
     for _ in range(warm_repeats):
         t = time.perf_counter()
         run(config, _Status(labels))
         warm.append(time.perf_counter() - t)
-    core = sum(stages.get(s, 0.0) for s in ("lowering", "compiling", "timing"))
-    build = stages.get("start", 0.0) + stages.get("building", 0.0)
-    return {"path": how, "cold_s": cold, "warm_s": float(np.median(warm)), "warm_samples_s": warm,
-            "stages_s": stages, "build_s": build, "core_s": core,
-            "dissect_overhead_ratio": (cold - build) / core if core else None,
-            "cold_share_build": build / cold,
-            "reported_median_s": result["step_time_s"]["median"]}
+    other = "nothing_saveable" if config.policy != "nothing_saveable" else "dots_saveable"
+    switch = _timed_run(run, config.replace(policy=other), labels)
+    return {"path": how, "cold_s": cold["total_s"], "warm_s": float(np.median(warm)),
+            "warm_samples_s": warm, "cold": cold, "policy_change": switch,
+            "dissect_overhead_ratio": cold["overhead_ratio"],
+            "reported_median_s": cold["reported_median_s"]}
 
 
 # ---------------------------------------------------------------- 4: sweep throughput
@@ -350,17 +388,11 @@ def sweep(widths, batches, policies, *, repeats: int, warmup: int) -> dict:
 def sweep_pair(widths, batches, policies, *, repeats: int, warmup: int,
                cache_dir: str | None = None) -> dict:
     """The sweep with an empty persistent cache, then again with it filled (new-session-like)."""
-    own = cache_dir is None
-    path = cache_dir or tempfile.mkdtemp(prefix="remat_lab_bench_cache_")
-    try:
-        use_cache_dir(path)
+    with temporary_cache_dir(cache_dir):
         clear_caches()
         first = sweep(widths, batches, policies, repeats=repeats, warmup=warmup)
         clear_caches()
         second = sweep(widths, batches, policies, repeats=repeats, warmup=warmup)
-    finally:
-        if own:
-            shutil.rmtree(path, ignore_errors=True)
     return {"widths": list(widths), "batches": list(batches), "policies": len(policies),
             "repeats": repeats, "warmup": warmup, "first": first, "second": second,
             "speedup": first["total_s"] / second["total_s"]}
@@ -372,9 +404,8 @@ def sweep_pair(widths, batches, policies, *, repeats: int, warmup: int,
 def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) -> dict:
     say = progress or (lambda msg: None)
     m = machine()
-    cache_dir = tempfile.mkdtemp(prefix="remat_lab_bench_cache_")
-    try:
-        use_cache_dir(cache_dir)  # fresh: nothing below is served from an earlier session
+    # A fresh persistent cache: nothing below is served from an earlier session.
+    with temporary_cache_dir():
         say("warming up the process")
         run_experiment(RunConfig(width=8, batch=1, repeats=1, warmup=0))
         say("3/5 cold and warm latency")
@@ -393,8 +424,6 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
                                                                       (32, 128, 256))
         sw = sweep_pair(widths, batches, list(POLICIES), repeats=5 if quick else 10,
                         warmup=1 if quick else 2, cache_dir=None)
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
     peak = m["peak_flops"]
     achieved = fid_default["achieved_flops_per_s"]
     m["loadavg_end"] = _loadavg()
@@ -408,6 +437,9 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "sweep_s_per_config": sw["first"]["s_per_config"],
         "cache_speedup": sw["speedup"],
         "achieved_flops_fraction": achieved / peak if achieved and peak else None,
+        "dissect_overhead_ratio_policy_change": lat["policy_change"]["overhead_ratio"],
+        "policy_change_latency_s": lat["policy_change"]["total_s"],
+        "sweep_compile_share": sw["first"]["compile_share"],
         "achieved_flops_per_s": achieved,
         "peak_flops_per_s": peak,
         "quick": quick,
@@ -460,8 +492,9 @@ def format_report(doc: dict) -> str:
         "per call (width 64, batch 8): " + ", ".join(f"{k} {us(v)}"
                                                      for k, v in ov["per_call_s"].items()),
         f"latency via {lat['path']}: cold {lat['cold_s']:.3f} s = "
-        + ", ".join(f"{k} {v:.3f}" for k, v in lat["stages_s"].items())
-        + f"; warm {lat['warm_s'] * 1e3:.1f} ms",
+        + ", ".join(f"{k} {v:.3f}" for k, v in lat["cold"]["stages_s"].items())
+        + f"; warm {lat['warm_s'] * 1e3:.1f} ms; policy change {lat['policy_change']['total_s']:.3f}"
+        f" s (overhead ratio {lat['policy_change']['overhead_ratio']:.2f})",
         f"sweep {len(sw['widths'])}x{len(sw['batches'])}x{sw['policies']} = "
         f"{sw['first']['configs']} configs (repeats {sw['repeats']}): first "
         f"{sw['first']['total_s']:.1f} s (compile share {sw['first']['compile_share']:.0%}), "

@@ -1,0 +1,105 @@
+"""The benchmark pieces on tiny sizes: structure and sanity only, never timing targets."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from remat_lab import bench
+from remat_lab.config import RunConfig
+
+TINY = RunConfig(width=16, batch=2, repeats=2, warmup=1)
+
+
+def _positive(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+def test_fidelity_and_overhead_ratios_are_positive_and_finite():
+    fid = bench.fidelity(TINY, rounds=2, repeats=3)
+    assert _positive(fid["ratio"]) and _positive(fid["engine_median_s"])
+    assert _positive(fid["bare_median_s"])
+    ovh = bench.overhead(TINY, rounds=2, repeats=3)
+    assert set(ovh["per_call_s"]) == {"engine", "bare_compiled", "jax_jit_state", "nnx_jit_module"}
+    assert all(_positive(v) for v in ovh["per_call_s"].values())
+    assert _positive(ovh["ratio"]) and _positive(ovh["vs_nnx_jit_module"])
+
+
+def test_interleave_rotates_order_and_pools_samples():
+    calls = []
+
+    def make(name):
+        def fn():
+            calls.append(name)
+            return [1.0]
+        return fn
+
+    got = bench.interleave({"a": make("a"), "b": make("b")}, rounds=2)
+    assert calls == ["a", "b", "b", "a"]
+    assert [len(v) for v in got.values()] == [2, 2]
+
+
+def test_latency_cold_is_slower_than_warm(tmp_path):
+    with bench.temporary_cache_dir(str(tmp_path)):
+        lat = bench.latency(RunConfig(width=24, batch=3, repeats=2, warmup=1), warm_repeats=2)
+    assert lat["cold_s"] > lat["warm_s"] > 0
+    assert _positive(lat["dissect_overhead_ratio"])
+    assert lat["cold"]["core_s"] > 0 and "compiling" in lat["cold"]["stages_s"]
+    assert lat["policy_change"]["total_s"] > 0
+
+
+def test_sweep_pair_reports_speedup(tmp_path):
+    sw = bench.sweep_pair((8,), (1, 2), ["no_remat", "nothing_saveable"], repeats=1, warmup=0,
+                          cache_dir=str(tmp_path))
+    assert sw["first"]["configs"] == sw["second"]["configs"] == 4
+    assert _positive(sw["speedup"]) and _positive(sw["first"]["s_per_config"])
+    assert 0 < sw["first"]["compile_share"] < 1
+    assert any(tmp_path.iterdir())  # the persistent cache was written
+
+
+def test_temporary_cache_dir_restores_the_previous_one():
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    with bench.temporary_cache_dir() as path:
+        assert jax.config.jax_compilation_cache_dir == path
+    assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_machine_and_peak():
+    m = bench.machine()
+    assert m["cores"] >= 1 and m["jax"] and m["cpu_model"]
+    peak, how = bench.peak_flops()
+    assert peak is None or _positive(peak)
+    if m["backend"] == "cpu" and peak is not None:
+        assert how.startswith("estimate")
+
+
+def test_report_document_and_table(monkeypatch):
+    # run_all on tiny sizes: patch the configurations and the sweep grid, keep the code path.
+    monkeypatch.setattr(bench, "DEFAULT", RunConfig(width=16, batch=4, repeats=2, warmup=1))
+    monkeypatch.setattr(bench, "SMALL", RunConfig(width=8, batch=2, repeats=2, warmup=1))
+    real_pair = bench.sweep_pair
+    monkeypatch.setattr(bench, "sweep_pair", lambda w, b, p, **k: real_pair(
+        (8,), (1,), p[:2], repeats=1, warmup=0))
+    doc = json.loads(json.dumps(bench._jsonable(bench.run_all(quick=True))))
+    keys = {"fidelity_ratio_default", "fidelity_ratio_small", "overhead_ratio", "warm_latency_s",
+            "cold_latency_s", "dissect_overhead_ratio", "sweep_s_per_config", "cache_speedup",
+            "achieved_flops_fraction", "machine"}
+    assert keys <= set(doc)
+    for key in keys - {"machine", "achieved_flops_fraction"}:
+        assert _positive(doc[key]), key
+    assert doc["cold_latency_s"] > doc["warm_latency_s"]
+    assert doc["achieved_flops_fraction"] is None or doc["achieved_flops_fraction"] > 0
+    text = bench.format_report(doc)
+    for key in keys - {"machine"}:
+        assert key in text
+    assert "PASS" in text or "MISS" in text
+
+
+@pytest.mark.parametrize("key", list(bench.TARGETS))
+def test_verdicts(key):
+    target, verdict = bench.verdict(key, 1.0)
+    assert verdict in {"PASS", "MISS", "report"}
