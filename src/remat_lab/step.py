@@ -59,20 +59,30 @@ def _path_name(path) -> str:
 
 
 # Parameters and inputs depend on neither the policy nor the objective: a sweep over policies
-# (or the app re-running a configuration) reuses them instead of re-initialising eagerly, which
-# costs more than compiling the step at a new width. Arrays are immutable, so sharing is safe.
+# (or the app re-running a configuration) reuses them. They are initialised by one jitted program
+# (bitwise the same values as eager initialisation) rather than op by op: eagerly, every op at a
+# new shape is a separate compile (or persistent-cache lookup), which cost more than compiling the
+# step itself. Arrays are immutable, so sharing them is safe.
 @functools.lru_cache(maxsize=4)
 def _parameters(model_name: str, width: int, depth: int, seed: int, dtype_name: str):
-    model = build_model(model_name, width, depth, seed=seed, dtype=DTYPES[dtype_name])
-    graphdef, state = nnx.split(model)
+    found = {}
+
+    def init():
+        graphdef, state = nnx.split(build_model(model_name, width, depth, seed=seed,
+                                                dtype=DTYPES[dtype_name]))
+        found["graphdef"] = graphdef  # static structure, no arrays
+        return state
+
+    state = jax.jit(init)()
     flat, treedef = jax.tree_util.tree_flatten_with_path(state)
-    return (graphdef, treedef, tuple(leaf for _, leaf in flat),
+    return (found["graphdef"], treedef, tuple(leaf for _, leaf in flat),
             tuple(_path_name(p) for p, _ in flat))
 
 
 @functools.lru_cache(maxsize=4)
 def _input(shape: tuple[int, ...], seed: int, dtype_name: str) -> jax.Array:
-    return jax.random.normal(jax.random.key(seed + 1), shape, dtype=DTYPES[dtype_name])
+    dtype = DTYPES[dtype_name]
+    return jax.jit(lambda: jax.random.normal(jax.random.key(seed + 1), shape, dtype=dtype))()
 
 
 def build_problem(config: RunConfig) -> Problem:
