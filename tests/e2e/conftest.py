@@ -28,6 +28,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 VIEWPORT = {"width": 1400, "height": 900}
 SERVER_START_S = 90
 _LOG_KEY = pytest.StashKey[Path]()
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost, never a proxy
 
 
 def _skip(reason: str):
@@ -62,6 +63,8 @@ def log_tail(path: Path, lines: int = 80) -> str:
 def artifacts() -> Path:
     path = Path(os.environ.get("REMAT_LAB_E2E_ARTIFACTS", ROOT / "test-artifacts" / "e2e"))
     path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("FAILED-*.png"):  # from an earlier session
+        old.unlink()
     return path
 
 
@@ -87,11 +90,10 @@ def shots(artifacts):
 @pytest.fixture(scope="session")
 def server(request, artifacts, tmp_path_factory) -> str:
     """Start ``streamlit run app.py`` on a free port; its base URL. The log goes to the artifacts."""
-    if shutil.which("streamlit", path=str(Path(sys.executable).parent)) is None:
-        try:
-            import streamlit  # noqa: F401
-        except ImportError:
-            _skip("streamlit is not installed in this Python")
+    try:
+        import streamlit  # noqa: F401
+    except ImportError:
+        _skip("streamlit is not installed in this Python")
     log_path = artifacts / "server.log"
     request.config.stash[_LOG_KEY] = log_path
     cache = tmp_path_factory.mktemp("remat_lab_cache")
@@ -110,17 +112,19 @@ def server(request, artifacts, tmp_path_factory) -> str:
             deadline = time.monotonic() + SERVER_START_S
             while time.monotonic() < deadline and proc.poll() is None:
                 try:
-                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                    with _NO_PROXY.open(f"{url}/_stcore/health", timeout=2) as resp:
                         if resp.status == 200 and resp.read().strip() == b"ok":
                             break
                 except OSError:
                     pass
                 time.sleep(0.3)
             else:
-                proc.kill() if proc.poll() is None else None
+                if proc.poll() is None:
+                    proc.kill()
                 proc.wait()
                 continue
-            break
+            if proc.poll() is None:  # healthy, and the port is ours (not another server's)
+                break
         else:
             pytest.fail(f"streamlit did not start; log tail:\n{log_tail(log_path)}")
         try:
