@@ -22,7 +22,7 @@ st_ = result["step_time_s"]
 mem = result["memory"] or {}
 tot = result["totals"]
 grad = result["gradient_check"]
-cols = st.columns(6)
+cols = st.columns([1, 1, 1, 1.5, 1, 1])
 cols[0].metric("Median step time", f"{st_['median'] * 1e3:.3f} ms",
                help=f"{st_['repeats']} timed runs after {st_['warmup']} warm-up")
 cols[0].caption(f"p25–p75: {st_['p25'] * 1e3:.3f}–{st_['p75'] * 1e3:.3f} ms")

@@ -20,7 +20,7 @@ from remat_lab.policies import POLICIES  # noqa: E402
 cfg = _shared.page_start("Sweep", "Widths × batches × policies; model, seq, depth, dtype, objective "
                                   "and repeats come from the sidebar.")
 ss = st.session_state
-c1, c2, c3 = st.columns(3)
+c1, c2, c3 = st.columns([1, 1, 2])
 widths = c1.multiselect("Widths", _shared.POW2_WIDTHS, default=[64, 256], key="sweep_widths")
 batch_opts = ([0] if cfg.model == "mlp" else []) + _shared.POW2_BATCHES
 batches = c2.multiselect("Batches", batch_opts, default=[16, 64], key="sweep_batches",
