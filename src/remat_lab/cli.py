@@ -16,6 +16,10 @@ from .policies import DEFAULT_POLICY, POLICIES
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one clear line, exit 2, no usage dump
+        # argparse quotes some user text verbatim ("unrecognized arguments: ..."): escape line
+        # breaks and other control characters so the message stays one line.
+        message = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
+        message = " ".join(w if len(w) <= 80 else w[:77] + "..." for w in message.split(" "))
         self.exit(2, f"remat_lab: error: {message}\n")
 
 

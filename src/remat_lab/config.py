@@ -34,6 +34,15 @@ CHOICES = {
 }
 
 
+def _show(value: object, limit: int = 40) -> str:
+    """``value`` for a one-line message: a string's repr cut to ``limit`` characters, never raising."""
+    try:
+        text = repr(str(value)[:limit] if isinstance(value, str) else value)
+    except ValueError:  # an int too long to print (sys.get_int_max_str_digits)
+        return "a number with too many digits"
+    return text if len(text) <= limit + 2 else text[:limit] + "..."
+
+
 class ConfigError(ValueError):
     """A configuration that cannot run; the message is a sentence for the user."""
 
@@ -68,13 +77,13 @@ class RunConfig:
                 lo, hi = LIMITS[f.name]
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ConfigError(f"{f.name} must be a whole number from {lo} to {hi}, "
-                                      f"not {value!r}.")
+                                      f"not {_show(value)}.")
                 if not lo <= value <= hi:
-                    raise ConfigError(f"{f.name} must be from {lo} to {hi}; got {value}.")
+                    raise ConfigError(f"{f.name} must be from {lo} to {hi}; got {_show(value)}.")
             else:
                 allowed = CHOICES[f.name]
                 if value not in allowed:
-                    raise ConfigError(f"unknown {f.name} {str(value)[:40]!r}; choose one of: "
+                    raise ConfigError(f"unknown {f.name} {_show(value)}; choose one of: "
                                       f"{', '.join(allowed)}.")
         if self.batch == 0 and self.model != "mlp":
             raise ConfigError("batch 0 (a single vector) is only for the mlp model; "
@@ -100,7 +109,7 @@ def coerce_config(raw: dict) -> RunConfig:
     Unknown keys are refused; integers must be written as plain whole numbers.
     """
     known = {f.name for f in fields(RunConfig)}
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(str(k) for k in set(raw) - known)
     if unknown:
         raise ConfigError(f"unknown setting {str(unknown[0])[:40]!r}; known: {', '.join(sorted(known))}.")
     values = {}
@@ -108,7 +117,7 @@ def coerce_config(raw: dict) -> RunConfig:
         if name in LIMITS and isinstance(value, str):
             text = value.strip()
             lo, hi = LIMITS[name]
-            if not (text.isascii() and text.lstrip("-").isdigit()) or len(text) > 12:
+            if not (text.isascii() and text.removeprefix("-").isdigit()) or len(text) > 12:
                 raise ConfigError(f"{name} must be a whole number from {lo} to {hi}, "
                                   f"not {value[:40]!r}.")
             value = int(text)
