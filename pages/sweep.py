@@ -20,12 +20,12 @@ from remat_lab.policies import POLICIES  # noqa: E402
 cfg = _shared.page_start("Sweep", "Widths × batches × policies; model, seq, depth, dtype, objective "
                                   "and repeats come from the sidebar.")
 ss = st.session_state
-c1, c2, c3 = st.columns([1, 1, 2])
+c1, c2 = st.columns(2)
 widths = c1.multiselect("Widths", _shared.POW2_WIDTHS, default=[64, 256], key="sweep_widths")
 batch_opts = ([0] if cfg.model == "mlp" else []) + _shared.POW2_BATCHES
 batches = c2.multiselect("Batches", batch_opts, default=[16, 64], key="sweep_batches",
                          format_func=lambda b: "single vector" if b == 0 else str(b))
-policies = c3.multiselect("Policies", list(POLICIES), key="sweep_policies",
+policies = st.multiselect("Policies", list(POLICIES), key="sweep_policies",
                           default=["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"],
                           format_func=_shared.policy_label)
 grid = [cfg.replace(width=w, batch=b, policy=p)

@@ -51,8 +51,9 @@ def test_explore_saves_then_recomputes_both_dots():
     assert dots["recomputed"].tolist() == [False, False]
     labels = [m.label for m in at.metric]
     assert labels == ["Median step time", "Peak memory", "Residual bytes", "Dots saved / recomputed",
-                      "Gradient check", "Compile time"]
+                      "Gradient check", "Compile time", "Achieved FLOP/s", "Compiled HLO dots"]
     assert at.metric[3].value == "2 / 0" and at.metric[4].value == "ok"
+    assert at.metric[7].value == "5"  # 2 forward + 3 backward dots, nothing recomputed
     assert any("@nnx.remat(policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)"
                in c.value for c in at.code)
     assert any(c.value.startswith("python -m remat_lab run --model mlp --width 256 --batch 64")
@@ -63,6 +64,7 @@ def test_explore_saves_then_recomputes_both_dots():
     dots = _frame(at, "policy_verdict")
     assert dots["saved"].tolist() == [False, False]
     assert dots["recomputed"].tolist() == [True, True]
+    assert at.metric[7].value == "7"  # the two recomputed dots survive in the compiled program
     assert at.query_params["policy"] == "nothing_saveable"
 
 

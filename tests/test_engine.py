@@ -67,6 +67,12 @@ def test_result_document_has_every_key(run):
     assert result["compile"]["lower_s"] > 0 and result["compile"]["compile_s"] > 0
     assert result["flops"] > 0 and result["achieved_flops_per_s"] > 0
     assert result["gradient_check"]["ok"] is True
+    roof = result["roofline"]
+    if roof["peak_flops_per_s"]:
+        assert roof["achieved_fraction"] == pytest.approx(
+            result["achieved_flops_per_s"] / roof["peak_flops_per_s"])
+        assert 0 < roof["achieved_fraction"] < 1.5, roof  # an estimate, but not absurd
+    assert roof["peak_source"]
     assert result["gradient_check"]["reference"] == "no_remat"
     env = result["environment"]
     assert env["backend"] == jax.default_backend() and env["device_count"] >= 1

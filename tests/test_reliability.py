@@ -44,8 +44,8 @@ def _key(cfg: RunConfig) -> tuple:
 
 
 def _stable(result: dict) -> dict:
-    """A result without the numbers that legitimately change run to run (timings)."""
-    drop = {"step_time_s", "compile", "achieved_flops_per_s", "texts"}
+    """A result without the numbers that legitimately change run to run (timings, FLOP/s)."""
+    drop = {"step_time_s", "compile", "achieved_flops_per_s", "roofline", "texts"}
     return {k: v for k, v in result.items() if k not in drop}
 
 

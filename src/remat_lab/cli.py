@@ -131,6 +131,10 @@ def format_run(result: dict) -> str:
     if result["flops"]:
         rate = result["achieved_flops_per_s"]
         achieved = f", achieved {rate / 1e9:.2f} GFLOP/s" if rate else ""
+        roof = result.get("roofline") or {}
+        if roof.get("achieved_fraction"):
+            achieved += (f" = {100 * roof['achieved_fraction']:.1f} % of peak "
+                         f"{roof['peak_flops_per_s'] / 1e9:.0f} GFLOP/s ({roof['peak_source']})")
         lines.append(f"flops: {result['flops']:.4g}{achieved}")
     lines.append(f"loss: {result['loss']:.6g}")
     g = result["gradient_check"]

@@ -203,6 +203,13 @@ def check_budget(config: RunConfig, budget: int) -> int:
     return need
 
 
+def human_seconds(s: float) -> str:
+    """``8.2e-05`` -> ``'82.0 µs'``; ``0.0123`` -> ``'12.30 ms'``; ``2.5`` -> ``'2.50 s'``."""
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
 def human_bytes(n: float) -> str:
     """``1536`` -> ``'1.5 KiB'``."""
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -92,6 +92,10 @@ def _verdict(policy, eqn) -> str:
     return "save" if (out is pe.Saveable or bool(out)) else "recompute"
 
 
+def _numel(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
 def _nbytes(aval) -> int:
     return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
 
@@ -229,8 +233,10 @@ def dissect(problem: Problem, compiled_text: str, *,
         if e.eqn.primitive.name == "dot_general" and "rematted_computation" in e.stack)
 
     hlo = parse_hlo_dots(compiled_text, depth)
-    hlo_recomputed = Counter((d["layer"], tuple(d["shape"])) for d in hlo if d["role"] == "recomputed")
-    hlo_dot_keys = {(d["layer"], tuple(d["shape"])) for d in hlo if d["role"] != "backward"}
+    # HLO dots are matched to jaxpr dots by layer and output size: XLA may fold batch axes into
+    # one ((4, 8, 64) -> (32, 64)), which changes the shape but not the number of elements.
+    hlo_recomputed = Counter((d["layer"], _numel(d["shape"])) for d in hlo if d["role"] == "recomputed")
+    hlo_dot_keys = {(d["layer"], _numel(d["shape"])) for d in hlo if d["role"] != "backward"}
     # XLA may rewrite a product into other instructions (vector x matrix -> multiply + reduce);
     # then only the op_name metadata of what it became says where it came from.
     remat_opname_layers = {layer_of(m, depth) for m in _OP_NAME.findall(compiled_text)
@@ -247,7 +253,7 @@ def dissect(problem: Problem, compiled_text: str, *,
         out = eqn.outvars[0].aval
         contracted = int(np.prod([lhs.shape[d] for d in lc], dtype=np.int64))
         flops = 2 * int(np.prod(out.shape, dtype=np.int64)) * contracted
-        hkey = (sig[0], tuple(out.shape))
+        hkey = (sig[0], _numel(out.shape))
         in_compiled = False
         rewritten = hkey not in hlo_dot_keys
         if is_recomputed and rewritten:
@@ -311,8 +317,8 @@ def _note(row: dict, cfg) -> str:
         return ("no remat: autodiff keeps what the backward needs (here values derived from this "
                 "dot), nothing is recomputed") if not row["saved"] else ""
     if row["recomputed"] and not row["recomputed_in_compiled"]:
-        return ("the backward jaxpr recomputes this dot, but the compiled program does not: XLA "
-                "merged the recomputation with the forward dot (CSE) and keeps its result")
+        return ("the backward jaxpr recomputes this dot, but the compiled program has no "
+                "recomputed copy: XLA reuses the forward dot's result (e.g. by CSE)")
     if verdict in ("save", "offload") and not row["saved"] and not row["recomputed"]:
         return ("saveable, but not stored: the backward needs only values derived from it, "
                 "which are kept instead")
@@ -350,9 +356,9 @@ def _notes(cfg, dots: list[dict], n_fwd: int, n_rec: int) -> list[str]:
     compiled_rec = sum(d["recomputed_in_compiled"] for d in dots)
     if jaxpr_rec and compiled_rec < jaxpr_rec:
         notes.append(f"The backward jaxpr recomputes {jaxpr_rec} dot(s); the compiled program "
-                     f"keeps {compiled_rec} of those recomputations. XLA's common-subexpression "
-                     "elimination merged the rest with the forward dots, so at this size the "
-                     "policy's recomputation does not happen.")
+                     f"keeps {compiled_rec} of those recomputations: for the rest XLA reuses the "
+                     "forward dots' results (common-subexpression elimination), so at this size "
+                     "that part of the policy's recomputation does not happen.")
     if cfg.objective == "grad" and n_fwd == 0:
         notes.append("Objective grad: the loss value is not returned, so the forward pass is "
                      "dead code apart from what the backward needs; XLA removed the forward dots.")
