@@ -36,13 +36,16 @@ So a dense layer is saved whatever the batch size, while the token-mixing produc
 are recomputed. `dots_saveable` saves all of them.
 
 ### Why `grad` alone can make every policy compile the same at depth 1
-With one block, everything the backward pass needs is available right after the forward pass, and
-with `jax.grad` the loss value itself is not returned. XLA is free to fuse and to merge a
-recomputation with the original forward computation (common-subexpression elimination), so the
-compiled program, its memory and its time can be identical across policies even though the jaxprs
-differ. The per-dot table therefore shows both the jaxpr's verdict and whether the compiled
-program really recomputes (`recomputed in HLO`); the notes explain disagreements. Use depth > 1
-or `value_and_grad` to see policies diverge.
+With `jax.grad` the loss value is not an output, so the forward pass only exists to feed the
+backward pass. With a single block the backward pass starts right where the forward pass ends:
+*saving* a value (compute it in the forward pass and keep it) and *recomputing* it (compute it
+again at the start of the backward pass) leave the same operations in the same order with nothing
+in between, and XLA's dead-code and common-subexpression elimination remove the copy nobody needs.
+Every policy then compiles to the same program: same dots, same memory, same time, although the
+jaxprs differ. With `value_and_grad` the loss needs the whole forward pass, so a recomputation is
+real extra work; with depth > 1 later blocks run between a block's forward and backward passes,
+so what it saves must be held meanwhile. The per-dot table shows both the jaxpr's verdict and
+whether the compiled program really recomputes (`recomputed in HLO`); the notes explain disagreements.
 
 ### Why equal forward values prove nothing
 Every policy computes the same forward function, so equal losses say nothing about what was

@@ -94,9 +94,11 @@ def test_forward_equality_is_not_policy_equality():
 
 
 def test_grad_only_at_depth_one_compiles_every_policy_alike(run):
-    counts = {p: run(RunConfig(width=256, batch=64, objective="grad", policy=p))["hlo"]["dot_count"]
-              for p in POLICIES}
+    results = {p: run(RunConfig(width=256, batch=64, objective="grad", policy=p)) for p in POLICIES}
+    counts = {p: r["hlo"]["dot_count"] for p, r in results.items()}
     assert len(set(counts.values())) == 1, counts
+    peaks = {p: r["memory"]["peak_bytes"] for p, r in results.items()}
+    assert len(set(peaks.values())) == 1, peaks
     # ... whereas value_and_grad tells them apart at the same size.
     vg = {p: run(RunConfig(width=256, batch=64, policy=p))["hlo"]["dot_count"]
           for p in ("nothing_saveable", "dots_with_no_batch_dims_saveable")}
