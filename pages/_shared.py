@@ -147,10 +147,28 @@ def _render_controls() -> RunConfig:
     return cfg
 
 
+def _leave_legacy_page_mode() -> None:
+    """Hand a page run by Streamlit's legacy ``pages/`` discovery back to the router.
+
+    A server's first request that names a page (``/sweep``, a shared link) is served in the old
+    multipage mode because ``pages/`` exists: the page script runs without ``app.py`` and the
+    sidebar lists every file in ``pages/``. That mode ends only when ``st.navigation`` is called,
+    so end it and rerun: the rerun executes ``app.py``, which routes to the same URL path.
+    """
+    from streamlit.runtime.pages_manager import PagesManager  # the flag lives nowhere public
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def controls() -> RunConfig:
     """The sidebar controls' configuration; rendered once per script run (router or page)."""
     cfg = getattr(_RUN, "config", None)
-    return cfg if cfg is not None else _render_controls()
+    if cfg is not None:
+        return cfg
+    _leave_legacy_page_mode()
+    return _render_controls()
 
 
 @contextmanager

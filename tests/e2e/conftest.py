@@ -10,6 +10,7 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -87,16 +88,13 @@ def shots(artifacts):
     return take
 
 
-@pytest.fixture(scope="session")
-def server(request, artifacts, tmp_path_factory) -> str:
-    """Start ``streamlit run app.py`` on a free port; its base URL. The log goes to the artifacts."""
+@contextlib.contextmanager
+def start_server(log_path: Path, cache: Path):
+    """Run ``streamlit run app.py`` on a free port; yields its base URL. The log goes to ``log_path``."""
     try:
         import streamlit  # noqa: F401
     except ImportError:
         _skip("streamlit is not installed in this Python")
-    log_path = artifacts / "server.log"
-    request.config.stash[_LOG_KEY] = log_path
-    cache = tmp_path_factory.mktemp("remat_lab_cache")
     env = {**os.environ, "REMAT_LAB_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
     proc = None
     with open(log_path, "w") as log:
@@ -136,6 +134,22 @@ def server(request, artifacts, tmp_path_factory) -> str:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(scope="session")
+def server(request, artifacts, tmp_path_factory) -> str:
+    """One server for the session; its base URL. The log goes to the artifacts."""
+    log_path = artifacts / "server.log"
+    request.config.stash[_LOG_KEY] = log_path
+    with start_server(log_path, tmp_path_factory.mktemp("remat_lab_cache")) as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_server(artifacts, tmp_path) -> str:
+    """A server that has served nothing yet (for first-request behaviour)."""
+    with start_server(artifacts / "fresh-server.log", tmp_path / "cache") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -118,6 +118,21 @@ def test_every_page_in_the_navigation_renders(page, server, shots):
             shots(page, path)
 
 
+def test_shared_link_to_a_page_on_a_fresh_server_gets_the_app(page, fresh_server):
+    """A server's first request naming a page must not fall into the legacy ``pages/`` mode."""
+    open_app(page, fresh_server, "compare", width="64", batch="8", repeats="3")
+    links = page.get_by_test_id("stTopNavLink")
+    links.first.wait_for(timeout=30_000)
+    titles = [t.strip() for t in links.all_inner_texts()]
+    assert any(t.endswith("Compare policies") for t in titles), titles
+    assert page.get_by_test_id("stSidebarNav").count() == 0  # no list of files from pages/
+    heading = page.get_by_test_id("stMain").get_by_role("heading", level=2).first
+    heading.wait_for(timeout=30_000)
+    assert "Compare policies" in heading.inner_text()
+    assert slider_value(page, "Width D (features)") == "64"
+    assert_no_exception(page)
+
+
 def test_bad_url_parameter_warns_instead_of_a_traceback(page, server):
     open_app(page, server, width="abc", batch="8", repeats="3")
     warning = page.get_by_test_id("stAlertContentWarning").filter(has_text="width")
