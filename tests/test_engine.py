@@ -149,3 +149,26 @@ def test_bfloat16_gradient_check_uses_looser_tolerance(run):
     check = run(RunConfig(width=32, batch=4, dtype="bfloat16", policy="nothing_saveable"))[
         "gradient_check"]
     assert check["ok"] and check["rtol"] == TOLERANCES["bfloat16"][0] > TOLERANCES["float32"][0]
+
+
+def test_time_executable_warms_up_by_count_and_by_time():
+    from remat_lab.experiment import time_executable
+
+    calls = []
+
+    def fake(x):
+        calls.append(x)
+        return jnp.zeros(())
+
+    samples = time_executable(fake, (1,), warmup=3, repeats=4)
+    assert len(calls) == 7 and samples.shape == (4,) and bool(np.all(samples > 0))
+    calls.clear()
+
+    def slow(x):
+        calls.append(x)
+        import time
+        time.sleep(0.005)
+        return jnp.zeros(())
+
+    time_executable(slow, (1,), warmup=1, repeats=2, min_warmup_s=0.05)
+    assert len(calls) >= 2 + 8  # at least 50 ms of 5 ms warm-up calls, then the timed ones

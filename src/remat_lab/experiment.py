@@ -100,12 +100,22 @@ def flops_of(compiled) -> float | None:
     return None if not cost or "flops" not in cost else float(cost["flops"])
 
 
-def time_executable(compiled, args, *, warmup: int, repeats: int) -> np.ndarray:
-    """Seconds per call of ``compiled(*args)``, each ended by ``block_until_ready`` on all outputs."""
-    for _ in range(warmup):
-        jax.block_until_ready(compiled(*args))
-    samples = np.empty(repeats)
+MIN_WARMUP_S = 0.02  # warm up for at least this long as well as for ``warmup`` calls
+
+
+def time_executable(compiled, args, *, warmup: int, repeats: int,
+                    min_warmup_s: float = 0.0) -> np.ndarray:
+    """Seconds per call of ``compiled(*args)``, each ended by ``block_until_ready`` on all outputs.
+
+    Warm-up: ``warmup`` calls, then more until ``min_warmup_s`` seconds have passed (at most 1000
+    calls): a microsecond step needs more than a few calls before its time settles.
+    """
     clock = time.perf_counter
+    start, done = clock(), 0
+    while done < warmup or (clock() - start < min_warmup_s and done < 1000):
+        jax.block_until_ready(compiled(*args))
+        done += 1
+    samples = np.empty(repeats)
     for i in range(repeats):
         t0 = clock()
         jax.block_until_ready(compiled(*args))
@@ -215,8 +225,9 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
             with timing_slot(progress):
                 progress("timing")
                 samples = time_executable(compiled, problem.args, warmup=config.warmup,
-                                          repeats=config.repeats)
-            result["step_time_s"] = step_time_summary(samples, config.warmup)
+                                          repeats=config.repeats, min_warmup_s=MIN_WARMUP_S)
+            result["step_time_s"] = {**step_time_summary(samples, config.warmup),
+                                     "min_warmup_s": MIN_WARMUP_S}
         else:
             result["step_time_s"] = None
         progress("checking")
