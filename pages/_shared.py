@@ -186,16 +186,21 @@ def routed(cfg: RunConfig):
 
 @st.cache_data(show_spinner=False, max_entries=512)
 def _cached_run(items: tuple, keep_texts: bool) -> dict:
+    """The engine's result; ``keep_texts``: the programs (Inspect) instead of timings."""
     cfg = RunConfig(**dict(items))
     callback = getattr(_RUN, "progress", None) or (lambda stage: None)
-    result = experiment.run_experiment(cfg, progress=callback)
+    result = experiment.run_experiment(cfg, progress=callback, timing=not keep_texts)
     if not keep_texts:
         result.pop("texts", None)
     return result
 
 
 def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = False) -> dict:
-    """One cached run, naming each stage in ``status``; raises ConfigError / ExecutionError."""
+    """One cached run, naming each stage in ``status``; raises ConfigError / ExecutionError.
+
+    ``keep_texts=True`` (the Inspect page) returns the jaxpr and HLO texts and skips the timing:
+    reading programs should not wait for, or take, the timing lock.
+    """
     def progress(stage: str) -> None:
         status.update(label=f"{prefix}{STAGE_TEXT.get(stage, stage)}…", state="running")
 
@@ -228,7 +233,8 @@ def run_one(cfg: RunConfig, keep_texts: bool = True, button_key: str = "run_now"
         if not st.button("Run this configuration", key=button_key, type="primary"):
             return None
     t0 = time.perf_counter()
-    with st.status(f"Running {describe(cfg)}…", expanded=False) as status:
+    what = describe(cfg) if not keep_texts else describe(cfg).rsplit(",", 1)[0] + ", programs only"
+    with st.status(f"Running {what}…", expanded=False) as status:
         try:
             result = run_config(cfg, status, keep_texts=keep_texts)
         except (ConfigError, ExecutionError) as err:
@@ -237,9 +243,9 @@ def run_one(cfg: RunConfig, keep_texts: bool = True, button_key: str = "run_now"
         else:
             error = None
             took = time.perf_counter() - t0
-            status.update(label=f"Done: {describe(cfg)} ({took:.1f} s"
+            status.update(label=f"Done: {what} ({took:.1f} s"
                                 f"{', from cache' if took < 0.2 else ''})", state="complete")
-            st.write(" → ".join(s for s in STAGES if s != "waiting"))
+            st.write(" → ".join(s for s in STAGES if s != "waiting" and not (keep_texts and s == "timing")))
     if error is not None:
         show_error(error)
         return None

@@ -13,18 +13,18 @@ from remat_lab import tables  # noqa: E402
 
 cfg = _shared.page_start("Inspect", "The programs behind the numbers. Recomputed values sit under "
                                     "the name scope rematted_computation.")
-result = _shared.run_one(cfg, keep_texts=True, button_key="inspect_run")
+result = _shared.run_one(cfg, keep_texts=True, button_key="inspect_run")  # untimed
 if result is None:
     st.stop()
 
 TEXTS = [  # key, tab title, default filter, caption
-    ("step_jaxpr", "Step jaxpr", r"dot_general",
+    ("step_jaxpr", "Step jaxpr", "dot_general",
      "Forward and backward together: dots under rematted_computation are recomputed."),
-    ("vjp_jaxpr", "Forward + residuals (vjp) jaxpr", r"dot_general",
+    ("vjp_jaxpr", "Forward + residuals (vjp) jaxpr", "dot_general",
      "The forward pass as autodiff linearises it: what it outputs besides the loss are the residuals."),
-    ("forward_jaxpr", "Forward jaxpr", r"dot_general|remat",
+    ("forward_jaxpr", "Forward jaxpr", "dot_general|remat",
      "The model as traced, with the remat wrapper and its policy."),
-    ("compiled_hlo", "Compiled HLO", r"\bdot\(|rematted_computation",
+    ("compiled_hlo", "Compiled HLO", " dot(|rematted_computation",
      "What XLA actually runs after optimisation (fusion, CSE); op_name metadata keeps the scopes."),
 ]
 texts = result["texts"]
@@ -33,7 +33,7 @@ for tab, (key, title, pattern, caption) in zip(st.tabs([t[1] for t in TEXTS]), T
     with tab:
         text = texts.get(key, "")
         st.caption(caption)
-        pat = st.text_input("Show lines matching (regular expression)", pattern,
+        pat = st.text_input("Show lines containing (plain text; | separates alternatives)", pattern,
                             key=f"inspect_filter_{key}")
         hits = tables.matching_lines(text, pat)
         remat = [ln for ln in hits if "rematted_computation" in ln]

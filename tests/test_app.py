@@ -107,10 +107,19 @@ def _has_frame(at, column):
     return any(column in df.value.columns for df in at.dataframe)
 
 
-def test_inspect_shows_dot_lines():
+def test_inspect_shows_dot_lines_without_timing(monkeypatch):
+    from pages import _shared
+    from remat_lab import experiment
+
+    calls = []
+    real = experiment.run_experiment
+    monkeypatch.setattr(experiment, "run_experiment",
+                        lambda cfg, **kw: calls.append(kw.get("timing")) or real(cfg, **kw))
+    _shared._cached_run.clear()
     at = _app("pages/inspect.py", width="32", batch="4", depth="2", repeats="3",
               policy="nothing_saveable").run()
     assert not at.exception
+    assert calls == [False]  # reading programs neither times nor waits for the timing lock
     codes = [c.value for c in at.code]
     assert any("dot_general" in c and "rematted_computation" in c for c in codes)
     assert len(at.tabs) == 4

@@ -83,5 +83,6 @@ def test_matching_lines_regex_and_bad_regex():
     text = "a dot_general b\nc add d\ne rematted_computation dot_general\n"
     assert len(tables.matching_lines(text, "dot_general")) == 2
     assert tables.matching_lines(text, "rematted_computation|add") == text.splitlines()[1:]
-    assert tables.matching_lines(text, "dot_general[") == []  # invalid regex -> substring
+    assert tables.matching_lines(text, "dot_general[") == []  # plain text, not a regex
+    assert tables.matching_lines(text, "(a+)+$") == []  # no regex, so no catastrophic backtracking
     assert tables.matching_lines("", "x") == []

@@ -243,7 +243,7 @@ def _app_runner() -> tuple[Callable[[RunConfig, _Status], dict], Callable[[], No
                 spec.loader.exec_module(mod)
             finally:
                 sys.path.remove(str(shared.parent.parent))
-            run = lambda cfg, status: mod.run_config(cfg, status, keep_texts=True)  # noqa: E731
+            run = lambda cfg, status: mod.run_config(cfg, status, keep_texts=False)  # noqa: E731
             return (run, mod._cached_run.clear,
                     "pages/_shared.run_config (st.cache_data, bare mode)", dict(mod.STAGE_TEXT))
         except Exception as err:  # noqa: BLE001 - fall back, and say so
