@@ -12,7 +12,7 @@ import streamlit as st  # noqa: E402
 
 from pages import _shared  # noqa: E402
 from remat_lab import charts, tables  # noqa: E402
-from remat_lab.config import ConfigError  # noqa: E402
+from remat_lab.config import ConfigError, human_bytes, human_seconds  # noqa: E402
 from remat_lab.experiment import ExecutionError  # noqa: E402
 from remat_lab.policies import POLICIES  # noqa: E402
 
@@ -48,13 +48,19 @@ if not results:
     st.stop()
 
 summary = tables.summary_frame(results)
+front = tables.pareto_mask(summary, "median_ms", "peak_mib")
+fastest = summary.loc[summary["median_ms"].idxmin()]
+smallest = summary.loc[summary["peak_bytes"].idxmin()]
+st.info(f"Fastest: **{fastest['policy']}** ({human_seconds(fastest['median_ms'] / 1e3)}). "
+        f"Smallest peak memory: **{smallest['policy']}** ({human_bytes(smallest['peak_bytes'])}). "
+        f"Not beaten on both by any other policy (the Pareto front): "
+        f"{', '.join(summary.loc[front.to_numpy(), 'policy'])}.")
 left, right = st.columns(2)
 left.plotly_chart(charts.make_time_bars_figure(summary), width="stretch")
 right.plotly_chart(charts.make_memory_figure(tables.memory_frame(results)), width="stretch")
 left, right = st.columns(2)
-left.plotly_chart(charts.make_pareto_figure(summary, tables.pareto_mask(summary, "median_ms",
-                                                                        "peak_mib")),
-                  width="stretch")
+left.plotly_chart(charts.make_pareto_figure(summary, front), width="stretch")
+left.caption("The dashed line joins the policies that no other policy beats on both time and memory.")
 samples = pd.concat([tables.samples_frame(r) for r in results], ignore_index=True)
 right.plotly_chart(charts.make_step_time_figure(samples), width="stretch")
 

@@ -85,6 +85,9 @@ def test_compare_one_row_per_policy():
     table = _frame(at, "grad_ok")
     assert table["policy"].tolist() == list(POLICIES)
     assert table["grad_ok"].all()
+    verdict = next(i.value for i in at.info if i.value.startswith("Fastest:"))
+    fastest = table.loc[table["median_ms"].idxmin(), "policy"]
+    assert f"Fastest: **{fastest}**" in verdict and "Pareto front" in verdict
     at.multiselect(key="compare_policies").set_value(["no_remat", "nothing_saveable"]).run()
     assert _frame(at, "grad_ok")["policy"].tolist() == ["no_remat", "nothing_saveable"]
 

@@ -124,7 +124,7 @@ def make_pareto_figure(df: pd.DataFrame, front: pd.Series | None = None) -> go.F
 
     ``df`` columns policy, median_ms, peak_mib; ``front`` a boolean mask of the front's rows.
     """
-    fig = _figure("Step time vs peak memory (Pareto front: nothing beats it on both)",
+    fig = _figure("Step time vs peak memory",
                   "peak memory (MiB)", "step time (ms)")
     if df is None or df.empty:
         return _empty(fig)
