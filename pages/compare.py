@@ -50,9 +50,11 @@ if not results:
 summary = tables.summary_frame(results)
 front = tables.pareto_mask(summary, "median_ms", "peak_mib")
 fastest = summary.loc[summary["median_ms"].idxmin()]
-smallest = summary.loc[summary["peak_bytes"].idxmin()]
+low = summary["peak_bytes"] == summary["peak_bytes"].min()
+smallest = ("every policy compiles to the same peak" if low.all()
+            else f"**{', '.join(summary.loc[low, 'policy'])}**")
 st.info(f"Fastest: **{fastest['policy']}** ({human_seconds(fastest['median_ms'] / 1e3)}). "
-        f"Smallest peak memory: **{smallest['policy']}** ({human_bytes(smallest['peak_bytes'])}). "
+        f"Smallest peak memory: {smallest} ({human_bytes(summary['peak_bytes'].min())}). "
         f"Not beaten on both by any other policy (the Pareto front): "
         f"{', '.join(summary.loc[front.to_numpy(), 'policy'])}.")
 left, right = st.columns(2)
