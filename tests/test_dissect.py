@@ -158,6 +158,19 @@ def test_layer_of_and_hlo_parser():
                    "op_name": row["op_name"]}
 
 
+def test_hlo_parser_reads_gpu_library_calls():
+    """On GPU, XLA hands products to cuBLAS as custom-calls with a tuple result."""
+    text = "\n".join([
+        '%cc = (f32[64,256]{1,0}, s8[4194304]{0}) custom-call(f32[64,256]{1,0} %a, f32[256,256]{1,0} %b),'
+        ' custom_call_target="__cublas$gemm", metadata={op_name="jit(loss)/jvp(block0)/l2/dot_general"}',
+        '%r = (f32[64,256]{1,0}, u8[0]{0}) custom-call(%p), custom_call_target="__cudnn$conv",'
+        ' metadata={op_name="jit(loss)/jvp(block0)/l2/conv"}',
+        '%s = f32[64,256]{1,0} add(%x, %y), metadata={op_name="jit(loss)/jvp(block0)/l2/add"}',
+    ])
+    (row,) = parse_hlo_dots(text, 1)
+    assert (row["dtype"], row["shape"], row["layer"], row["role"]) == ("f32", [64, 256], "l2", "forward")
+
+
 def _table_rows(out: str) -> list[list[str]]:
     """The first two rows of the printed per-dot table, split into cells."""
     lines = [line.replace(", ", ",").split() for line in out.splitlines()]

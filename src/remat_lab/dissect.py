@@ -34,7 +34,11 @@ _BLOCK = re.compile(r"\bblock(\d+)\b")
 _PATH_LAYER = re.compile(r"(?:blocks\.(\d+)\.)?(l1|l2|mix)\b")
 _PASS_THROUGH = {"reduce_precision", "device_put", "copy", "copy_p"}
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
-_HLO_DOT = re.compile(r"=\s*(\w+)\[([\d,]*)\][^=]*?\bdot\(.*?op_name=\"([^\"]*)\"")
+# "%x = f32[64,256]{1,0} dot(...)" or, for a library call, "%x = (f32[64,256]{1,0}, s8[..]{0})
+# custom-call(...), custom_call_target="__cublas$gemm"": the first array shape is the product's.
+_HLO_MATMUL = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\][^=]*?\s(dot|convolution|custom-call)\(")
+_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+_MATMUL_TARGETS = ("gemm", "matmul")  # __cublas$gemm, __cublas$lt$matmul, __onednn$matmul, ...
 
 
 def layer_of(name_stack: str, depth: int) -> str:
@@ -293,17 +297,27 @@ def dissect(problem: Problem, compiled_text: str, *,
 
 
 def parse_hlo_dots(text: str, depth: int) -> list[dict]:
-    """Every ``dot`` instruction of compiled HLO text: dtype, shape, op_name, layer and role.
+    """Every matrix product of compiled HLO text: dtype, shape, op_name, layer and role.
 
+    A product is a ``dot`` (CPU, and inside GPU Triton fusions), a ``convolution`` or a library
+    ``custom-call`` whose target is a GEMM (cuBLAS on GPU), carrying a ``dot_general`` op_name.
     role: ``recomputed`` (under ``rematted_computation``), ``backward`` (under ``transpose(``, the
     gradient products) or ``forward``.
     """
     rows = []
     for line in text.splitlines():
-        m = _HLO_DOT.search(line)
-        if not m:
+        m = _HLO_MATMUL.search(line)
+        name = _OP_NAME.search(line)
+        if not m or not name:
             continue
-        dtype, shape, op_name = m.groups()
+        dtype, shape, opcode = m.groups()
+        op_name = name.group(1)
+        if opcode == "custom-call":
+            target = _CALL_TARGET.search(line)
+            if not target or not any(t in target.group(1).lower() for t in _MATMUL_TARGETS):
+                continue
+        elif opcode == "convolution" and not op_name.endswith(("dot_general", "transpose")):
+            continue
         role = ("recomputed" if "rematted_computation" in op_name
                 else "backward" if "transpose(" in op_name else "forward")
         rows.append({"dtype": dtype, "shape": [int(s) for s in shape.split(",") if s],
