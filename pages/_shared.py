@@ -184,15 +184,22 @@ def routed(cfg: RunConfig):
 # ---------------------------------------------------------------- running
 
 
+def _progress(stage: str) -> None:
+    (getattr(_RUN, "progress", None) or (lambda s: None))(stage)
+
+
 @st.cache_data(show_spinner=False, max_entries=512)
-def _cached_run(items: tuple, keep_texts: bool) -> dict:
-    """The engine's result; ``keep_texts``: the programs (Inspect) instead of timings."""
-    cfg = RunConfig(**dict(items))
-    callback = getattr(_RUN, "progress", None) or (lambda stage: None)
-    result = experiment.run_experiment(cfg, progress=callback, timing=not keep_texts)
-    if not keep_texts:
-        result.pop("texts", None)
+def _cached_run(items: tuple) -> dict:
+    """The engine's timed result for a configuration, without the program texts (small)."""
+    result = experiment.run_experiment(RunConfig(**dict(items)), progress=_progress)
+    result.pop("texts", None)
     return result
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _cached_programs(items: tuple) -> dict:
+    """The untimed result with the jaxpr and HLO texts (large: few are kept)."""
+    return experiment.run_experiment(RunConfig(**dict(items)), progress=_progress, timing=False)
 
 
 def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = False) -> dict:
@@ -206,7 +213,8 @@ def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = Fals
 
     _RUN.progress = progress
     try:
-        return _cached_run(tuple(sorted(cfg.as_dict().items())), keep_texts)
+        items = tuple(sorted(cfg.as_dict().items()))
+        return _cached_programs(items) if keep_texts else _cached_run(items)
     finally:
         _RUN.progress = None
 

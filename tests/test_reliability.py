@@ -214,9 +214,9 @@ def test_cached_entry_point_does_not_cache_failures(monkeypatch, tiny_result):
     _shared._cached_run.clear()
     key = _key(RunConfig(width=8, batch=5, repeats=1))
     with pytest.raises(ExecutionError):
-        _shared._cached_run(key, False)
-    assert _shared._cached_run(key, False)["config"]["batch"] == 5
-    assert _shared._cached_run(key, False)["config"]["batch"] == 5
+        _shared._cached_run(key)
+    assert _shared._cached_run(key)["config"]["batch"] == 5
+    assert _shared._cached_run(key)["config"]["batch"] == 5
     assert len(calls) == 2
 
 
@@ -257,7 +257,7 @@ def test_eight_threads_through_the_cached_entry_point(monkeypatch):
     def work(cfg):
         try:
             barrier.wait(timeout=60)
-            results[cfg] = _shared._cached_run(_key(cfg), False)
+            results[cfg] = _shared._cached_run(_key(cfg))
         except Exception as err:  # noqa: BLE001 - reported below
             errors.append((cfg, repr(err)))
 
@@ -338,9 +338,9 @@ def test_interrupted_sweep_keeps_completed_rows_and_a_clean_cache(monkeypatch, t
 
     # The cache holds the two completed runs and nothing for the interrupted one.
     completed, interrupted = calls[0], calls[2]
-    assert _shared._cached_run(_key(completed), False)["config"] == completed.as_dict()
+    assert _shared._cached_run(_key(completed))["config"] == completed.as_dict()
     assert len(calls) == 3
-    assert _shared._cached_run(_key(interrupted), False)["config"] == interrupted.as_dict()
+    assert _shared._cached_run(_key(interrupted))["config"] == interrupted.as_dict()
     assert len(calls) == 4  # computed fresh: no half-written entry
 
     at.run()  # the next script run shows the partial sweep
