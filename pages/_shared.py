@@ -21,9 +21,11 @@ from remat_lab.config import (
     OBJECTIVES,
     ConfigError,
     RunConfig,
+    check_budget,
     coerce_config,
     estimate_bytes,
     human_bytes,
+    resolve_budget,
 )
 from remat_lab.experiment import STAGES, ExecutionError
 from remat_lab.policies import DEFAULT_POLICY, POLICIES
@@ -211,6 +213,8 @@ def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = Fals
     def progress(stage: str) -> None:
         status.update(label=f"{prefix}{STAGE_TEXT.get(stage, stage)}…", state="running")
 
+    # The budget is checked before the cache too: lowering it refuses cached configurations as well.
+    check_budget(cfg, resolve_budget(None, experiment.device_memory_limit()))
     _RUN.progress = progress
     try:
         items = tuple(sorted(cfg.as_dict().items()))

@@ -138,6 +138,19 @@ def test_small_budget_is_refused_in_the_app(monkeypatch):
     assert not at.metric  # nothing half-rendered
 
 
+def test_lowering_the_budget_refuses_a_cached_configuration(monkeypatch):
+    monkeypatch.delenv("REMAT_LAB_MEMORY_BUDGET", raising=False)
+    _shared._cached_run.clear()
+    at = AppTest.from_file(EXPLORE, default_timeout=120)
+    at.query_params.update(width="64", batch="8", repeats="1")
+    at.run()
+    assert not at.exception and not at.error and at.metric  # computed and cached
+    monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "1K")
+    at.run()
+    assert not at.exception
+    assert any("over the memory budget of 1.0 KiB" in e.value for e in at.error), at.error
+
+
 # ---------------------------------------------------------------- XLA failures
 
 
