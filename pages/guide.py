@@ -22,18 +22,20 @@ backward pass), *offload it* (keep it in another memory space, e.g. host memory)
 compute; it never changes the math, so the gradients must match the no-remat baseline.
 
 ### The batch-dims rule
-`dots_with_no_batch_dims_saveable` saves a `dot_general` result only when the product has **no
-batch dimensions**, i.e. no axis that appears on both operands and is paired rather than
+`dots_with_no_batch_dims_saveable` lets a `dot_general` result be saved only when the product has
+**no batch dimensions**, i.e. no axis that appears on both operands and is paired rather than
 contracted. What counts is the `dot_general`'s dimension numbers, not whether your data has a batch:
 
-| product | batch dims? | saved by the rule? |
+| product | batch dims? | saveable under the rule? |
 |---|---|---|
 | `(D,) @ (D,F)`: one vector times a shared matrix | none | yes |
 | `(B,D) @ (D,F)`: rows times a shared matrix | none; B is a free axis of the left operand | yes |
-| `(B,N,D) @ (B,D,F)`: a batched matmul (token mixing) | **B is paired** on both sides | no: recomputed |
+| `(B,N,D) @ (B,D,F)`: a batched matmul (token mixing) | **B is paired** on both sides | no: recomputed if the backward needs it |
 
-So a dense layer is saved whatever the batch size, while the token-mixing products of `seq_mixer`
-are recomputed. `dots_saveable` saves all of them.
+So a dense layer's product is saveable whatever the batch size, while the token-mixing products of
+`seq_mixer` are not. `dots_saveable` allows all of them. *Saveable* is permission, not an order: JAX
+still keeps only what the backward pass needs, which is why the per-dot table shows the verdict and
+what was saved side by side.
 
 ### Why `grad` alone can make every policy compile the same at depth 1
 With `jax.grad` the loss value is not an output, so the forward pass only exists to feed the
