@@ -30,7 +30,7 @@ contracted. What counts is the `dot_general`'s dimension numbers, not whether yo
 |---|---|---|
 | `(D,) @ (D,F)`: one vector times a shared matrix | none | yes |
 | `(B,D) @ (D,F)`: rows times a shared matrix | none; B is a free axis of the left operand | yes |
-| `(B,N,D) @ (B,D,F)`: batched matmul (token mixing) | **B is paired** (both sides) | no: recomputed if needed |
+| `(B,N,D) @ (B,D,F)`: batched matmul (token mixing) | **B is paired** (both sides) | no: recomputed |
 
 So a dense layer's product is saveable whatever the batch size, while the token-mixing products of
 `seq_mixer` are not. `dots_saveable` allows all of them. *Saveable* is permission, not an order: JAX
