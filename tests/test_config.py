@@ -140,7 +140,11 @@ def test_cli_json_document(tmp_path, monkeypatch):
         "host_argument_bytes", "host_output_bytes", "host_alias_bytes", "host_temp_bytes",
         "host_generated_code_bytes", "peak_bytes", "xla_peak_memory_bytes"}
     assert set(doc["gradient_check"]) == {"reference", "max_abs_err", "max_rel_err", "rtol", "atol", "ok"}
-    assert {"dot_count", "forward_dots", "recomputed_dots"} <= set(doc["hlo"])
+    assert {"dot_count", "excess_dots_vs_no_remat", "excess_flops_vs_no_remat", "identical_to",
+            "fingerprint"} <= set(doc["hlo"])
+    assert {"activation_residual_bytes", "parameter_residual_bytes", "zero_cost_residual_bytes"} <= set(
+        doc["totals"])
+    assert {"recomputed_in_compiled", "offloaded_in_compiled"} <= set(doc["dots"][0])
     assert len(doc["dots"]) == 2 and doc["residuals"]
     assert any(tmp_path.iterdir()), "the persistent compilation cache was not written"
 

@@ -1,4 +1,4 @@
-"""Headless runs: ``python -m remat_lab run|explain|policies`` (and ``bench``).
+"""Headless runs: ``python -m remat_lab run|explain|compare|policies`` (and ``bench``).
 
 Bad input exits with status 2 and one line on stderr; an XLA failure exits with status 1.
 """
@@ -35,6 +35,25 @@ def _int_arg(name: str):
     return parse
 
 
+def _policies_arg(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in POLICIES]
+    if bad or not names:
+        what = f"unknown policy {bad[0][:40]!r}" if bad else "no policy given"
+        raise argparse.ArgumentTypeError(f"{what}; choose from: {', '.join(POLICIES)}")
+    return list(dict.fromkeys(names))
+
+
+def _rounds_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"rounds must be a whole number from 1 to 1000, not {text[:40]!r}")
+    return value
+
+
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     d = RunConfig()
     p.add_argument("--model", choices=MODELS, default=d.model)
@@ -64,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("explain", help="the residual and per-dot tables and jaxprs, no timing")
     _add_config_args(ex)
     ex.add_argument("--no-jaxpr", action="store_true", help="leave the jaxprs out of the output")
+    cmp = sub.add_parser("compare", help="every (or the chosen) policy, timed interleaved, ranked "
+                                         "only beyond noise")
+    _add_config_args(cmp)
+    cmp.add_argument("--policies", type=_policies_arg, default=list(POLICIES),
+                     help="comma-separated policy ids (default: all); --policy is ignored")
+    cmp.add_argument("--rounds", type=_rounds_arg, default=None,
+                     help="interleaved timing rounds (1..1000; default: --repeats)")
     sub.add_parser("policies", help="list the policy registry")
     bench = sub.add_parser("bench", help="benchmarks: timing fidelity, latency, sweep throughput")
     bench.add_argument("--quick", action="store_true", help="a smaller run (under 2 min on 2 cores)")
@@ -92,7 +118,8 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 
 DOT_COLUMNS = ["index", "layer", "lhs_shape", "rhs_shape", "out_shape", "has_batch_dims",
-               "policy_verdict", "saved", "offloaded", "recomputed", "recomputed_in_compiled"]
+               "policy_verdict", "saved", "offloaded", "recomputed", "recomputed_in_compiled",
+               "offloaded_in_compiled"]
 RESIDUAL_COLUMNS = ["index", "shape", "dtype", "bytes", "memory_kind", "kind", "layer", "source"]
 
 
@@ -103,14 +130,30 @@ def format_tables(result: dict) -> str:
         out += ["", "Dot notes:", *notes]
     out += ["", "Residuals (saved for the backward pass):",
             format_table(result["residuals"], RESIDUAL_COLUMNS)]
-    t = result["totals"]
-    out += ["", (f"Residual bytes: {human_bytes(t['residual_bytes'])} "
-                 f"(host {human_bytes(t['residual_host_bytes'])}); dots saved {t['dots_saved']}, "
-                 f"offloaded {t['dots_offloaded']}, recomputed {t['dots_recomputed']} "
-                 f"({t['dots_recomputed_in_compiled']} in the compiled program)")]
-    h = result["hlo"]
-    out.append(f"Compiled HLO dots: {h['dot_count']} (forward {h['forward_dots']}, recomputed "
-               f"{h['recomputed_dots']}, backward {h['backward_dots']})")
+    t, h = result["totals"], result["hlo"]
+    rec_c = t["dots_recomputed_in_compiled"]
+    out += ["", (f"Residual bytes: {human_bytes(t['residual_bytes'])}: activations "
+                 f"{human_bytes(t['activation_residual_bytes'])}, parameters "
+                 f"{human_bytes(t['parameter_residual_bytes'])}, input "
+                 f"{human_bytes(t['input_residual_bytes'])}, zero-cost constants "
+                 f"{human_bytes(t['zero_cost_residual_bytes'])} "
+                 f"(host in the jaxpr {human_bytes(t['residual_host_bytes'])}, in the compiled program "
+                 f"{human_bytes(t['residual_host_bytes_in_compiled'])})"),
+            (f"Dots saved {t['dots_saved']}, offloaded {t['dots_offloaded']} "
+             f"({t['dots_offloaded_in_compiled']} in the compiled program), recomputed "
+             f"{t['dots_recomputed']} in the jaxpr, "
+             + ("not compared with no_remat" if rec_c is None else
+                f"{rec_c} in the compiled program"))]
+    excess = h.get("excess_dots_vs_no_remat")
+    line = f"Compiled matrix products: {h['dot_count']}"
+    if excess is not None:
+        line += f" ({excess:+d} vs no_remat"
+        if h.get("excess_flops_vs_no_remat") is not None:
+            line += f", {h['excess_flops_vs_no_remat'] / 1e6:+.3g} MFLOP"
+        line += ")"
+    if h.get("identical_to"):
+        line += f"; the same compiled program as {h['identical_to']}"
+    out.append(line)
     out += [f"Note: {n}" for n in result["notes"]]
     return "\n".join(out)
 
@@ -153,10 +196,59 @@ def format_run(result: dict) -> str:
     return "\n".join(lines) + "\n\n" + format_tables(result)
 
 
+COMPARE_COLUMNS = ["policy", "median", "95% interval", "peak", "same program as", "fastest", "pareto",
+                   "excess dots", "excess flops", "jaxpr recomputed", "grad"]
+
+
+def format_compare(result: dict) -> str:
+    """``compare``'s result as text: one row per policy, then the verdicts."""
+    c, m = result["config"], result["method"]
+    rows = [{"policy": r["policy"], "median": _fmt_time(r["median_s"]),
+             "95% interval": f"{_fmt_time(r['ci_low_s'])} .. {_fmt_time(r['ci_high_s'])}",
+             "peak": "-" if r["peak_bytes"] is None else human_bytes(r["peak_bytes"]),
+             "same program as": r["same_program_as"] or "-",
+             "fastest": "yes" if r["fastest"] else "", "pareto": "yes" if r["pareto"] else "",
+             "excess dots": "-" if r["excess_dots_vs_no_remat"] is None else r["excess_dots_vs_no_remat"],
+             "excess flops": ("-" if r["excess_flops_vs_no_remat"] is None
+                              else f"{r['excess_flops_vs_no_remat']:.4g}"),
+             "jaxpr recomputed": "-" if r["dots_recomputed"] is None else r["dots_recomputed"],
+             "grad": {True: "ok", False: "MISMATCH"}.get(r["grad_ok"], "-")}
+            for r in result["rows"]]
+    head = (f"{c['model']} width={c['width']} batch={c['batch']} depth={c['depth']} {c['dtype']} "
+            f"objective={c['objective']}" + (f" seq={c['seq']}" if c["model"] == "seq_mixer" else ""))
+    lines = [head, f"timing: {m['rounds']} interleaved rounds x {m['calls_per_round']} calls per "
+                   f"policy, order {m['order']}; interval: {m['interval']}", "",
+             format_table(rows, COMPARE_COLUMNS), "",
+             "excess dots/flops: in the compiled program, vs no_remat; jaxpr recomputed: dots the "
+             "policy recomputes before XLA optimises", "", result["fastest_reason"],
+             "Pareto front (time interval and peak memory): " + (", ".join(result["pareto"]) or "-")]
+    lines += [f"failed: {f['policy']}: {f['error']}" for f in result.get("failed", [])]
+    return "\n".join(lines)
+
+
 def _policies_text() -> str:
     width = max(map(len, POLICIES))
     return "\n".join(f"{p.id.ljust(width)}  {p.description}\n{' ' * width}  {p.code.splitlines()[0]}"
                      for p in POLICIES.values())
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import compare_policies
+    from .experiment import ExecutionError, enable_compilation_cache
+
+    try:
+        config = _config_from(args)
+        if not args.no_cache:
+            enable_compilation_cache()
+        result = compare_policies(config, args.policies, rounds=args.rounds, budget=args.memory_budget)
+    except ConfigError as err:
+        print(f"remat_lab: error: {err}", file=sys.stderr)
+        return 2
+    except ExecutionError as err:
+        print(f"remat_lab: error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else format_compare(result))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from .bench import main as bench_main
         return bench_main(quick=args.quick, as_json=args.json)
+    if args.command == "compare":
+        return _compare(args)
     try:
         config = _config_from(args)
         if not args.no_cache:

@@ -7,8 +7,11 @@ programs themselves:
   forward pass and lists the residuals it hands to the backward pass;
 * the **step jaxpr** (``make_jaxpr(value_and_grad)``) holds the backward pass; JAX puts every
   equation it recomputes under the ``rematted_computation`` name scope;
-* the **compiled HLO** keeps those name scopes in each instruction's ``op_name`` metadata, so it
-  says whether the recomputation survived XLA's optimisations (CSE can merge it away).
+* the **compiled HLO** is compared with a second compile, the ``no_remat`` program of the same
+  configuration and objective: the policy's extra products (counted by instruction, identified by
+  result size, contracted size and batch size; see ``hlo.product_key``) are the recomputations
+  that survived XLA. ``op_name`` metadata is not used as a witness: XLA drops it on rewritten
+  products, and a CSE survivor keeps whichever copy's name it likes.
 
 Layers are attributed by the ``jax.named_scope`` the models put around each layer (``l1``,
 ``mix``, ``l2``, inside ``block{i}``); for arguments, by the parameter path.
@@ -26,6 +29,7 @@ from jax._src import core as jcore  # jaxprs_in_params: walk nested jaxprs (pinn
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
+from . import hlo
 from .policies import get_policy
 from .step import Problem, make_step
 
@@ -33,12 +37,9 @@ _LAYER = re.compile(r"\b(l1|l2|mix)\b")
 _BLOCK = re.compile(r"\bblock(\d+)\b")
 _PATH_LAYER = re.compile(r"(?:blocks\.(\d+)\.)?(l1|l2|mix)\b")
 _PASS_THROUGH = {"reduce_precision", "device_put", "copy", "copy_p"}
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-# "%x = f32[64,256]{1,0} dot(...)" or, for a library call, "%x = (f32[64,256]{1,0}, s8[..]{0})
-# custom-call(...), custom_call_target="__cublas$gemm"": the first array shape is the product's.
-_HLO_MATMUL = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\][^=]*?\s(dot|convolution|custom-call)\(")
-_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
-_MATMUL_TARGETS = ("gemm", "matmul")  # __cublas$gemm, __cublas$lt$matmul, __onednn$matmul, ...
+# Values that cost no memory: built from literals alone (a broadcast zero, an iota).
+_CONSTANT_BUILDERS = {"broadcast_in_dim", "convert_element_type", "reshape", "iota", "squeeze",
+                      "expand_dims"}
 
 
 def layer_of(name_stack: str, depth: int) -> str:
@@ -111,13 +112,15 @@ def _memory_kind(aval) -> str:
 
 @dataclass
 class Dissection:
-    """The tables and program texts of one configuration (plain data, JSON-ready)."""
+    """The tables and program texts of one configuration (plain data, JSON-ready).
+
+    ``compiled``: what the compiled program shows against the ``no_remat`` compile (see
+    ``compare_compiled``); empty when no baseline program was given.
+    """
 
     residuals: list[dict]
     dots: list[dict]
-    hlo_forward_dots: int
-    hlo_recomputed_dots: int
-    hlo_backward_dots: int
+    compiled: dict
     totals: dict
     notes: list[str]
     texts: dict = field(repr=False)
@@ -182,12 +185,81 @@ def _kind(e: _Eqn) -> str:
     return name
 
 
+def _is_constant(e: _Eqn | None) -> bool:
+    """True for a value built from literals alone (``broadcast_in_dim 0.0``): XLA folds it, no memory."""
+    return (e is not None and e.eqn.primitive.name in _CONSTANT_BUILDERS
+            and all(isinstance(v, jcore.Literal) for v in e.eqn.invars))
+
+
+def _product_key(e: _Eqn) -> tuple:
+    """``hlo.product_key`` of a jaxpr ``dot_general``: result elements, contracted and batch sizes."""
+    (lc, _), (lb, _) = _dims(e.eqn)
+    lhs = e.eqn.invars[0].aval
+    return hlo.product_key(_numel(e.eqn.outvars[0].aval.shape),
+                           int(np.prod([lhs.shape[d] for d in lc], dtype=np.int64)),
+                           int(np.prod([lhs.shape[d] for d in lb], dtype=np.int64)))
+
+
+def compare_compiled(text: str, flops: float | None, baseline: dict | None) -> dict:
+    """The policy's compiled program against the ``no_remat`` one (same configuration, objective).
+
+    ``baseline``: ``{"text", "flops"}`` of the no_remat compile. Returns ``dot_count``,
+    ``fingerprint``, ``excess_dots_vs_no_remat`` and ``excess_flops_vs_no_remat`` (None without a
+    baseline), ``excess_by_key`` (product key -> extra count), ``identical_to`` ("no_remat" when the
+    two programs are the same up to names and metadata), ``host_memory`` (the program places
+    values in host memory) and ``bf16_upcast`` (XLA computes bf16 products in float32).
+    """
+    keys = Counter(hlo.product_keys(text))
+    out = {"dot_count": sum(keys.values()), "fingerprint": hlo.fingerprint(text),
+           "excess_dots_vs_no_remat": None, "excess_flops_vs_no_remat": None,
+           "excess_product_flops_vs_no_remat": None, "excess_by_key": {},
+           "identical_to": None, "host_memory": hlo.uses_host_memory(text),
+           "bf16_upcast": hlo.upcasts_bf16_matmuls(text)}
+    if baseline is None:
+        return out
+    base_keys = Counter(hlo.product_keys(baseline["text"]))
+    out["excess_dots_vs_no_remat"] = out["dot_count"] - sum(base_keys.values())
+    if flops is not None and baseline.get("flops") is not None:
+        out["excess_flops_vs_no_remat"] = flops - baseline["flops"]
+    excess = {k: keys[k] - base_keys[k] for k in keys | base_keys if keys[k] != base_keys[k]}
+    out["excess_by_key"] = excess
+    out["excess_product_flops_vs_no_remat"] = sum(
+        2 * k[0] * (k[1] or 0) * n for k, n in excess.items())
+    if hlo.fingerprint(baseline["text"]) == out["fingerprint"]:
+        out["identical_to"] = "no_remat"
+    return out
+
+
+def _attribute(rows: list[dict], keys: list[tuple], excess_by_key: dict) -> None:
+    """Set ``recomputed_in_compiled`` on each row: True / False, or None where not attributable.
+
+    For each product key, the policy's compiled program has ``n`` more products than no_remat's;
+    the rows the backward jaxpr recomputes with that key are the candidates. n <= 0: none of them
+    survived; n == candidates: all did; otherwise which ones cannot be told apart (None).
+    """
+    candidates = defaultdict(list)
+    for row, key in zip(rows, keys):
+        row["recomputed_in_compiled"] = False
+        if row["recomputed"]:
+            candidates[key].append(row)
+    for key, group in candidates.items():
+        n = excess_by_key.get(key, 0)
+        if n <= 0:
+            continue
+        for row in group:
+            row["recomputed_in_compiled"] = True if n >= len(group) else None
+
+
 def dissect(problem: Problem, compiled_text: str, *,
-            step_jaxpr: jcore.ClosedJaxpr | None = None) -> Dissection:
+            step_jaxpr: jcore.ClosedJaxpr | None = None, flops: float | None = None,
+            baseline: dict | None = None, backend: str = "cpu") -> Dissection:
     """Residuals, per-dot decisions and their fate in the compiled program for ``problem``.
 
     ``step_jaxpr``: the step's jaxpr when the caller has already traced it (``jit(...).trace``),
-    so it is not traced a second time.
+    so it is not traced a second time. ``flops``: XLA's flop count of ``compiled_text``.
+    ``baseline``: ``{"text", "flops"}`` of the ``no_remat`` compile with the same configuration and
+    objective, the witness for what the compiled program recomputes (without it the compiled
+    columns are None). ``backend``: ``jax.default_backend()``, for the notes.
     """
     cfg = problem.config
     depth = cfg.depth
@@ -205,6 +277,8 @@ def dissect(problem: Problem, compiled_text: str, *,
                    else jax.make_jaxpr(make_step(problem))(leaves, x))
     fwd_closed = jax.make_jaxpr(problem.loss)(leaves, x)
     arg_names = [*problem.paths, "x"]
+    compiled = compare_compiled(compiled_text, flops, baseline)
+    host_in_compiled = compiled["host_memory"]
 
     # Forward dots, in program order, from the vjp jaxpr (the forward pass it runs).
     fwd_dots = [e for e in _walk(vjp_jaxpr) if e.eqn.primitive.name == "dot_general"]
@@ -216,19 +290,23 @@ def dissect(problem: Problem, compiled_text: str, *,
         if arg_idx is not None:
             name = arg_names[arg_idx]
             kind, layer, source = "argument", _layer_of_path(name, depth), f"argument {name}"
+            role = "input" if name == "x" else "parameter"
         elif prod is None:
-            kind, layer, source = "literal", "other", "a literal"
+            kind, layer, source, role = "literal", "other", "a literal", "constant"
         else:
             kind = _kind(prod)
             layer = layer_of(prod.stack, depth)
             where = source_info_util.summarize(prod.eqn.source_info)
             source = f"{kind} in {layer} ({where.split('/')[-1]})"
+            role = "constant" if _is_constant(prod) else "activation"
             if prod.eqn.primitive.name == "dot_general":
                 saved_by[id(prod.eqn)] = _memory_kind(aval)
+        mem_kind = _memory_kind(aval)
         residuals.append({
             "index": i, "shape": list(aval.shape), "dtype": str(aval.dtype),
-            "bytes": _nbytes(aval), "memory_kind": _memory_kind(aval), "kind": kind,
-            "layer": layer, "source": source,
+            "bytes": _nbytes(aval), "memory_kind": mem_kind,
+            "memory_kind_in_compiled": mem_kind if host_in_compiled else "device",
+            "role": role, "kind": kind, "layer": layer, "source": source,
         })
 
     # Recomputed dots in the backward pass (under JAX's rematted_computation scope).
@@ -236,148 +314,142 @@ def dissect(problem: Problem, compiled_text: str, *,
         _dot_signature(e, depth) for e in _walk(step_closed.jaxpr)
         if e.eqn.primitive.name == "dot_general" and "rematted_computation" in e.stack)
 
-    hlo = parse_hlo_dots(compiled_text, depth)
-    # HLO dots are matched to jaxpr dots by layer and output size: XLA may fold batch axes into
-    # one ((4, 8, 64) -> (32, 64)), which changes the shape but not the number of elements.
-    hlo_recomputed = Counter((d["layer"], _numel(d["shape"])) for d in hlo if d["role"] == "recomputed")
-    hlo_dot_keys = {(d["layer"], _numel(d["shape"])) for d in hlo if d["role"] != "backward"}
-    # XLA may rewrite a product into other instructions (vector x matrix -> multiply + reduce);
-    # then only the op_name metadata of what it became says where it came from.
-    remat_opname_layers = {layer_of(m, depth) for m in _OP_NAME.findall(compiled_text)
-                           if "rematted_computation" in m and m.endswith("/dot_general")}
-
-    dots, seen, seen_hlo = [], Counter(), Counter()
+    dots, keys, seen = [], [], Counter()
     for i, e in enumerate(fwd_dots):
         eqn = e.eqn
         sig = _dot_signature(e, depth)
         seen[sig] += 1
-        is_recomputed = seen[sig] <= recomputed[sig]
         (lc, rc), (lb, rb) = _dims(eqn)
         lhs, rhs = (v.aval for v in eqn.invars)
         out = eqn.outvars[0].aval
         contracted = int(np.prod([lhs.shape[d] for d in lc], dtype=np.int64))
-        flops = 2 * int(np.prod(out.shape, dtype=np.int64)) * contracted
-        hkey = (sig[0], _numel(out.shape))
-        in_compiled = False
-        rewritten = hkey not in hlo_dot_keys
-        if is_recomputed and rewritten:
-            in_compiled = sig[0] in remat_opname_layers
-        elif is_recomputed:
-            seen_hlo[hkey] += 1
-            in_compiled = seen_hlo[hkey] <= hlo_recomputed[hkey]
         mem = saved_by.get(id(eqn))
-        row = {
+        dots.append({
             "index": i, "layer": sig[0], "lhs_shape": list(lhs.shape), "rhs_shape": list(rhs.shape),
             "out_shape": list(out.shape), "contracting_dims": [list(lc), list(rc)],
             "batch_dims": [list(lb), list(rb)], "has_batch_dims": bool(lb or rb),
-            "flops": flops, "out_bytes": _nbytes(out),
+            "flops": 2 * _numel(out.shape) * contracted, "out_bytes": _nbytes(out),
             "policy_verdict": _verdict(policy, eqn) if policy_entry.remat else "save",
             "saved": mem is not None, "offloaded": mem == "host",
-            "recomputed": is_recomputed, "recomputed_in_compiled": in_compiled,
-        }
-        row["note"] = _note(row, cfg)
-        if rewritten:
-            row["note"] = "; ".join(filter(None, [row["note"], (
-                "XLA rewrote this product without a dot instruction (e.g. multiply + reduce); "
-                "the compiled verdict comes from op_name metadata")]))
-        dots.append(row)
+            "offloaded_in_compiled": mem == "host" and host_in_compiled,
+            "recomputed": seen[sig] <= recomputed[sig], "recomputed_in_compiled": None,
+        })
+        keys.append(_product_key(e))
+    if baseline is not None:
+        _attribute(dots, keys, compiled["excess_by_key"])
+    for row in dots:
+        row["note"] = _note(row, cfg, compiled, baseline is not None)
 
-    n_fwd = sum(d["role"] == "forward" for d in hlo)
-    n_rec = sum(d["role"] == "recomputed" for d in hlo)
-    n_bwd = sum(d["role"] == "backward" for d in hlo)
-    totals = _totals(residuals, dots)
-    notes = _notes(cfg, dots, n_fwd, n_rec)
+    totals = _totals(residuals, dots, compiled)
+    notes = _notes(cfg, dots, compiled, backend)
     texts = {
         "forward_jaxpr": fwd_closed.pretty_print(name_stack=True),
         "vjp_jaxpr": vjp_closed.pretty_print(name_stack=True),
         "step_jaxpr": step_closed.pretty_print(name_stack=True),
         "compiled_hlo": compiled_text,
     }
-    return Dissection(residuals, dots, n_fwd, n_rec, n_bwd, totals, notes, texts)
+    compiled = {k: v for k, v in compiled.items() if k != "excess_by_key"}
+    return Dissection(residuals, dots, compiled, totals, notes, texts)
 
 
-def parse_hlo_dots(text: str, depth: int) -> list[dict]:
-    """Every matrix product of compiled HLO text: dtype, shape, op_name, layer and role.
-
-    A product is a ``dot`` (CPU, and inside GPU Triton fusions), a ``convolution`` or a library
-    ``custom-call`` whose target is a GEMM (cuBLAS on GPU), carrying a ``dot_general`` op_name.
-    role: ``recomputed`` (under ``rematted_computation``), ``backward`` (under ``transpose(``, the
-    gradient products) or ``forward``.
-    """
-    rows = []
-    for line in text.splitlines():
-        m = _HLO_MATMUL.search(line)
-        name = _OP_NAME.search(line)
-        if not m or not name:
-            continue
-        dtype, shape, opcode = m.groups()
-        op_name = name.group(1)
-        if opcode == "custom-call":
-            target = _CALL_TARGET.search(line)
-            if not target or not any(t in target.group(1).lower() for t in _MATMUL_TARGETS):
-                continue
-        elif opcode == "convolution" and not op_name.endswith(("dot_general", "transpose")):
-            continue
-        role = ("recomputed" if "rematted_computation" in op_name
-                else "backward" if "transpose(" in op_name else "forward")
-        rows.append({"dtype": dtype, "shape": [int(s) for s in shape.split(",") if s],
-                     "op_name": op_name, "layer": layer_of(op_name, depth), "role": role})
-    return rows
-
-
-def _note(row: dict, cfg) -> str:
+def _note(row: dict, cfg, compiled: dict, compared: bool) -> str:
     verdict = row["policy_verdict"]
     if not get_policy(cfg.policy).remat:
         return ("no remat: autodiff keeps what the backward needs (here values derived from this "
                 "dot), nothing is recomputed") if not row["saved"] else ""
-    if row["recomputed"] and not row["recomputed_in_compiled"]:
-        return ("the backward jaxpr recomputes this dot, but the compiled program has no "
-                "recomputed copy: XLA reuses the forward dot's result (e.g. by CSE)")
+    parts = []
+    if row["recomputed"] and compared and row["recomputed_in_compiled"] is False:
+        parts.append("the backward jaxpr recomputes this dot, but the compiled program has no more "
+                     "products of its size than no_remat's: XLA computes it once")
+    elif row["recomputed"] and row["recomputed_in_compiled"] is None and compared:
+        parts.append("recomputed in the jaxpr; the compiled program keeps some recomputations of "
+                     "products of this size but not all, and which ones cannot be told apart")
     if verdict in ("save", "offload") and not row["saved"] and not row["recomputed"]:
-        return ("saveable, but not stored: the backward needs only values derived from it, "
-                "which are kept instead")
+        parts.append("saveable, but not stored: the backward needs only values derived from it, "
+                     "which are kept instead")
     if verdict in ("save", "offload") and row["recomputed"]:
-        return "saveable, yet recomputed: JAX chose to recompute it"
+        parts.append("saveable, yet recomputed: JAX chose to recompute it")
     if verdict == "recompute" and not row["recomputed"] and not row["saved"]:
-        return "not needed by the backward pass: neither stored nor recomputed"
-    return ""
+        parts.append("not needed by the backward pass: neither stored nor recomputed")
+    if row["offloaded"] and not row["offloaded_in_compiled"]:
+        parts.append("offloaded in the jaxpr only: the compiled program has no host memory space, "
+                     "so the value stays in device memory")
+    return "; ".join(parts)
 
 
-def _totals(residuals: list[dict], dots: list[dict]) -> dict:
-    by_kind, by_layer = defaultdict(int), defaultdict(int)
+def _totals(residuals: list[dict], dots: list[dict], compiled: dict) -> dict:
+    by_kind, by_layer, by_role = defaultdict(int), defaultdict(int), defaultdict(int)
     for r in residuals:
         by_kind[r["kind"]] += r["bytes"]
         by_layer[r["layer"]] += r["bytes"]
+        by_role[r["role"]] += r["bytes"]
+    excess = compiled.get("excess_dots_vs_no_remat")
     return {
         "residual_bytes": sum(r["bytes"] for r in residuals),
+        "activation_residual_bytes": by_role["activation"],
+        "parameter_residual_bytes": by_role["parameter"],
+        "input_residual_bytes": by_role["input"],
+        "zero_cost_residual_bytes": by_role["constant"],
         "residual_device_bytes": sum(r["bytes"] for r in residuals if r["memory_kind"] == "device"),
         "residual_host_bytes": sum(r["bytes"] for r in residuals if r["memory_kind"] == "host"),
+        "residual_host_bytes_in_compiled": sum(
+            r["bytes"] for r in residuals if r["memory_kind_in_compiled"] == "host"),
         "residual_bytes_by_kind": dict(by_kind),
         "residual_bytes_by_layer": dict(by_layer),
         "dots": len(dots),
         "dots_saved": sum(d["saved"] for d in dots),
         "dots_offloaded": sum(d["offloaded"] for d in dots),
+        "dots_offloaded_in_compiled": sum(d["offloaded_in_compiled"] for d in dots),
         "dots_recomputed": sum(d["recomputed"] for d in dots),
-        "dots_recomputed_in_compiled": sum(d["recomputed_in_compiled"] for d in dots),
+        # The differential truth: how many more products the compiled program has than no_remat's.
+        "dots_recomputed_in_compiled": None if excess is None else max(excess, 0),
+        "dots_recomputed_in_compiled_unattributed": sum(
+            d["recomputed_in_compiled"] is None for d in dots if d["recomputed"]),
         "recompute_flops": sum(d["flops"] for d in dots if d["recomputed"]),
-        "recompute_flops_in_compiled": sum(d["flops"] for d in dots if d["recomputed_in_compiled"]),
+        "recompute_flops_in_compiled": (None if excess is None
+                                        else max(compiled["excess_product_flops_vs_no_remat"], 0)),
     }
 
 
-def _notes(cfg, dots: list[dict], n_fwd: int, n_rec: int) -> list[str]:
+_BARRIER_CPU = (
+    "Why: XLA CPU removes JAX's remat optimization barrier early (before fusion and scheduling), "
+    "so common-subexpression elimination merges a recomputation with the forward product it "
+    "repeats. In a stack of remat'd blocks written as a Python loop it keeps at most the last "
+    "block's; even where it keeps one, the scheduler places it next to its forward twin, so the "
+    "peak memory barely moves. Stacks scanned over layers (jax.lax.scan, how production code is "
+    "written) are where the policy's effect on memory shows.")
+
+
+def _notes(cfg, dots: list[dict], compiled: dict, backend: str) -> list[str]:
     notes = []
     jaxpr_rec = sum(d["recomputed"] for d in dots)
-    compiled_rec = sum(d["recomputed_in_compiled"] for d in dots)
-    if jaxpr_rec and compiled_rec < jaxpr_rec:
-        notes.append(f"The backward jaxpr recomputes {jaxpr_rec} dot(s); the compiled program "
-                     f"keeps {compiled_rec} of those recomputations: for the rest XLA reuses the "
-                     "forward dots' results (common-subexpression elimination), so at this size "
-                     "that part of the policy's recomputation does not happen.")
-    if cfg.objective == "grad" and n_fwd == 0:
-        notes.append("Objective grad: the loss value is not returned, so the forward pass is "
-                     "dead code apart from what the backward needs; XLA removed the forward dots.")
-    if cfg.objective == "grad" and cfg.depth == 1:
-        notes.append("Objective grad at depth 1: whatever the policy saves, XLA can compute the "
-                     "needed values once inside the backward pass, so policies tend to compile "
-                     "to the same program.")
+    excess = compiled.get("excess_dots_vs_no_remat")
+    if compiled.get("identical_to"):
+        notes.append(f"The compiled program is the same as {compiled['identical_to']}'s (same "
+                     "instructions up to names and metadata): whatever the jaxpr says, this policy "
+                     "changes nothing once compiled.")
+    if jaxpr_rec and excess is not None and excess < jaxpr_rec:
+        unattributed = sum(d["recomputed_in_compiled"] is None for d in dots if d["recomputed"])
+        said = (f"The backward jaxpr recomputes {jaxpr_rec} product(s); the compiled program has "
+                f"{max(excess, 0)} more product(s) than no_remat's, so "
+                f"{jaxpr_rec - max(excess, 0)} recomputation(s) do not happen.")
+        if unattributed:
+            said += (f" {max(excess, 0)} product(s) are recomputed, not attributable to rows: "
+                     f"{unattributed} candidates have the same size.")
+        if cfg.objective == "grad":
+            said += (" With objective grad the loss is not returned: the forward products are "
+                     "dead code and the backward's recomputed copies are the only ones left.")
+        elif backend == "cpu":
+            said += " " + _BARRIER_CPU
+        notes.append(said)
+    if any(d["offloaded"] for d in dots) and not compiled.get("host_memory"):
+        notes.append(f"Offload is a no-op on this backend ({backend}): the jaxpr moves the saved "
+                     "products to pinned host memory, but the compiled program has no host memory "
+                     "space and no host transfers, so they stay in device memory. Any memory "
+                     "difference from the device-saving twin (dots_with_no_batch_dims_saveable) "
+                     "is not offload.")
+    if compiled.get("bf16_upcast"):
+        notes.append("bfloat16 on XLA CPU: every product is computed in float32 (XLA converts the "
+                     "bf16 operands around each dot), so time and temp memory are not those of a "
+                     "bf16 accelerator.")
     return notes

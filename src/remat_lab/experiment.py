@@ -89,15 +89,25 @@ def memory_report(compiled) -> dict | None:
     return out
 
 
-def flops_of(compiled) -> float | None:
-    """XLA's cost-analysis flop count of the compiled step."""
+def cost_of(compiled) -> dict:
+    """XLA's cost analysis of the compiled step: ``flops`` and ``bytes_accessed`` (None if absent).
+
+    XLA counts a while loop's body once (a ``scan`` over layers): callers scale by the trip count.
+    """
     try:
         cost = compiled.cost_analysis()
     except Exception:
-        return None
+        cost = None
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None
-    return None if not cost or "flops" not in cost else float(cost["flops"])
+    cost = cost or {}
+    get = lambda key: float(cost[key]) if key in cost else None
+    return {"flops": get("flops"), "bytes_accessed": get("bytes accessed")}
+
+
+def flops_of(compiled) -> float | None:
+    """XLA's cost-analysis flop count of the compiled step."""
+    return cost_of(compiled)["flops"]
 
 
 MIN_WARMUP_S = 0.02  # warm up for at least this long as well as for ``warmup`` calls
@@ -130,10 +140,28 @@ def step_time_summary(samples: np.ndarray, warmup: int) -> dict:
             "repeats": int(samples.size), "warmup": warmup, "samples": samples.tolist()}
 
 
-def reference(config: RunConfig) -> tuple[float, list[np.ndarray]]:
-    """Loss and gradients of the ``no_remat`` value_and_grad step for ``config``'s model."""
-    # Cached on the baseline's own configuration, so every policy, objective and repeat count of
-    # one model shares a single reference compile (a sweep over policies compiles it once).
+def baseline_program(config: RunConfig) -> dict:
+    """The ``no_remat`` compile of ``config``'s model with the same objective, not run.
+
+    The witness for what a policy's compiled program recomputes (``dissect.compare_compiled``):
+    ``{"text", "flops", "memory"}``. Cached per model and objective, so a sweep over policies
+    compiles it once.
+    """
+    return _baseline(config.replace(policy="no_remat", repeats=1, warmup=0))
+
+
+@functools.lru_cache(maxsize=16)
+def _baseline(ref_cfg: RunConfig) -> dict:
+    problem = build_problem(ref_cfg)
+    compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
+    return {"text": compiled.as_text(), "flops": cost_of(compiled)["flops"],
+            "memory": memory_report(compiled)}
+
+
+baseline_program.cache_clear = _baseline.cache_clear  # type: ignore[attr-defined]
+
+
+def reference(config: RunConfig) -> tuple[float, list[np.ndarray]]:  # TEMP until gradcheck lands
     return _reference(config.replace(policy="no_remat", objective="value_and_grad", repeats=1,
                                      warmup=0))
 
@@ -249,12 +277,15 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
 
     progress("dissecting")
     text = compiled.as_text()
-    dis: Dissection = dissect(problem, text, step_jaxpr=traced.jaxpr)
-    result["hlo"] = {"dot_count": dis.hlo_forward_dots + dis.hlo_recomputed_dots
-                     + dis.hlo_backward_dots,
-                     "forward_dots": dis.hlo_forward_dots,
-                     "recomputed_dots": dis.hlo_recomputed_dots,
-                     "backward_dots": dis.hlo_backward_dots}
+    try:
+        base = baseline_program(config)
+    except Exception as err:
+        raise _xla_error("compiling the no_remat baseline", err) from err
+    dis: Dissection = dissect(problem, text, step_jaxpr=traced.jaxpr, flops=flops, baseline=base,
+                              backend=jax.default_backend())
+    result["hlo"] = dis.compiled
+    result["baseline"] = {"policy": "no_remat", "flops": base["flops"],
+                          "peak_bytes": (base["memory"] or {}).get("peak_bytes")}
     result["gradient_check"] = check
     result["residuals"] = dis.residuals
     result["dots"] = dis.dots
