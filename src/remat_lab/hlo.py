@@ -36,6 +36,29 @@ _PARAM_NAME = re.compile(r"[\w.\-]+: ")
 _SOURCE_TABLES = re.compile(r"^(?:(?:FileNames|FunctionNames|FileLocations|StackFrames)|\d+ .*)\n", re.M)
 
 
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?(%[\w.\-]+)\s*=\s*\(?(\w+)\[([\d,]*)\]")
+_PARAM_DEF = re.compile(r"([\w.\-]+):\s*(\w+)\[([\d,]*)\]")
+_DIMS = {k: re.compile(k + r"=\{([\d,]*)\}") for k in
+         ("lhs_contracting_dims", "rhs_contracting_dims", "lhs_batch_dims", "rhs_batch_dims")}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(s) for s in text.split(",") if s]
+
+
+def _shapes(text: str) -> dict[str, list[int]]:
+    """Instruction name -> result shape (first array of a tuple), over every computation."""
+    shapes = {}
+    for line in text.splitlines():
+        m = _DEF.match(line)
+        if m:
+            shapes[m.group(1)] = _ints(m.group(3))
+        elif _SIGNATURE.match(line):  # parameters named in a computation's signature
+            for name, _, dims in _PARAM_DEF.findall(line):
+                shapes.setdefault("%" + name, _ints(dims))
+    return shapes
+
+
 def _matmul_lines(text: str):
     for line in text.splitlines():
         m = _HLO_MATMUL.search(line)
@@ -46,10 +69,6 @@ def _matmul_lines(text: str):
             target = _CALL_TARGET.search(line)
             if not target or not any(t in target.group(1).lower() for t in _MATMUL_TARGETS):
                 continue
-        elif opcode == "convolution":
-            # XLA CPU/GPU may express a product as a 1x1 convolution; a real convolution in these
-            # models does not exist, so every convolution counts.
-            pass
         yield line, dtype, shape, opcode
 
 
@@ -58,17 +77,50 @@ def matmuls(text: str) -> list[dict]:
 
     A product is a ``dot`` (CPU, and inside GPU Triton fusions), a ``convolution`` or a library
     ``custom-call`` whose target is a GEMM (cuBLAS on GPU). Each row: ``dtype`` and ``shape`` of the
-    result, ``operand_dtypes``, ``opcode``, ``op_name`` (``""`` when XLA dropped the metadata).
+    result, ``operand_dtypes``, ``opcode``, ``op_name`` (``""`` when XLA dropped the metadata) and,
+    for ``dot``, ``contracted`` (the product of the contracting dimensions' sizes, None when the
+    operand shapes are unknown), ``batch`` (the product of the batch dimensions' sizes) and
+    ``flops`` (2 x result elements x contracted).
     """
+    shapes = None
     rows = []
     for line, dtype, shape, opcode in _matmul_lines(text):
         name = _OP_NAME.search(line)
         ops = _OPERANDS.search(line)
-        operand_dtypes = _OPERAND_TYPE.findall(ops.group(2)) if ops else []
-        rows.append({"dtype": dtype, "shape": [int(s) for s in shape.split(",") if s],
-                     "operand_dtypes": operand_dtypes, "opcode": opcode,
-                     "op_name": name.group(1) if name else ""})
+        operands = ops.group(2) if ops else ""
+        out = _ints(shape)
+        row = {"dtype": dtype, "shape": out, "operand_dtypes": _OPERAND_TYPE.findall(operands),
+               "opcode": opcode, "op_name": name.group(1) if name else "",
+               "contracted": None, "batch": 1, "flops": None}
+        if opcode == "dot":
+            shapes = shapes if shapes is not None else _shapes(text)
+            lhs_name = _NAME.search(operands)
+            lhs = shapes.get(lhs_name.group(0)) if lhs_name else None
+            dims = {k: (_ints(m.group(1)) if (m := rx.search(line)) else []) for k, rx in _DIMS.items()}
+            if lhs is not None:
+                row["contracted"] = _prod(lhs[d] for d in dims["lhs_contracting_dims"])
+                row["batch"] = _prod(lhs[d] for d in dims["lhs_batch_dims"])
+                row["flops"] = 2 * _prod(out) * row["contracted"]
+        rows.append(row)
     return rows
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def product_key(elements: int, contracted: int | None, batch: int) -> tuple:
+    """What identifies a product across a jaxpr and compiled HLO: result elements, contracted size,
+    batch size. Invariant under XLA's layout changes, operand swaps and folded batch axes."""
+    return (int(elements), contracted, int(batch))
+
+
+def product_keys(text: str) -> list[tuple]:
+    """``product_key`` of every product in compiled HLO text."""
+    return [product_key(_prod(r["shape"]), r["contracted"], r["batch"]) for r in matmuls(text)]
 
 
 def matmul_count(text: str) -> int:
