@@ -7,10 +7,20 @@ import math
 
 import pytest
 
-from remat_lab import bench
+from remat_lab import bench, roofline
 from remat_lab.config import RunConfig
 
 TINY = RunConfig(width=16, batch=2, repeats=2, warmup=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def calibration_dir(tmp_path_factory):
+    """The roofline calibration (``bench.machine``) goes to a temporary cache directory."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REMAT_LAB_CACHE_DIR", str(tmp_path_factory.mktemp("calibration")))
+        roofline.clear_cache()
+        yield
+    roofline.clear_cache()
 
 
 def _positive(x) -> bool:
@@ -71,10 +81,12 @@ def test_temporary_cache_dir_restores_the_previous_one():
 def test_machine_and_peak():
     m = bench.machine()
     assert m["cores"] >= 1 and m["jax"] and m["cpu_model"]
-    peak, how = bench.peak_flops()
-    assert peak is None or _positive(peak)
-    if m["backend"] == "cpu" and peak is not None:
-        assert how.startswith("estimate")
+    assert 1 <= m["physical_cores"] <= (m["cpu_count"] or m["physical_cores"])
+    assert m["peak_source"] in {"calibrated", "spec"}
+    assert m["peak_flops"] is None or _positive(m["peak_flops"])
+    if m["peak_source"] == "calibrated":
+        assert _positive(m["peak_flops"]) and _positive(m["bandwidth_bytes_per_s"])
+        assert m["peak_note"].startswith("calibrated") and m["calibrated_at"]
 
 
 def test_report_document_and_table(monkeypatch):
@@ -92,10 +104,16 @@ def test_report_document_and_table(monkeypatch):
     for key in keys - {"machine", "achieved_flops_fraction"}:
         assert _positive(doc[key]), key
     assert doc["cold_latency_s"] > doc["warm_latency_s"]
-    assert doc["achieved_flops_fraction"] is None or doc["achieved_flops_fraction"] > 0
+    assert doc["achieved_flops_fraction"] is None or 0 < doc["achieved_flops_fraction"] <= 1
+    assert doc["peak_source"] in {"calibrated", "spec"}
+    roof = doc["roofline"]
+    assert roof["achieved_fraction"] == doc["achieved_flops_fraction"]
+    assert roof["fraction_of_attainable"] is None or 0 < roof["fraction_of_attainable"] <= 1
+    assert roof["flops"] == doc["details"]["fidelity_default"]["flops"]
     text = bench.format_report(doc)
     for key in keys - {"machine"}:
         assert key in text
+    assert f"peak ({doc['peak_source']})" in text
     assert "PASS" in text or "MISS" in text
 
 

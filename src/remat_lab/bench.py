@@ -15,8 +15,10 @@ Five measurements, side by side in one process, each reported as a ratio with it
 4. **Sweep throughput**: widths x batches x every policy through ``run_experiment``, once with an
    empty persistent compilation cache and once more with it filled (in-process caches cleared in
    between, as in a new session).
-5. **Roofline**: XLA's flop count over the engine's median, as a fraction of the device's peak
-   (on CPU an estimate from cores x clock x vector FMA width, labelled so).
+5. **Roofline**: XLA's flop count over the engine's median, as a fraction of the device's
+   calibrated peak (``roofline.calibrate``: the best jitted float32 matmul rate, measured once
+   per machine and cached; its source, "calibrated" or "spec", is reported), with the step's
+   arithmetic intensity and bound from ``roofline.roofline_report``.
 
 Timings on a shared machine are noisy: every figure is a median, the two sides of each ratio are
 interleaved, and the load average before and after is recorded in ``machine``.
@@ -45,7 +47,7 @@ from . import experiment, step
 from .config import RunConfig
 from .experiment import enable_compilation_cache, run_experiment, step_time_summary, time_executable
 from .policies import POLICIES
-from .roofline import cpu_count, cpu_info, peak_flops
+from .roofline import calibrate, cpu_count, cpu_info, physical_core_count, roofline_report, xla_cost
 from .step import build_problem, make_step
 
 DEFAULT = RunConfig(width=512, batch=256)  # the app's default configuration
@@ -60,7 +62,7 @@ TARGETS = {  # key -> (comparison, bound, meaning)
                                "(lower+compile+time), default size"),
     "sweep_s_per_config": ("", None, "seconds per configuration, empty compile cache"),
     "cache_speedup": (">=", 3.0, "first sweep / second sweep (persistent compile cache)"),
-    "achieved_flops_fraction": ("", None, "achieved FLOP/s / peak FLOP/s, default size"),
+    "achieved_flops_fraction": ("", None, "achieved FLOP/s / calibrated peak FLOP/s, default size"),
 }
 
 
@@ -68,13 +70,17 @@ TARGETS = {  # key -> (comparison, bound, meaning)
 
 
 def machine() -> dict:
+    """This process's machine and its roofs (``roofline.calibrate``: cached, else measured now)."""
     cpu = cpu_info()
-    peak, how = peak_flops()
+    roofs = calibrate()
     env = experiment.environment()
-    return {**env, "cpu_model": cpu["model"], "cores": cpu_count(), "cpu_mhz": cpu["mhz"],
+    return {**env, "cpu_model": cpu["model"], "cores": cpu_count(),
+            "physical_cores": physical_core_count(), "cpu_mhz": cpu["mhz"],
             "vector_flags": sorted(cpu["flags"] & {"avx512f", "avx2", "fma", "avx"}),
-            "python": platform.python_version(), "peak_flops": peak, "peak_flops_source": how,
-            "loadavg_start": _loadavg()}
+            "python": platform.python_version(), "peak_flops": roofs["peak_flops_per_s"],
+            "peak_source": roofs["peak_source"], "peak_note": roofs["peak_note"],
+            "bandwidth_bytes_per_s": roofs["bandwidth_bytes_per_s"],
+            "calibrated_at": roofs["measured_at"], "loadavg_start": _loadavg()}
 
 
 def _loadavg() -> list[float] | None:
@@ -170,10 +176,12 @@ def fidelity(config: RunConfig, *, rounds: int, repeats: int) -> dict:
     }, rounds)
     engine = step_time_summary(got["engine"], warmup)["median"]
     bare = float(np.median(got["bare"]))
-    flops = experiment.flops_of(compiled)
+    cost = xla_cost(compiled)
+    flops = cost["flops"]
     return {"config": {"width": config.width, "batch": config.batch, "policy": config.policy},
             "engine_median_s": engine, "bare_median_s": bare, "ratio": engine / bare,
             "rounds": rounds, "repeats": repeats, "flops": flops,
+            "bytes_accessed": cost["bytes_accessed"],
             "achieved_flops_per_s": flops / engine if flops else None}
 
 
@@ -365,8 +373,8 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
                                                                       (32, 128, 256))
         sw = sweep_pair(widths, batches, list(POLICIES), repeats=5 if quick else 10,
                         warmup=1 if quick else 2, cache_dir=None)
-    peak = m["peak_flops"]
-    achieved = fid_default["achieved_flops_per_s"]
+    roof = roofline_report(fid_default["flops"], fid_default["bytes_accessed"],
+                           fid_default["engine_median_s"])
     m["loadavg_end"] = _loadavg()
     return {
         "fidelity_ratio_default": fid_default["ratio"],
@@ -377,12 +385,14 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "dissect_overhead_ratio": lat["dissect_overhead_ratio"],
         "sweep_s_per_config": sw["first"]["s_per_config"],
         "cache_speedup": sw["speedup"],
-        "achieved_flops_fraction": achieved / peak if achieved and peak else None,
+        "achieved_flops_fraction": roof["achieved_fraction"],
         "dissect_overhead_ratio_policy_change": lat["policy_change"]["overhead_ratio"],
         "policy_change_latency_s": lat["policy_change"]["total_s"],
         "sweep_compile_share": sw["first"]["compile_share"],
-        "achieved_flops_per_s": achieved,
-        "peak_flops_per_s": peak,
+        "achieved_flops_per_s": roof["achieved_flops_per_s"],
+        "peak_flops_per_s": roof["peak_flops_per_s"],
+        "peak_source": roof["peak_source"],
+        "roofline": roof,
         "quick": quick,
         "machine": m,
         "details": {"fidelity_default": fid_default, "fidelity_small": fid_small,
@@ -441,12 +451,25 @@ def format_report(doc: dict) -> str:
         f"{sw['first']['total_s']:.1f} s (compile share {sw['first']['compile_share']:.0%}), "
         f"second {sw['second']['total_s']:.1f} s (compile share "
         f"{sw['second']['compile_share']:.0%})",
-        f"peak: {m['peak_flops_source']}"
-        + (f" = {doc['peak_flops_per_s'] / 1e9:.0f} GFLOP/s; achieved "
-           f"{doc['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s" if doc["peak_flops_per_s"]
-           and doc["achieved_flops_per_s"] else ""),
+        _roofline_line(doc["roofline"]),
     ]
     return "\n".join(lines)
+
+
+def _roofline_line(roof: dict) -> str:
+    """The roofline in one line: peak (and its source), bandwidth, achieved, intensity, bound."""
+    text = f"peak ({roof['peak_source'] or 'unknown'}): "
+    if roof["peak_flops_per_s"]:
+        text += f"{roof['peak_flops_per_s'] / 1e9:.0f} GFLOP/s"
+    if roof["bandwidth_bytes_per_s"]:
+        text += f", bandwidth {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
+    if roof["achieved_flops_per_s"]:
+        text += f"; achieved {roof['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s"
+    if roof["arithmetic_intensity"]:
+        text += f" at {roof['arithmetic_intensity']:.1f} FLOP/byte ({roof['bound']}-bound)"
+    if roof["stale_calibration"]:
+        text += "; above the calibrated peak (stale calibration, fraction capped at 1)"
+    return text + (f" [{roof['peak_note']}]" if roof.get("peak_note") else "")
 
 
 def _jsonable(obj):
