@@ -107,3 +107,49 @@ def test_relative_heatmap():
     assert fig.data[0].z[1][0] == pytest.approx(0.5849625)  # log2(1.5)
     assert fig.data[0].z[0][0] == pytest.approx(0.0)
     assert fig.data[0].text[1][0] == "1.50x"
+
+
+# ---------------------------------------------------------------- roofline
+
+
+def _roofline_frame():
+    return pd.DataFrame({"policy": ["no_remat", "nothing_saveable", "nothing_saveable"],
+                         "arithmetic_intensity": [40.0, 50.0, 0.5],
+                         "achieved_flops_per_s": [2e11, 1.5e11, 1e9]})
+
+
+def test_roofline_empty_frame_gives_a_note():
+    for df in (pd.DataFrame(), None, pd.DataFrame({"policy": ["no_remat"], "arithmetic_intensity": [0.0],
+                                                   "achieved_flops_per_s": [None]})):
+        fig = charts.make_roofline_figure(df, 5e11, 5e10)
+        assert isinstance(fig, go.Figure) and len(fig.data) == 0
+        assert "no data" in fig.layout.annotations[0].text
+
+
+def test_roofline_log_log_with_both_roofs_and_policy_points():
+    fig = charts.make_roofline_figure(_roofline_frame(), 5e11, 5e10)  # ridge at 10 FLOP/byte
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert "FLOP/byte" in fig.layout.xaxis.title.text
+    assert "GFLOP/s" in fig.layout.yaxis.title.text
+    memory, compute, *points = fig.data
+    assert memory.name.startswith("memory roof") and compute.name.startswith("compute roof")
+    assert memory.x[1] == pytest.approx(10) and memory.y[1] == pytest.approx(500)  # slope meets ceiling
+    assert compute.x[0] == pytest.approx(10) and list(compute.y) == pytest.approx([500, 500])
+    assert memory.x[0] < 0.5 and compute.x[1] > 50  # the roofs span every point
+    assert memory.y[0] == pytest.approx(5e10 * memory.x[0] / 1e9)
+    assert [t.name for t in points] == ["no_remat", "nothing_saveable"]
+    assert points[1].marker.color == charts.POLICY_COLORS["nothing_saveable"]
+    assert list(points[1].y) == pytest.approx([150, 1])  # GFLOP/s
+    assert points[0].customdata[0][0] == 2e11 and points[0].customdata[0][1] == pytest.approx(0.4)
+    assert "FLOP/byte" in points[0].hovertemplate and "of peak" in points[0].hovertemplate
+
+
+def test_roofline_units_and_missing_roofs():
+    fig = charts.make_roofline_figure(_roofline_frame(), 4e14, 3e12)
+    assert "TFLOP/s" in fig.layout.yaxis.title.text
+    only_peak = charts.make_roofline_figure(_roofline_frame(), 5e11, None)
+    assert [t.name for t in only_peak.data][:1] == ["compute roof 500 GFLOP/s"]
+    assert len(only_peak.data) == 3
+    no_roofs = charts.make_roofline_figure(_roofline_frame(), None, None)
+    assert [t.name for t in no_roofs.data] == ["no_remat", "nothing_saveable"]
+    assert "of peak" not in no_roofs.data[0].hovertemplate

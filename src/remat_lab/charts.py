@@ -186,3 +186,62 @@ def make_relative_heatmap_figure(df: pd.DataFrame, title: str) -> go.Figure:
         hovertemplate="%{y} at %{x}: %{customdata:.3f}x no_remat<extra></extra>"))
     fig.update_layout(height=max(260, 60 + 40 * len(table.index)), margin=dict(l=260, r=20, t=50, b=50))
     return fig
+
+
+def _rate_unit(top: float) -> tuple[str, float]:
+    """A FLOP/s unit for values up to ``top``: (name, divisor)."""
+    for name, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if top >= scale:
+            return name, scale
+    return "FLOP/s", 1.0
+
+
+def make_roofline_figure(df: pd.DataFrame, peak_flops_per_s: float,
+                         bandwidth_bytes_per_s: float) -> go.Figure:
+    """Achieved FLOP/s against arithmetic intensity under the device's two roofs (log-log).
+
+    ``df`` columns: policy, arithmetic_intensity (FLOP/byte), achieved_flops_per_s. The roofs are
+    the memory slope (bandwidth x intensity) up to the ridge and the compute ceiling (peak) after
+    it; a roof whose figure is missing is not drawn. Rows without a positive intensity and rate
+    cannot sit on log axes and are left out.
+    """
+    peak = peak_flops_per_s if peak_flops_per_s and peak_flops_per_s > 0 else None
+    bw = bandwidth_bytes_per_s if bandwidth_bytes_per_s and bandwidth_bytes_per_s > 0 else None
+    points = pd.DataFrame() if df is None or df.empty else df[
+        (pd.to_numeric(df["arithmetic_intensity"], errors="coerce") > 0)
+        & (pd.to_numeric(df["achieved_flops_per_s"], errors="coerce") > 0)]
+    top = max([peak or 0.0, *([] if points.empty else points["achieved_flops_per_s"].tolist())])
+    unit, scale = _rate_unit(top)
+    fig = _figure("Roofline: achieved FLOP/s vs arithmetic intensity",
+                  "arithmetic intensity (FLOP/byte, XLA bytes accessed)", f"achieved ({unit})")
+    if points.empty:
+        return _empty(fig)
+    ridge = peak / bw if peak and bw else None
+    xs = [*points["arithmetic_intensity"].astype(float), *([ridge] if ridge else [])]
+    x_lo, x_hi = min(xs) / 10, max(xs) * 10
+    if bw:
+        x_end = ridge if ridge else x_hi
+        fig.add_trace(go.Scatter(
+            x=[x_lo, x_end], y=[bw * x_lo / scale, bw * x_end / scale], mode="lines",
+            name=f"memory roof {bw / 1e9:.4g} GB/s", line=dict(color="#222", width=2),
+            hovertemplate=f"{bw:,.0f} bytes/s x %{{x:.4g}} FLOP/byte = %{{y:.4g}} {unit}<extra></extra>"))
+    if peak:
+        x_start = ridge if ridge else x_lo
+        fig.add_trace(go.Scatter(
+            x=[x_start, x_hi], y=[peak / scale] * 2, mode="lines",
+            name=f"compute roof {peak / scale:.4g} {unit}", line=dict(color="#222", width=2, dash="dash"),
+            hovertemplate=f"peak {peak:,.0f} FLOP/s (%{{y:.4g}} {unit})<extra></extra>"))
+    for policy, part in points.groupby("policy", sort=False):
+        rate = part["achieved_flops_per_s"].astype(float)
+        custom = np.column_stack([rate, rate / peak if peak else np.full(len(rate), np.nan)])
+        fig.add_trace(go.Scatter(
+            x=part["arithmetic_intensity"], y=rate / scale, mode="markers", name=str(policy),
+            marker=dict(size=12, color=policy_color(policy), line=dict(width=1, color="#222")),
+            customdata=custom,
+            hovertemplate=("intensity %{x:.4g} FLOP/byte<br>achieved %{customdata[0]:,.0f} FLOP/s "
+                           f"(%{{y:.4g}} {unit})" + ("<br>%{customdata[1]:.1%} of peak" if peak else "")
+                           + "<extra>%{fullData.name}</extra>")))
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    fig.update_layout(height=440)
+    return fig
