@@ -1,7 +1,8 @@
-"""Compare policies: every (or the selected) policy at the current configuration."""
+"""Compare policies: every (or the selected) policy at the current configuration, timed interleaved."""
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
@@ -11,74 +12,182 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _shared  # noqa: E402
-from remat_lab import charts, tables  # noqa: E402
-from remat_lab.config import ConfigError, human_bytes, human_seconds  # noqa: E402
+from remat_lab import charts, compare, experiment, tables  # noqa: E402
+from remat_lab.config import (  # noqa: E402
+    LIMITS,
+    ConfigError,
+    RunConfig,
+    estimate_bytes,
+    human_bytes,
+    resolve_budget,
+)
 from remat_lab.experiment import ExecutionError  # noqa: E402
 from remat_lab.policies import POLICIES  # noqa: E402
 
-cfg = _shared.page_start("Compare policies", "Every checkpoint policy at the sidebar's "
-                                             "configuration (the sidebar's policy is ignored here).")
+_PROGRESS = threading.local()  # this script run's progress callback, read by the cached function
+
+
+def _say(message: str) -> None:
+    (getattr(_PROGRESS, "say", None) or (lambda m: None))(message)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _cached_compare(items: tuple, policies: tuple) -> dict:
+    """The engine's comparison of ``policies`` at a configuration (no program texts: small)."""
+    return compare.compare_policies(RunConfig(**dict(items)), list(policies), progress=_say)
+
+
+def _too_large(cfg: RunConfig) -> str | None:
+    """Advice a web user can act on when ``cfg`` is over this server's memory budget."""
+    need, budget = estimate_bytes(cfg), resolve_budget(None, experiment.device_memory_limit())
+    if need <= budget:
+        return None
+    return (f"**This configuration is too large for this server.** It needs about {human_bytes(need)} "
+            f"of memory; this server runs configurations of up to {human_bytes(budget)}. Lower the "
+            "width, batch, sequence length (seq_mixer) or depth in the sidebar and the comparison "
+            "runs again.")
+
+
+cfg = _shared.page_start("Compare policies", "Every checkpoint policy at the sidebar's configuration "
+                                             "(the sidebar's policy is ignored here), timed "
+                                             "interleaved so that all share the same machine load.")
 chosen = st.multiselect("Policies", list(POLICIES), default=list(POLICIES), key="compare_policies",
                         format_func=_shared.policy_label)
-configs = [cfg.replace(policy=p) for p in chosen]
-auto = all(_shared.is_quick(c) for c in configs)
-clicked = st.button("Run comparison", key="compare_run", type="primary", disabled=not chosen)
 if not chosen:
     st.info("Pick at least one policy.")
     st.stop()
-if not (auto or clicked or st.session_state.get("_compare_done") == tuple(configs)):
+if getattr(_shared, "over_budget", None) and _shared.over_budget(cfg):
+    # The sidebar already shows the one red flag with what to lower: do not repeat it.
+    st.info("Nothing was run: the configuration in the sidebar is too large for this server.",
+            icon=":material/arrow_back:")
+    st.stop()
+if refusal := _too_large(cfg):
+    st.error(refusal)
+    st.stop()
+# Every policy is called repeats x calls_per_round times: judge "quick" on that much timed work.
+timed = cfg.replace(repeats=min(LIMITS["repeats"][1], cfg.repeats * compare.CALLS_PER_ROUND))
+key = (cfg, tuple(chosen))
+clicked = st.button("Run comparison", key="compare_run", type="primary")
+if not (_shared.is_quick(timed) or clicked or st.session_state.get("_compare_done") == key):
     st.info("These configurations may take a while, so they run only when you click "
             "**Run comparison**.")
     st.stop()
 
-results, errors = [], []
-with st.status(f"Comparing {len(configs)} policies…", expanded=False) as status:
-    for i, c in enumerate(configs, 1):
-        try:
-            results.append(_shared.run_config(c, status, prefix=f"{i}/{len(configs)} {c.policy}: "))
-        except (ConfigError, ExecutionError) as err:
-            errors.append((c.policy, err))
-    status.update(label=f"Done: {len(results)} of {len(configs)} policies at "
-                        f"{_shared.describe(cfg).split(', ')[0]}", state="complete")
-st.session_state["_compare_done"] = tuple(configs)
-for policy, err in errors:
-    st.markdown(f"**{policy}**")
-    _shared.show_error(err)
-if not results:
+with st.status(f"Comparing {len(chosen)} policies…", expanded=False) as status:
+    _PROGRESS.say = lambda message: status.update(label=f"{message}…", state="running")
+    try:
+        result = _cached_compare(tuple(sorted(cfg.as_dict().items())), tuple(chosen))
+    except (ConfigError, ExecutionError) as err:
+        status.update(label="Comparison failed", state="error")
+        result, error = None, err
+    else:
+        error = None
+        m = result["method"]
+        status.update(label=f"Done: {len(result['rows'])} policies at "
+                            f"{_shared.describe(cfg).split(', ')[0]}, {m['rounds']} interleaved rounds "
+                            f"of {m['calls_per_round']} calls each", state="complete")
+    finally:
+        _PROGRESS.say = None
+if error is not None:
+    _shared.show_error(error)
     st.stop()
+st.session_state["_compare_done"] = key
+if result["failed"]:
+    st.error("XLA failed for " + "; ".join(f"**{f['policy']}** ({f['error']})" for f in result["failed"])
+             + ". The other policies are compared below.")
 
-summary = tables.summary_frame(results)
-front = tables.pareto_mask(summary, "median_ms", "peak_mib")
-fastest = summary.loc[summary["median_ms"].idxmin()]
-low = summary["peak_bytes"] == summary["peak_bytes"].min()
-smallest = ("every policy compiles to the same peak" if low.all()
-            else f"**{', '.join(summary.loc[low, 'policy'])}**")
-st.info(f"Fastest: **{fastest['policy']}** ({human_seconds(fastest['median_ms'] / 1e3)}). "
-        f"Smallest peak memory: {smallest} ({human_bytes(summary['peak_bytes'].min())}). "
-        f"Not beaten on both by any other policy (the Pareto front): "
-        f"{', '.join(summary.loc[front.to_numpy(), 'policy'])}.")
+rows = result["rows"]
+frame = pd.DataFrame(rows)
+frame["median_ms"] = frame["median_s"] * 1e3
+frame["ci_low_ms"] = frame["ci_low_s"] * 1e3
+frame["ci_high_ms"] = frame["ci_high_s"] * 1e3
+frame["peak_mib"] = frame["peak_bytes"] / tables.MIB
+
+# ---------------------------------------------------------------- verdict
+peaks = frame["peak_bytes"].dropna()
+if peaks.empty:
+    smallest = "this backend gives no compiled memory analysis"
+elif (peaks == peaks.min()).all():
+    smallest = f"every policy compiles to the same peak ({human_bytes(peaks.min())})"
+else:
+    smallest = (f"**{', '.join(frame.loc[frame['peak_bytes'] == peaks.min(), 'policy'])}** "
+                f"({human_bytes(peaks.min())})")
+shared = [g for g in result["programs"] if len(g) > 1]
+same_text = ("Same compiled program (never ranked against each other): "
+             + "; ".join(" = ".join(g) for g in shared) + ". ") if shared else ""
+reason = result["fastest_reason"]
+if result["fastest"]:
+    reason = reason.replace(result["fastest"], f"**{result['fastest']}**", 1)
+st.info(f"{reason} {same_text}Smallest peak memory: {smallest}. Pareto front (not beaten on both time and "
+        f"memory by another program): {', '.join(result['pareto'])}.")
+
+# ---------------------------------------------------------------- charts
 left, right = st.columns(2)
-left.plotly_chart(charts.make_time_bars_figure(summary), width="stretch")
-right.plotly_chart(charts.make_memory_figure(tables.memory_frame(results)), width="stretch")
+left.plotly_chart(charts.make_time_bars_figure(frame), width="stretch")
+left.caption(f"Bars: the 95 % bootstrap interval of each median ({m['rounds']} rounds resampled). "
+             "Two policies are told apart only when their intervals do not overlap.")
+memory_docs = [{"config": {"policy": r["policy"]}, "memory": r} for r in rows if r["peak_bytes"] is not None]
+right.plotly_chart(charts.make_memory_figure(tables.memory_frame(memory_docs)), width="stretch")
 left, right = st.columns(2)
-left.plotly_chart(charts.make_pareto_figure(summary, front), width="stretch")
-left.caption("The dashed line joins the policies that no other policy beats on both time and memory.")
-samples = pd.concat([tables.samples_frame(r) for r in results], ignore_index=True)
+front = frame["pareto"].astype(bool)
+left.plotly_chart(charts.make_pareto_figure(frame, front), width="stretch")
+left.caption(
+    "Each point is a policy at its compiled peak memory and median step time; the vertical bar is the "
+    "95 % interval of the median. Ringed points are the Pareto front: no other program has a peak "
+    "as small or smaller and a time interval lower or overlapping, with one of the two strictly "
+    "better" + (" (the dashed staircase joins them)." if front.sum() > 1 else ".")
+    + (" Policies that compile to the same program share one peak and are not ranked against each "
+       "other." if shared else ""))
+samples = pd.DataFrame([{"policy": r["policy"], "run": i, "ms": s * 1e3}
+                        for r in rows for i, s in enumerate(r["samples_s"], 1)],
+                       columns=["policy", "run", "ms"])
 right.plotly_chart(charts.make_step_time_figure(samples), width="stretch")
+right.caption("Every timed call, in the order they ran for each policy (rounds interleave policies "
+              "in a shuffled order).")
 
+# ---------------------------------------------------------------- table
 st.subheader("Policy table")
-CHECK = st.column_config.CheckboxColumn
+
+
+def _bytes(value) -> str:
+    return "-" if value is None or pd.isna(value) else human_bytes(value)
+
+
+table = pd.DataFrame({
+    "policy": frame["policy"],
+    "same_program_as": frame["same_program_as"].fillna(""),
+    "median_ms": frame["median_ms"], "ci_low_ms": frame["ci_low_ms"], "ci_high_ms": frame["ci_high_ms"],
+    "fastest": frame["fastest"], "pareto": frame["pareto"],
+    "peak": frame["peak_bytes"].map(_bytes), "temp": frame["temp_bytes"].map(_bytes),
+    "residuals": frame["residual_bytes"].map(_bytes),
+    "excess_dots_vs_no_remat": frame["excess_dots_vs_no_remat"],
+    "excess_flops_vs_no_remat": frame["excess_flops_vs_no_remat"],
+    "dots_recomputed": frame["dots_recomputed"], "recompute_flops": frame["recompute_flops"],
+    "grad_ok": frame["grad_ok"],
+})
 MS = st.column_config.NumberColumn
-table = summary[["policy", "median_ms", "p25_ms", "p75_ms", "peak_bytes", "temp_bytes",
-                 "residual_bytes", "dots_saved", "dots_recomputed", "recompute_flops", "grad_ok"]]
 st.dataframe(table, hide_index=True, width="stretch", column_config={
-    "median_ms": MS("median (ms)", format="%.4f"), "p25_ms": MS("p25 (ms)", format="%.4f"),
-    "p75_ms": MS("p75 (ms)", format="%.4f"), "peak_bytes": MS("peak", format="bytes"),
-    "temp_bytes": MS("temp", format="bytes"), "residual_bytes": MS("residuals", format="bytes"),
-    "dots_saved": "dots saved", "dots_recomputed": "dots recomputed",
-    "recompute_flops": MS("recompute flops", format="%d"), "grad_ok": CHECK("grad check")})
+    "same_program_as": st.column_config.TextColumn(
+        "same compiled program as", help="equal fingerprint of the compiled HLO: one program"),
+    "median_ms": MS("median (ms)", format="%.4f"),
+    "ci_low_ms": MS("95 % low (ms)", format="%.4f"), "ci_high_ms": MS("95 % high (ms)", format="%.4f"),
+    "fastest": st.column_config.CheckboxColumn("fastest"),
+    "pareto": st.column_config.CheckboxColumn("Pareto"),
+    "peak": "peak", "temp": "temp", "residuals": "residuals",
+    "excess_dots_vs_no_remat": MS("recomputed in compiled program: dots", format="%d",
+                                  help="matrix products in the compiled program beyond no_remat's"),
+    "excess_flops_vs_no_remat": MS("recomputed in compiled program: flops", format="%.4g",
+                                   help="flops of the compiled program beyond no_remat's"),
+    "dots_recomputed": MS("jaxpr: dots recomputed", format="%d",
+                          help="dots the policy recomputes in the jaxpr, before XLA optimises"),
+    "recompute_flops": MS("jaxpr: recompute flops", format="%.4g"),
+    "grad_ok": st.column_config.CheckboxColumn("grad check")})
+st.caption(f"Timing: {m['rounds']} rounds; each round calls every policy {m['calls_per_round']} times "
+           f"in a shuffled order, after a warm-up. Interval: {m['interval']}. Sizes in binary units "
+           "(KiB, MiB); the CSV has exact bytes.")
+csv = frame.drop(columns=["samples_s", "median_ms", "ci_low_ms", "ci_high_ms", "peak_mib"])
 a, b = st.columns(2)
-a.download_button("Download CSV", summary.to_csv(index=False), "remat_lab_compare.csv",
+a.download_button("Download CSV", csv.to_csv(index=False), "remat_lab_compare.csv",
                   "text/csv", key="compare_csv")
-b.download_button("Download JSON", json.dumps(results, indent=1), "remat_lab_compare.json",
+b.download_button("Download JSON", json.dumps(result, indent=1), "remat_lab_compare.json",
                   "application/json", key="compare_json")

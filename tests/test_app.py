@@ -85,11 +85,35 @@ def test_compare_one_row_per_policy():
     table = _frame(at, "grad_ok")
     assert table["policy"].tolist() == list(POLICIES)
     assert table["grad_ok"].all()
-    verdict = next(i.value for i in at.info if i.value.startswith("Fastest:"))
-    fastest = table.loc[table["median_ms"].idxmin(), "policy"]
-    assert f"Fastest: **{fastest}**" in verdict and "Pareto front" in verdict
+    assert (table["ci_low_ms"] <= table["median_ms"]).all()
+    assert (table["median_ms"] <= table["ci_high_ms"]).all()
+    verdict = next(i.value for i in at.info if "Pareto front" in i.value)
+    winners = table.loc[table["fastest"], "policy"].tolist()
+    if winners:
+        assert verdict.startswith(f"Fastest: **{winners[0]}**")
+    else:
+        assert verdict.startswith("No winner")
+    # At this size the two dots policies compile to one program: shown as such, never ranked.
+    same = dict(zip(table["policy"], table["same_program_as"]))
+    assert same["dots_with_no_batch_dims_saveable"] == "dots_saveable"
+    flags = table.set_index("policy")[["fastest", "pareto"]]
+    assert flags.loc["dots_saveable"].tolist() == flags.loc["dots_with_no_batch_dims_saveable"].tolist()
+    assert "dots_saveable = dots_with_no_batch_dims_saveable" in verdict
+    assert "excess_dots_vs_no_remat" in table and "peak" in table and table["peak"].str.endswith("KiB").all()
+    assert any("Ringed points are the Pareto front" in c.value for c in at.caption)
     at.multiselect(key="compare_policies").set_value(["no_remat", "nothing_saveable"]).run()
     assert _frame(at, "grad_ok")["policy"].tolist() == ["no_remat", "nothing_saveable"]
+
+
+def test_compare_over_budget_shows_one_error_a_web_user_can_act_on(monkeypatch):
+    monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "1K")
+    at = _app("pages/compare.py", **SMALL).run()
+    assert not at.exception
+    assert len(at.error) == 1  # one red box in the whole app (the sidebar's flag, or the page's)
+    text = at.error[0].value
+    assert "width" in text and "depth" in text
+    assert "--memory-budget" not in text and "REMAT_LAB_MEMORY_BUDGET" not in text
+    assert not at.dataframe
 
 
 def test_sweep_two_widths_two_batches_two_policies():

@@ -72,6 +72,21 @@ def test_time_bars_have_p25_p75_error_bars():
     assert fig.data[0].error_y.arrayminus[0] == pytest.approx(0.2)
     assert fig.data[1].marker.color == charts.POLICY_COLORS["dots_saveable"]
     assert fig.layout.yaxis.title.text == "step time (ms)"
+    assert "p25-p75" in fig.layout.title.text
+
+
+def test_time_bars_draw_the_interval_of_the_median_and_say_so():
+    df = pd.DataFrame({"policy": ["no_remat", "everything_saveable"], "median_ms": [1.0, 2.0],
+                       "ci_low_ms": [0.9, 1.2], "ci_high_ms": [1.3, 2.5],
+                       "p25_ms": [0.1, 0.1], "p75_ms": [9.0, 9.0],
+                       "same_program_as": [None, "no_remat"]})
+    fig = charts.make_time_bars_figure(df)
+    assert "95 % interval of the median" in fig.layout.title.text
+    assert fig.data[1].error_y.array[0] == pytest.approx(0.5)
+    assert fig.data[1].error_y.arrayminus[0] == pytest.approx(0.8)
+    assert "same compiled program as no_remat" in fig.data[1].hovertemplate
+    bare = charts.make_time_bars_figure(df[["policy", "median_ms"]])
+    assert bare.data[0].error_y.array is None and "bars" not in bare.layout.title.text
 
 
 def test_pareto_front_line():
@@ -80,8 +95,18 @@ def test_pareto_front_line():
     fig = charts.make_pareto_figure(df, pd.Series([True, True, False]))
     assert [t.name for t in fig.data] == ["a", "b", "c", "Pareto front"]
     assert list(fig.data[-1].x) == [1.0, 3.0]
+    assert fig.data[-1].mode == "lines+markers" and fig.data[-1].line.dash == "dash"
     assert fig.layout.xaxis.title.text == "peak memory (MiB)"
     assert len(charts.make_pareto_figure(df).data) == 3
+
+
+def test_pareto_single_front_point_is_ringed_without_a_line():
+    df = pd.DataFrame({"policy": ["a", "b"], "median_ms": [1.0, 2.0], "peak_mib": [1.0, 1.0],
+                       "ci_low_ms": [0.9, 1.5], "ci_high_ms": [1.2, 2.5]})
+    fig = charts.make_pareto_figure(df, pd.Series([True, False]))
+    assert fig.data[-1].name == "Pareto front" and fig.data[-1].mode == "markers"
+    assert fig.data[0].error_y.array[0] == pytest.approx(0.2)
+    assert fig.data[1].error_y.arrayminus[0] == pytest.approx(0.5)
 
 
 def test_sweep_lines_one_per_policy_and_batch():

@@ -101,43 +101,80 @@ def make_residuals_figure(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _interval(df: pd.DataFrame) -> tuple[str, str, str] | None:
+    """The interval columns of ``df`` and how to name them: the bootstrap interval, else p25-p75."""
+    if {"ci_low_ms", "ci_high_ms"} <= set(df.columns):
+        return "ci_low_ms", "ci_high_ms", "95 % interval of the median"
+    if {"p25_ms", "p75_ms"} <= set(df.columns):
+        return "p25_ms", "p75_ms", "p25-p75"
+    return None
+
+
+def _same_as(row: pd.Series) -> str:
+    other = row.get("same_program_as")
+    return f"<br>same compiled program as {other}" if isinstance(other, str) and other else ""
+
+
 def make_time_bars_figure(df: pd.DataFrame) -> go.Figure:
-    """Median step time per policy with p25-p75 error bars: columns policy, median_ms, p25_ms, p75_ms."""
-    fig = _figure("Step time per policy (median, bars p25-p75)", "policy", "step time (ms)")
+    """Median step time per policy with error bars, named in the title.
+
+    ``df`` columns: policy, median_ms and either ci_low_ms, ci_high_ms (the bootstrap interval of
+    the median; preferred) or p25_ms, p75_ms; optional same_program_as (shown on hover).
+    """
+    band = _interval(df) if df is not None else None
+    fig = _figure("Step time per policy (median" + (f", bars: {band[2]})" if band else ")"),
+                  "policy", "step time (ms)")
     if df is None or df.empty:
         return _empty(fig)
     for _, row in df.iterrows():
-        fig.add_trace(go.Bar(
-            x=[row["policy"]], y=[row["median_ms"]], name=str(row["policy"]),
-            marker_color=policy_color(row["policy"]),
-            error_y=dict(type="data", symmetric=False, array=[row["p75_ms"] - row["median_ms"]],
-                         arrayminus=[row["median_ms"] - row["p25_ms"]]),
-            customdata=[[row["p25_ms"], row["p75_ms"]]],
-            hovertemplate="median %{y:.4f} ms<br>p25 %{customdata[0]:.4f} ms<br>"
-                          "p75 %{customdata[1]:.4f} ms<extra>%{x}</extra>"))
+        bar = dict(x=[row["policy"]], y=[row["median_ms"]], name=str(row["policy"]),
+                   marker_color=policy_color(row["policy"]))
+        if band:
+            lo, hi, label = band
+            bar["error_y"] = dict(type="data", symmetric=False, array=[row[hi] - row["median_ms"]],
+                                  arrayminus=[row["median_ms"] - row[lo]])
+            bar["customdata"] = [[row[lo], row[hi]]]
+            bar["hovertemplate"] = (f"median %{{y:.4f}} ms<br>{label}: %{{customdata[0]:.4f}} to "
+                                    f"%{{customdata[1]:.4f}} ms{_same_as(row)}<extra>%{{x}}</extra>")
+        else:
+            bar["hovertemplate"] = f"median %{{y:.4f}} ms{_same_as(row)}<extra>%{{x}}</extra>"
+        fig.add_trace(go.Bar(**bar))
     fig.update_layout(barmode="group", showlegend=False)
     return fig
 
 
 def make_pareto_figure(df: pd.DataFrame, front: pd.Series | None = None) -> go.Figure:
-    """Step time vs peak memory, one point per policy, the Pareto front as a line.
+    """Step time vs peak memory, one point per policy; the Pareto front ringed.
 
-    ``df`` columns policy, median_ms, peak_mib; ``front`` a boolean mask of the front's rows.
+    ``df`` columns policy, median_ms, peak_mib, optionally ci_low_ms and ci_high_ms (drawn as
+    vertical error bars); ``front`` a boolean mask of the front's rows. The front's points get a
+    black ring (trace "Pareto front"); with two or more of them a dashed staircase joins them in
+    order of peak memory. Nothing else is drawn for the front.
     """
     fig = _figure("Step time vs peak memory",
                   "peak memory (MiB)", "step time (ms)")
     if df is None or df.empty:
         return _empty(fig)
+    band = _interval(df)
     for _, row in df.iterrows():
-        fig.add_trace(go.Scatter(
-            x=[row["peak_mib"]], y=[row["median_ms"]], mode="markers", name=str(row["policy"]),
-            marker=dict(size=14, color=policy_color(row["policy"]), line=dict(width=1, color="#222")),
-            hovertemplate="%{x:.4f} MiB, %{y:.4f} ms<extra>%{fullData.name}</extra>"))
+        point = dict(x=[row["peak_mib"]], y=[row["median_ms"]], mode="markers", name=str(row["policy"]),
+                     marker=dict(size=12, color=policy_color(row["policy"]),
+                                 line=dict(width=1, color="#222")),
+                     hovertemplate=f"%{{x:.4f}} MiB, median %{{y:.4f}} ms{_same_as(row)}"
+                                   "<extra>%{fullData.name}</extra>")
+        if band:
+            lo, hi, _ = band
+            point["error_y"] = dict(type="data", symmetric=False, array=[row[hi] - row["median_ms"]],
+                                    arrayminus=[row["median_ms"] - row[lo]],
+                                    color=policy_color(row["policy"]))
+        fig.add_trace(go.Scatter(**point))
     if front is not None and front.any():
-        pts = df[front.to_numpy()].sort_values("peak_mib")
+        pts = df[front.to_numpy()].sort_values(["peak_mib", "median_ms"])
         fig.add_trace(go.Scatter(
-            x=pts["peak_mib"], y=pts["median_ms"], mode="lines", name="Pareto front",
-            line=dict(color="#222", dash="dash", shape="hv"), hoverinfo="skip"))
+            x=pts["peak_mib"], y=pts["median_ms"], mode="lines+markers" if len(pts) > 1 else "markers",
+            name="Pareto front", line=dict(color="#222", dash="dash", shape="hv"),
+            marker=dict(symbol="circle-open", size=22, color="#222", line=dict(width=2)),
+            hoverinfo="skip"))
     return fig
 
 
