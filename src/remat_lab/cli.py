@@ -176,8 +176,11 @@ def format_run(result: dict) -> str:
         achieved = f", achieved {rate / 1e9:.2f} GFLOP/s" if rate else ""
         roof = result.get("roofline") or {}
         if roof.get("achieved_fraction"):
-            achieved += (f" = {100 * roof['achieved_fraction']:.1f} % of peak "
-                         f"{roof['peak_flops_per_s'] / 1e9:.0f} GFLOP/s ({roof['peak_source']})")
+            achieved += (f" = {100 * roof['achieved_fraction']:.1f} % of the {roof['peak_source']} "
+                         f"peak {roof['peak_flops_per_s'] / 1e9:.0f} GFLOP/s")
+            if roof.get("arithmetic_intensity"):
+                achieved += (f"; {roof['arithmetic_intensity']:.3g} FLOP/byte, {roof['bound']}-bound "
+                             f"(copy bandwidth {roof['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s)")
         lines.append(f"flops: {result['flops']:.4g}{achieved}")
     lines.append(f"loss: {result['loss']:.6g}")
     g = result["gradient_check"]

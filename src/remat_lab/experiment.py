@@ -20,7 +20,7 @@ import numpy as np
 
 from .config import RunConfig, check_budget, resolve_budget
 from .dissect import Dissection, dissect
-from .roofline import peak_flops
+from .roofline import roofline_report
 from .step import build_problem, make_step
 
 # dtype -> (rtol, atol). atol is scaled by the largest |value| of each reference leaf.
@@ -247,7 +247,8 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
 
     result = {"config": config.as_dict(), "environment": environment(),
               "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1}}
-    flops = flops_of(compiled)
+    cost = cost_of(compiled)
+    flops = cost["flops"]
     try:
         if timing:
             with timing_slot(progress):
@@ -266,11 +267,9 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     median = result["step_time_s"]["median"] if timing else None
     result["flops"] = flops
     result["achieved_flops_per_s"] = flops / median if flops and median else None
-    peak, peak_source = peak_flops()
-    result["roofline"] = {
-        "peak_flops_per_s": peak, "peak_source": peak_source,
-        "achieved_fraction": (result["achieved_flops_per_s"] / peak
-                              if peak and result["achieved_flops_per_s"] else None)}
+    # The roofs are calibrated (measured once per machine, cached): only a timed run needs them.
+    result["roofline"] = (roofline_report(flops, cost["bytes_accessed"], median) if timing
+                          else None)
     check = gradient_check(config, grads, loss)
     result["loss"] = loss if loss is not None else reference(config)[0]
     result["memory"] = memory_report(compiled)
