@@ -24,15 +24,27 @@ def _compile_cache() -> str:
 
 
 _compile_cache()
+EXPLORE = st.Page("pages/explore.py", title="Explore", icon=":material/science:", url_path="start",
+                  default=True)  # served at "/": Streamlit ignores a default page's url_path
+
+
+def _to_explore() -> None:
+    """``/explore`` (a link naming the start page): the Explore page at ``/``, settings kept."""
+    st.switch_page(EXPLORE, query_params=st.query_params.to_dict())
+
+
 PAGES = [
-    st.Page("pages/explore.py", title="Explore", icon=":material/science:", url_path="explore", default=True),
+    EXPLORE,
     st.Page("pages/compare.py", title="Compare policies", icon=":material/compare_arrows:",
             url_path="compare"),
     st.Page("pages/sweep.py", title="Sweep", icon=":material/stacked_line_chart:", url_path="sweep"),
     st.Page("pages/inspect.py", title="Inspect", icon=":material/code:", url_path="inspect"),
     st.Page("pages/guide.py", title="Guide", icon=":material/menu_book:", url_path="guide"),
+    st.Page(_to_explore, title="Explore", url_path="explore", visibility="hidden"),
 ]
 page = st.navigation(PAGES, position="top")
+if page.url_path == "explore":  # switch before the controls, so URL warnings show once, on Explore
+    page.run()
 config = _shared.controls()
 with _shared.routed(config):
     page.run()

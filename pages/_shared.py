@@ -7,6 +7,7 @@ with its progress box, the environment line and the error display. Pages stay th
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from remat_lab.config import (
     LIMITS,
     OBJECTIVES,
     ConfigError,
+    MemoryBudgetError,
     RunConfig,
     check_budget,
     coerce_config,
@@ -115,6 +117,7 @@ def _render_controls() -> RunConfig:
     sb = st.sidebar
     sb.title("Remat Lab")
     sb.caption("What a JAX checkpoint policy does to a Flax NNX model.")
+    flag = sb.empty()  # the over-budget flag goes here, above the controls, once they are read
     sb.radio("Model", CHOICES["model"], key="model", horizontal=True,
              help="mlp: relu(l2(relu(l1(x)))); seq_mixer adds token mixing whose dots pair batch axes.")
     sb.select_slider("Width D (features)", options=sorted(set(POW2_WIDTHS) | {ss["width"]}),
@@ -144,9 +147,42 @@ def _render_controls() -> RunConfig:
     for text in warnings:
         st.warning(text)
     _write_url(cfg)
-    sb.caption(f"Estimated memory need: {human_bytes(estimate_bytes(cfg))}. "
-               "The link in the address bar restores these settings.")
+    over = over_budget(cfg)
+    if over:
+        flag.error(budget_message(*over), icon=":material/memory:")
+    else:
+        budget = _budget_or_none()
+        allowed = f" (this server allows {human_bytes(budget)})" if budget else ""
+        sb.caption(f"Estimated memory need: {human_bytes(estimate_bytes(cfg))}{allowed}. "
+                   "The link in the address bar restores these settings.")
     return cfg
+
+
+# ---------------------------------------------------------------- memory budget
+
+
+@st.cache_resource(show_spinner=False)
+def _device_limit() -> int | None:
+    return experiment.device_memory_limit()
+
+
+def _budget_or_none() -> int | None:
+    try:
+        return resolve_budget(None, _device_limit())
+    except ConfigError:  # a malformed budget setting: run_config reports it when a run is asked for
+        return None
+
+
+def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
+    """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None."""
+    need, budget = estimate_bytes(cfg), _budget_or_none()
+    return (need, budget) if budget is not None and need > budget else None
+
+
+def budget_message(need: int, budget: int) -> str:
+    """The over-budget flag: the estimate, the budget and what a web user can change."""
+    return (f"**This configuration cannot run here.** Estimated {human_bytes(need)}, over the "
+            f"memory budget of {human_bytes(budget)} on this server: lower width, batch, seq or depth.")
 
 
 def _leave_legacy_page_mode() -> None:
@@ -214,7 +250,7 @@ def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = Fals
         status.update(label=f"{prefix}{STAGE_TEXT.get(stage, stage)}…", state="running")
 
     # The budget is checked before the cache too: lowering it refuses cached configurations as well.
-    check_budget(cfg, resolve_budget(None, experiment.device_memory_limit()))
+    check_budget(cfg, resolve_budget(None, _device_limit()))
     _RUN.progress = progress
     try:
         items = tuple(sorted(cfg.as_dict().items()))
@@ -237,6 +273,10 @@ def run_one(cfg: RunConfig, keep_texts: bool = True, button_key: str = "run_now"
 
     Quick configurations run at once; slower ones wait for a click (and then stay remembered).
     """
+    if over_budget(cfg):  # flagged in the sidebar (see _render_controls): nothing to offer here
+        st.info("Nothing was run: the configuration in the sidebar is too large for this server.",
+                icon=":material/arrow_back:")
+        return None
     ran = st.session_state.setdefault("_ran", set())
     key = (cfg, keep_texts)
     if not is_quick(cfg) and key not in ran:
@@ -268,7 +308,10 @@ def run_one(cfg: RunConfig, keep_texts: bool = True, button_key: str = "run_now"
 def show_error(err: Exception) -> None:
     """ConfigError / ExecutionError as a red box with what to change."""
     if isinstance(err, ConfigError):
-        st.error(f"**This configuration cannot run.** {err}\n\nChange the settings in the sidebar "
+        text = str(err)
+        if isinstance(err, MemoryBudgetError):  # the engine's advice names a CLI flag: not for the web
+            text = re.sub(r" \(or raise the budget with [^)]*\)", "", text)
+        st.error(f"**This configuration cannot run.** {text}\n\nChange the settings in the sidebar "
                  "(for example a smaller width, batch, seq or depth); the app keeps serving.")
     elif isinstance(err, ExecutionError):
         st.error(f"**XLA failed.** {err}\n\nChange the settings in the sidebar and the app will "
@@ -335,4 +378,4 @@ def reproduce_code(cfg: RunConfig) -> str:
 
 __all__ = ["controls", "routed", "run_one", "run_config", "show_error", "page_start", "env_line",
            "cli_command", "reproduce_code", "describe", "policy_label", "is_quick", "STAGE_TEXT",
-           "DEFAULT_POLICY"]
+           "DEFAULT_POLICY", "over_budget", "budget_message"]

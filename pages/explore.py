@@ -12,6 +12,31 @@ from pages import _shared  # noqa: E402
 from remat_lab import charts, tables  # noqa: E402
 from remat_lab.config import human_bytes, human_seconds  # noqa: E402
 
+
+def _sig3(value: float, units: list[tuple[float, str]]) -> str:
+    """``value`` in the unit that keeps it under 1000, with 3 significant digits (cards are narrow)."""
+    scale, unit = units[0]
+    for s, u in units[1:]:
+        if abs(value) / scale < 1000:
+            break
+        scale, unit = s, u
+    v = value / scale
+    text = f"{v:.2f}" if abs(v) < 1 else (f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}")
+    return f"{text} {unit}".rstrip()
+
+
+def short_bytes(n: float) -> str:
+    return _sig3(n, [(1, "B"), (1 << 10, "KiB"), (1 << 20, "MiB"), (1 << 30, "GiB"), (1 << 40, "TiB")])
+
+
+def short_seconds(s: float) -> str:
+    return _sig3(s, [(1e-9, "ns"), (1e-6, "µs"), (1e-3, "ms"), (1, "s")])
+
+
+def short_flops(f: float) -> str:
+    return _sig3(f, [(1, ""), (1e3, "k"), (1e6, "M"), (1e9, "G"), (1e12, "T")])
+
+
 cfg = _shared.page_start("Explore", "One configuration: how fast, how much memory, and which "
                                     "products the backward pass saves or recomputes.")
 result = _shared.run_one(cfg, keep_texts=False, button_key="explore_run")
@@ -23,46 +48,65 @@ mem = result["memory"] or {}
 tot = result["totals"]
 grad = result["gradient_check"]
 roof = result.get("roofline") or {}
-row1, row2 = st.columns(4), st.columns(4)
-row1[0].metric("Median step time", human_seconds(st_["median"]),
+hlo = result.get("hlo") or {}
+# Three cards a row: at a 1024 px window each card is about 180 px wide, enough for "157 µs".
+row1, row2, row3 = st.columns(3), st.columns(3), st.columns(3)
+row1[0].metric("Median step time", short_seconds(st_["median"]),
                help=f"{st_['repeats']} timed runs of the compiled step after {st_['warmup']} warm-up")
 row1[0].caption(f"p25–p75: {human_seconds(st_['p25'])} – {human_seconds(st_['p75'])}")
-row1[1].metric("Peak memory", human_bytes(mem["peak_bytes"]) if mem else "n/a",
+row1[1].metric("Peak memory", short_bytes(mem["peak_bytes"]) if mem else "n/a",
                help="generated_code + argument + output − alias + temp (XLA memory analysis)")
 row1[1].caption(f"temp {human_bytes(mem.get('temp_bytes', 0))}" if mem else "no memory analysis")
-row1[2].metric("Residual bytes", human_bytes(tot["residual_bytes"]),
+row1[2].metric("Residual bytes", short_bytes(tot["residual_bytes"]),
                help="Values kept from the forward pass for the backward pass (arguments included)")
-row1[2].caption(f"host {human_bytes(tot['residual_host_bytes'])}")
-row1[3].metric("Dots saved / recomputed", f"{tot['dots_saved']} / {tot['dots_recomputed']}",
-               help="Forward dot_generals whose result is saved vs recomputed in the backward jaxpr")
-row1[3].caption(f"{tot['dots_recomputed_in_compiled']} recomputed in the compiled program")
-row2[0].metric("Gradient check", "ok" if grad["ok"] else "MISMATCH",
+row1[2].caption(f"host {human_bytes(tot.get('residual_host_bytes') or 0)}")
+
+excess = hlo.get("excess_dots_vs_no_remat")
+if hlo.get("identical_to"):
+    versus = f"same compiled program as {hlo['identical_to']}"
+elif excess is None:
+    versus = "not compared with no_remat"
+else:
+    versus = f"{excess} more than no_remat" if excess >= 0 else f"{-excess} fewer than no_remat"
+row2[0].metric("Compiled products", hlo.get("dot_count", "n/a"),
+               help="Matrix products (dot, GEMM call) in the optimised program, forward and backward; "
+                    "the difference to the no_remat compile is what the policy recomputes")
+row2[0].caption(versus)
+row2[1].metric("Saved / recomputed", f"{tot['dots_saved']} / {tot['dots_recomputed']}",
+               help="Forward dot_generals whose result is saved vs recomputed in the backward jaxpr "
+                    "(before XLA optimises; the compiled program may differ)")
+row2[1].caption("forward dots, per the jaxpr")
+row2[2].metric("Gradient check", "ok" if grad["ok"] else "MISMATCH",
                help=f"Loss and every gradient leaf vs {grad['reference']} (rtol {grad['rtol']:g})")
-row2[0].caption(f"max rel err {grad['max_rel_err']:.2g}")
-row2[1].metric("Compile time", human_seconds(result["compile"]["compile_s"]),
+row2[2].caption(f"max rel err {grad['max_rel_err']:.2g}")
+
+row3[0].metric("Compile time", short_seconds(result["compile"]["compile_s"]),
                help="XLA compile of the step (a persistent-cache hit is fast)")
-row2[1].caption(f"lower {human_seconds(result['compile']['lower_s'])}")
+row3[0].caption(f"lower {human_seconds(result['compile']['lower_s'])}")
+flops, base_flops = result.get("flops"), (result.get("baseline") or {}).get("flops")
+row3[1].metric("FLOPs per step", short_flops(flops) if flops else "n/a",
+               help="XLA's flop count of the compiled step")
+row3[1].caption(f"{100 * (flops / base_flops - 1):+.0f} % vs no_remat" if flops and base_flops
+                else "no_remat not compared")
 rate = result.get("achieved_flops_per_s")
-row2[2].metric("Achieved FLOP/s", f"{rate / 1e9:.1f} G" if rate else "n/a",
+row3[2].metric("Achieved FLOP/s", short_flops(rate) if rate else "n/a",
                help="XLA's flop count of the step / median step time")
-row2[2].caption(f"{100 * roof['achieved_fraction']:.1f} % of peak" if roof.get("achieved_fraction")
+row3[2].caption(f"{100 * roof['achieved_fraction']:.1f} % of peak" if roof.get("achieved_fraction")
                 else "peak unknown", help=roof.get("peak_source"))
-row2[3].metric("Compiled HLO dots", result["hlo"]["dot_count"],
-               help="dot instructions in the optimised program: forward, recomputed, backward")
-row2[3].caption(f"{result['hlo']['forward_dots']} forward · {result['hlo']['recomputed_dots']} "
-                f"recomputed · {result['hlo']['backward_dots']} backward")
 
 CHECK = st.column_config.CheckboxColumn
 st.subheader("Per-dot table")
 st.caption("Every dot_general of the forward pass: what the policy says, what the backward jaxpr "
            "does, and whether the compiled program still recomputes it.")
-st.dataframe(tables.dots_frame(result), hide_index=True, width="stretch", column_config={
+dots = tables.dots_frame(result)
+dots.insert(dots.columns.get_loc("out_shape") + 1, "output", dots["out_bytes"].map(human_bytes))
+st.dataframe(dots, hide_index=True, width="stretch", column_config={
     "index": "dot", "has_batch_dims": CHECK("batch dims"), "saved": CHECK("saved"),
     "offloaded": CHECK("offloaded"), "recomputed": CHECK("recomputed"),
     "recomputed_in_compiled": CHECK("recomputed in HLO"),
     "policy_verdict": "policy verdict",
     "flops": st.column_config.NumberColumn("flops", format="%d"),
-    "out_bytes": st.column_config.NumberColumn("output", format="bytes"),
+    "out_bytes": None,  # shown as "output" in binary units (Streamlit's "bytes" format is decimal)
     "note": st.column_config.TextColumn("note", width="large")})
 notes = [f"Dot {d['index']} ({d['layer']}): {d['note']}" for d in result["dots"] if d["note"]]
 notes += result["notes"]
@@ -80,8 +124,10 @@ right.plotly_chart(charts.make_residuals_figure(tables.residual_layer_kind_frame
 
 st.subheader("Residual table")
 st.caption("What the forward pass keeps for the backward pass, and where (device or host memory).")
-st.dataframe(tables.residuals_frame(result), hide_index=True, width="stretch", column_config={
-    "index": "#", "bytes": st.column_config.NumberColumn("bytes", format="bytes"),
+residuals = tables.residuals_frame(result)
+residuals.insert(residuals.columns.get_loc("bytes"), "size", residuals["bytes"].map(human_bytes))
+st.dataframe(residuals, hide_index=True, width="stretch", column_config={
+    "index": "#", "bytes": None,
     "memory_kind": "memory", "source": st.column_config.TextColumn("source", width="large")})
 
 st.subheader("Reproduce this configuration")

@@ -50,10 +50,16 @@ def test_explore_saves_then_recomputes_both_dots():
     assert dots["saved"].tolist() == [True, True]
     assert dots["recomputed"].tolist() == [False, False]
     labels = [m.label for m in at.metric]
-    assert labels == ["Median step time", "Peak memory", "Residual bytes", "Dots saved / recomputed",
-                      "Gradient check", "Compile time", "Achieved FLOP/s", "Compiled HLO dots"]
-    assert at.metric[3].value == "2 / 0" and at.metric[4].value == "ok"
-    assert at.metric[7].value == "5"  # 2 forward + 3 backward dots, nothing recomputed
+    assert labels == ["Median step time", "Peak memory", "Residual bytes", "Compiled products",
+                      "Saved / recomputed", "Gradient check", "Compile time", "FLOPs per step",
+                      "Achieved FLOP/s"]
+    metric = {m.label: m.value for m in at.metric}
+    assert metric["Saved / recomputed"] == "2 / 0" and metric["Gradient check"] == "ok"
+    assert metric["Compiled products"] == "5"  # 2 forward + 3 backward dots, nothing recomputed
+    assert all(len(str(v)) <= 9 for v in metric.values()), metric  # fits a card at 1024 px
+    sizes = _frame(at, "policy_verdict")["output"].tolist()  # binary units, not "65.5kB"
+    assert sizes == ["64.0 KiB", "64.0 KiB"]
+    assert _frame(at, "memory_kind")["size"].str.fullmatch(r"[\d.]+ (B|KiB|MiB|GiB)").all()
     assert any("@nnx.remat(policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)"
                in c.value for c in at.code)
     assert any(c.value.startswith("python -m remat_lab run --model mlp --width 256 --batch 64")
@@ -64,7 +70,8 @@ def test_explore_saves_then_recomputes_both_dots():
     dots = _frame(at, "policy_verdict")
     assert dots["saved"].tolist() == [False, False]
     assert dots["recomputed"].tolist() == [True, True]
-    assert at.metric[7].value == "7"  # the two recomputed dots survive in the compiled program
+    metric = {m.label: m.value for m in at.metric}
+    assert metric["Compiled products"] == "7"  # the two recomputed dots survive in the compiled program
     assert at.query_params["policy"] == "nothing_saveable"
 
 
@@ -128,6 +135,8 @@ def test_sweep_two_widths_two_batches_two_policies():
     assert len(rows) == 8
     assert sorted(set(zip(rows["width"], rows["batch"]))) == [(8, 1), (8, 4), (16, 1), (16, 4)]
     assert (rows["median_ms"] > 0).all()
+    assert {"compiled_recomputed_products", "compiled_recomputed_gflop"} <= set(rows.columns)
+    assert len(at.get("plotly_chart")) == 6  # 4 line charts, 2 heatmaps
 
 
 def _has_frame(at, column):
@@ -190,6 +199,38 @@ def test_batch_zero_with_seq_mixer_is_refused():
     assert not at.exception
     assert any("`batch`" in w.value for w in at.warning)
     assert at.select_slider(key="batch").value == 64
+
+
+def test_over_budget_is_flagged_in_the_sidebar_before_any_button(monkeypatch):
+    monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "4M")  # width 256, batch 64 needs about 5 MiB
+    for page in ("pages/explore.py", "pages/inspect.py", "pages/guide.py"):
+        at = _app(page, width="256", batch="64", repeats="3").run()
+        assert not at.exception
+        flags = [e.value for e in at.sidebar.error]
+        assert len(flags) == 1 and len(at.error) == 1, (page, [e.value for e in at.error])
+        assert "Estimated" in flags[0] and "over the memory budget of 4.0 MiB" in flags[0], flags
+        assert "lower width, batch, seq or depth" in flags[0]
+        assert "--memory-budget" not in flags[0] and "REMAT_LAB" not in flags[0]  # web advice only
+        assert not at.button and not at.metric, page  # no "Run" button, nothing run
+    at.slider(key="depth").set_value(1)
+    at.select_slider(key="width").set_value(16).run()  # back under the budget: the flag goes
+    assert not at.error and any("Estimated memory need" in c.value for c in at.sidebar.caption)
+
+
+def test_sweep_leaves_out_configurations_over_the_budget(monkeypatch):
+    monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "64M")
+    at = _app("pages/sweep.py", repeats="3").run()
+    at.multiselect(key="sweep_widths").set_value([8, 4096])
+    at.multiselect(key="sweep_batches").set_value([1])
+    at.multiselect(key="sweep_policies").set_value(["no_remat"]).run()
+    assert not at.exception and not at.error
+    left_out = [w.value for w in at.warning]
+    assert len(left_out) == 1 and "width 4096 × batch 1" in left_out[0], left_out
+    assert "over the memory budget of 64.0 MiB" in left_out[0]
+    assert at.button(key="sweep_run").label == "Run sweep (1 run)"
+    at.button(key="sweep_run").click().run()
+    assert not at.exception and not at.error
+    assert _frame(at, "median_ms")["width"].tolist() == [8]
 
 
 def test_over_budget_is_an_error_not_a_traceback(monkeypatch):

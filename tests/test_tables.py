@@ -86,3 +86,46 @@ def test_matching_lines_regex_and_bad_regex():
     assert tables.matching_lines(text, "dot_general[") == []  # plain text, not a regex
     assert tables.matching_lines(text, "(a+)+$") == []  # no regex, so no catastrophic backtracking
     assert tables.matching_lines("", "x") == []
+
+
+def test_relative_frame_marks_differences_within_the_timing_noise():
+    base = _result("no_remat", 1e-3, 4 << 20)  # p25..p75 = 0.9..1.1 ms
+    close = _result("dots_saveable", 1.03e-3, 4 << 20)  # +3 %: the spreads overlap
+    far = _result("nothing_saveable", 2e-3, (4 << 20) - 4096)  # 1.8..2.2 ms; 4 KiB less memory
+    df = tables.summary_frame([base, close, far])
+    t = tables.relative_frame(df, "median_ms").set_index("policy")
+    assert t.loc["dots_saveable", "ratio"] == pytest.approx(1.03)
+    assert t["within_noise"].to_dict() == {"no_remat": True, "dots_saveable": True,
+                                           "nothing_saveable": False}
+    m = tables.relative_frame(df, "peak_bytes").set_index("policy")  # deterministic: equal or not
+    assert m["within_noise"].to_dict() == {"no_remat": True, "dots_saveable": True,
+                                           "nothing_saveable": False}
+
+
+def test_summary_row_compiled_recomputation_before_the_jaxpr_figures():
+    r = _result("nothing_saveable")
+    r["totals"]["recompute_flops"] = 3e9
+    row = tables.summary_row(r)  # an engine result without the compiled comparison
+    assert row["compiled_recomputed_products"] is None and row["compiled_recomputed_gflop"] is None
+    r["hlo"] = {"dot_count": 7, "excess_dots_vs_no_remat": 2, "excess_flops_vs_no_remat": 5e8}
+    row = tables.summary_row(r)
+    assert row["compiled_recomputed_products"] == 2
+    assert row["compiled_recomputed_gflop"] == pytest.approx(0.5)
+    assert row["recompute_gflop"] == pytest.approx(3.0)
+    cols = tables.SUMMARY_COLUMNS
+    assert cols.index("compiled_recomputed_products") < cols.index("dots_recomputed")
+    # the keys the Compare page reads stay
+    assert {"policy", "median_ms", "peak_mib", "peak_bytes", "dots_recomputed",
+            "recompute_flops", "grad_ok"} <= set(row)
+
+
+def test_units_are_binary_in_frames_and_csv_headers():
+    df = tables.summary_frame([_result("no_remat"), _result("nothing_saveable")])
+    frames = [df, tables.memory_frame([_result()]), tables.residual_layer_kind_frame(_result()),
+              tables.dots_frame(_result()), tables.residuals_frame(_result())]
+    csv_header = tables.export_frame(df).to_csv(index=False).splitlines()[0].split(",")
+    assert "peak_MiB" in csv_header and "peak_bytes" in csv_header and "peak_mib" not in csv_header
+    for name in [*csv_header, *(c for f in frames for c in f.columns)]:
+        low = str(name).lower()
+        for decimal in ("mb", "kb", "gb"):
+            assert not (low.endswith(decimal) or f"_{decimal}_" in low or f"({decimal})" in low), name

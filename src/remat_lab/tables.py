@@ -17,8 +17,10 @@ DOT_COLUMNS = ["index", "layer", "lhs_shape", "rhs_shape", "out_shape", "has_bat
 RESIDUAL_COLUMNS = ["index", "shape", "dtype", "bytes", "memory_kind", "kind", "layer", "source"]
 SUMMARY_COLUMNS = ["policy", "model", "width", "batch", "seq", "depth", "dtype", "objective",
                    "median_ms", "p25_ms", "p75_ms", "peak_mib", "temp_mib", "residual_mib",
-                   "peak_bytes", "temp_bytes", "residual_bytes", "dots_saved", "dots_recomputed",
-                   "recompute_flops", "grad_ok", "compile_s"]
+                   "peak_bytes", "temp_bytes", "residual_bytes",
+                   "compiled_recomputed_products", "compiled_recomputed_gflop",
+                   "dots_saved", "dots_recomputed", "recompute_flops", "recompute_gflop",
+                   "grad_ok", "compile_s"]
 
 
 def _shape(value) -> str:
@@ -84,7 +86,9 @@ def summary_row(result: dict) -> dict:
     st = result.get("step_time_s") or {}
     mem = result.get("memory") or {}
     tot = result.get("totals") or {}
+    hlo = result.get("hlo") or {}
     ms = lambda key: st[key] * 1e3 if st.get(key) is not None else None  # noqa: E731
+    giga = lambda value: value / 1e9 if value is not None else None  # noqa: E731
     return {
         "policy": c["policy"], "model": c["model"], "width": c["width"], "batch": c["batch"],
         "seq": c["seq"], "depth": c["depth"], "dtype": c["dtype"], "objective": c["objective"],
@@ -93,9 +97,15 @@ def summary_row(result: dict) -> dict:
         "temp_mib": mem["temp_bytes"] / MIB if mem else None,
         "residual_mib": tot.get("residual_bytes", 0) / MIB,
         "peak_bytes": mem.get("peak_bytes"), "temp_bytes": mem.get("temp_bytes"),
-        "residual_bytes": tot.get("residual_bytes"), "dots_saved": tot.get("dots_saved"),
-        "dots_recomputed": tot.get("dots_recomputed"),
+        "residual_bytes": tot.get("residual_bytes"),
+        # What the compiled program really recomputes: its products and flops beyond the no_remat
+        # compile of the same configuration (None until the engine compares the two).
+        "compiled_recomputed_products": hlo.get("excess_dots_vs_no_remat"),
+        "compiled_recomputed_gflop": giga(hlo.get("excess_flops_vs_no_remat")),
+        # What the backward jaxpr recomputes, before XLA's optimisations.
+        "dots_saved": tot.get("dots_saved"), "dots_recomputed": tot.get("dots_recomputed"),
         "recompute_flops": tot.get("recompute_flops"),
+        "recompute_gflop": giga(tot.get("recompute_flops")),
         "grad_ok": (result.get("gradient_check") or {}).get("ok"),
         "compile_s": (result.get("compile") or {}).get("compile_s"),
     }
@@ -106,25 +116,55 @@ def summary_frame(results: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([summary_row(r) for r in results], columns=SUMMARY_COLUMNS)
 
 
-def relative_frame(df: pd.DataFrame, metric: str, baseline: str = "no_remat") -> pd.DataFrame:
+SPREADS = {"median_ms": ("p25_ms", "p75_ms")}  # metric -> the columns of its timing spread
+
+
+def relative_frame(df: pd.DataFrame, metric: str, baseline: str = "no_remat",
+                   spread: tuple[str, str] | None = None) -> pd.DataFrame:
     """``metric`` of each row divided by the baseline policy's at the same width and batch.
 
-    Columns: policy, width, batch, config ("w256 b64"), ratio. Empty without baseline rows.
+    Columns: policy, width, batch, config ("w256 b64"), ratio, within_noise. ``within_noise`` says
+    whether the difference to the baseline is no larger than the measurement noise: for a timed
+    metric (``spread`` = its p25 and p75 columns, by default from ``SPREADS``) the row's p25-p75
+    range overlaps the baseline's; for a deterministic one (memory) the values are equal.
+    Empty without baseline rows.
     """
-    cols = ["policy", "width", "batch", "config", "ratio"]
+    cols = ["policy", "width", "batch", "config", "ratio", "within_noise"]
     if df.empty or metric not in df or "policy" not in df:
         return pd.DataFrame(columns=cols)
-    base = df[df["policy"] == baseline].groupby(["width", "batch"])[metric].mean()
+    if spread is None and all(c in df for c in SPREADS.get(metric, ("", ""))):
+        spread = SPREADS[metric]
+    lo, hi = spread if spread else (metric, metric)
+    base = df[df["policy"] == baseline].groupby(["width", "batch"])[
+        list(dict.fromkeys([metric, lo, hi]))].mean()
     if base.empty:
         return pd.DataFrame(columns=cols)
-    out = df[["policy", "width", "batch", metric]].copy()
+    out = df[["policy", "width", "batch"]].copy()
     keys = list(zip(out["width"], out["batch"]))
-    out["ratio"] = [v / base[k] if k in base.index and base[k] else None
-                    for v, k in zip(out[metric], keys)]
+    ratios, noise = [], []
+    for value, low, high, key in zip(df[metric], df[lo], df[hi], keys):
+        ref = base.loc[key] if key in base.index else None
+        ok = ref is not None and ref[metric] and pd.notna(value)
+        ratios.append(value / ref[metric] if ok else None)
+        if not ok:
+            noise.append(None)
+        elif spread:  # the two p25-p75 ranges overlap
+            noise.append(bool(low <= ref[hi] and ref[lo] <= high))
+        else:
+            noise.append(bool(value == ref[metric]))
+    out["ratio"], out["within_noise"] = ratios, noise
     out = out.dropna(subset=["ratio"])
+    out["ratio"] = out["ratio"].astype(float)
     out["config"] = [f"w{w} b{b}" for w, b in zip(out["width"], out["batch"])]
-    out = out.groupby(["policy", "width", "batch", "config"], as_index=False, sort=False)["ratio"].mean()
+    out = out.groupby(["policy", "width", "batch", "config"], as_index=False, sort=False).agg(
+        ratio=("ratio", "mean"), within_noise=("within_noise", "all"))
     return out[cols].sort_values(["width", "batch"], kind="stable").reset_index(drop=True)
+
+
+def export_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` for a CSV download: columns in MiB end in ``_MiB`` (binary units, never "MB")."""
+    return df.rename(columns={c: c[: -len("_mib")] + "_MiB" for c in df.columns
+                              if str(c).endswith("_mib")})
 
 
 def pareto_mask(df: pd.DataFrame, x: str, y: str) -> pd.Series:

@@ -6,6 +6,7 @@ Skipped (loudly, see the ``-ra`` summary) when Playwright or Chromium is missing
 from __future__ import annotations
 
 import re
+from urllib.parse import urlparse
 
 import pytest
 from streamlit_driver import (
@@ -29,7 +30,7 @@ from streamlit_driver import (
 
 pytestmark = pytest.mark.e2e
 
-DOTS = "Dots saved / recomputed"
+DOTS = "Saved / recomputed"
 
 
 def test_home_page_shows_metrics_charts_and_per_dot_table(page, server, shots):
@@ -114,23 +115,49 @@ def test_every_page_in_the_navigation_renders(page, server, shots):
         assert title in heading.inner_text(), f"page {title!r} shows heading {heading.inner_text()!r}"
         # the sidebar configuration survives the page switch
         assert slider_value(page, "Width D (features)") == "64"
-        if path != "explore":
+        if path not in ("explore", "sweep"):  # those two are taken with results, below
             shots(page, path)
 
 
-def test_shared_link_to_a_page_on_a_fresh_server_gets_the_app(page, fresh_server):
+def assert_no_page_not_found(page) -> None:
+    """Streamlit answers an unknown URL path with a blocking "Page not found" dialog."""
+    assert page.get_by_role("dialog").count() == 0, page.get_by_role("dialog").all_inner_texts()
+    assert "Page not found" not in page.locator("body").inner_text()
+
+
+def _heading(page) -> str:
+    heading = page.get_by_test_id("stMain").get_by_role("heading", level=2).first
+    heading.wait_for(timeout=30_000)
+    return heading.inner_text()
+
+
+@pytest.mark.parametrize("path,title", [("compare", "Compare policies"), ("explore", "Explore")])
+def test_shared_link_to_a_page_on_a_fresh_server_gets_the_app(page, fresh_server, path, title):
     """A server's first request naming a page must not fall into the legacy ``pages/`` mode."""
-    open_app(page, fresh_server, "compare", width="64", batch="8", repeats="3")
+    open_app(page, fresh_server, path, width="64", batch="8", repeats="3")
     links = page.get_by_test_id("stTopNavLink")
     links.first.wait_for(timeout=30_000)
     titles = [t.strip() for t in links.all_inner_texts()]
     assert any(t.endswith("Compare policies") for t in titles), titles
     assert page.get_by_test_id("stSidebarNav").count() == 0  # no list of files from pages/
-    heading = page.get_by_test_id("stMain").get_by_role("heading", level=2).first
-    heading.wait_for(timeout=30_000)
-    assert "Compare policies" in heading.inner_text()
+    assert title in _heading(page)
     assert slider_value(page, "Width D (features)") == "64"
     assert_no_exception(page)
+    assert_no_page_not_found(page)
+
+
+@pytest.mark.parametrize("path", list(PAGES.values()))
+def test_every_page_has_its_own_address(page, server, path):
+    """``/explore``, ``/compare``, ... open their page (the start page is also at ``/``)."""
+    open_app(page, server, path, width="64", batch="8", repeats="3", depth="2")
+    assert_no_page_not_found(page)
+    title = next(t for t, p in PAGES.items() if p == path)
+    assert title in _heading(page)
+    assert slider_value(page, "Depth (remat'd blocks)") == "2"  # the link's settings are kept
+    assert "depth=2" in page.url
+    if path == "explore":  # shown at "/", the navigation marks Explore as the current page
+        assert urlparse(page.url).path in ("", "/"), page.url
+        assert metrics(page)[DOTS] == "4 / 0"
 
 
 def test_bad_url_parameter_warns_instead_of_a_traceback(page, server):
@@ -163,3 +190,68 @@ def test_two_sessions_run_different_configurations_at_once(new_page, server):
         assert rows and all(r["lhs_shape"] == f"({cfg['batch']}, {cfg['width']})" for r in rows), rows
     assert metrics(pages[0])[DOTS] == "0 / 2"
     assert metrics(pages[1])[DOTS] == "2 / 0"
+
+
+def test_over_budget_is_flagged_in_the_sidebar_before_any_click(page, server, shots):
+    """A configuration too large for this server is refused up front: no Run button to click."""
+    open_app(page, server, "explore", width="16384", batch="65536", depth="16")
+    flag = page.get_by_test_id("stSidebar").get_by_test_id("stAlertContentError")
+    assert flag.count() == 1, flag.all_inner_texts()
+    text = flag.inner_text()
+    assert re.search(r"Estimated [\d.]+ GiB, over the memory budget of [\d.]+ (MiB|GiB)", text), text
+    assert "lower width, batch, seq or depth" in text and "--" not in text, text
+    main = page.get_by_test_id("stMain")
+    assert main.get_by_role("button").count() == 0, main.get_by_role("button").all_inner_texts()
+    assert main.get_by_test_id("stAlertContentError").count() == 0  # flagged once, in the sidebar
+    assert not metrics(page)
+    shots(page, "over-budget")
+    # the Sweep page leaves such configurations out before its button, too
+    page.get_by_test_id("stTopNavLink").filter(has_text="Sweep").first.click()
+    page.wait_for_url(re.compile(r"/sweep(\?|$)"))
+    wait_idle(page)
+    assert_no_exception(page)
+    assert page.get_by_test_id("stSidebar").get_by_test_id("stAlertContentError").count() == 1
+
+
+def test_explore_metrics_fit_at_1024_px(page, server, shots):
+    page.set_viewport_size({"width": 1024, "height": 800})
+    open_app(page, server, **SMALL)
+    page.get_by_test_id("stMetricValue").nth(8).wait_for(timeout=30_000)  # lazily drawn cards
+    assert len(metrics(page)) == 9
+    cut = page.evaluate("""() => [...document.querySelectorAll(
+        '[data-testid="stMetricValue"], [data-testid="stMetricLabel"]')]
+        .filter(el => [el, ...el.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1))
+        .map(el => el.innerText)""")
+    assert not cut, f"metric text cut off at 1024 px: {cut}"
+    shots(page, "explore-1024")
+
+
+def test_sweep_heatmaps_are_annotated_and_readable(page, server, shots):
+    open_app(page, server, "sweep", width="64", batch="8", repeats="3")
+    main = page.get_by_test_id("stMain")
+
+    def pick(label: str, values: list[str]) -> None:
+        box = main.get_by_test_id("stMultiSelect").filter(
+            has=page.get_by_test_id("stWidgetLabel").get_by_text(label, exact=True))
+        field = box.locator("input")
+        rerun_after(page, box.get_by_role("button", name="Clear all").click)
+        for value in values:
+            rerun_after(page, lambda v=value: (field.click(), page.keyboard.type(v),
+                                               page.get_by_role("option", name=v, exact=True).click()))
+        page.keyboard.press("Escape")
+
+    pick("Widths", ["8", "16"])
+    pick("Batches", ["1"])
+    # the default policies: no_remat, nothing_saveable, dots_with_no_batch_dims_saveable
+    button = main.get_by_role("button", name=re.compile(r"Run sweep \(6 runs\)"))
+    rerun_after(page, button.click, timeout=300_000)
+    assert_no_error(page)
+    heat = page.get_by_test_id("stPlotlyChart").filter(
+        has=page.locator("text.gtitle", has_text="Step time relative to no_remat"))
+    heat.first.locator("g.annotation").first.wait_for(state="attached", timeout=30_000)
+    labels = heat.first.locator("g.annotation").evaluate_all("els => els.map(e => e.textContent)")
+    assert len(labels) == 6 and all(re.fullmatch(r"\d+\.\d\dx", t.strip()) for t in labels), labels
+    box = heat.first.bounding_box()
+    assert box and box["height"] >= 230, box  # rows of a readable height, not squeezed
+    heat.first.scroll_into_view_if_needed()
+    shots(page, "sweep")
