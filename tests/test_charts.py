@@ -114,24 +114,55 @@ def test_sweep_lines_one_per_policy_and_batch():
                        "width": [8, 16, 8, 16] * 2, "batch": [1, 1, 4, 4] * 2,
                        "median_ms": range(8)})
     fig = charts.make_sweep_figure(df, "width", "median_ms", "step time (ms)")
-    assert len(fig.data) == 4
-    assert {t.line.color for t in fig.data} == {charts.POLICY_COLORS["no_remat"],
-                                               charts.POLICY_COLORS["nothing_saveable"]}
+    lines = [t for t in fig.data if t.x[0] is not None]
+    assert len(lines) == 4 and not any(t.showlegend for t in lines)
+    assert {t.line.color for t in lines} == {charts.POLICY_COLORS["no_remat"],
+                                            charts.POLICY_COLORS["nothing_saveable"]}
+    # the legend: one entry per policy (colour) and one per batch (dash), below the plot
+    keys = [t for t in fig.data if t.x[0] is None]
+    assert [t.name for t in keys] == ["no_remat", "nothing_saveable", "batch 1", "batch 4"]
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0
     assert fig.layout.xaxis.title.text == "width"
     assert fig.layout.yaxis.title.text == "step time (ms)"
     one = charts.make_sweep_figure(df[df.batch == 1], "batch", "median_ms", "t")
-    assert len(one.data) == 4  # one line per policy and width
+    assert len([t for t in one.data if t.x[0] is not None]) == 4  # one line per policy and width
 
 
-def test_relative_heatmap():
+def _heatmap_cells(fig):
+    """{(policy, config): (annotation text, greyed)} of a relative heatmap."""
+    colour, grey = fig.data[0], fig.data[1]
+    out = {}
+    for a in fig.layout.annotations:
+        i, j = list(colour.y).index(a.y), list(colour.x).index(a.x)
+        greyed = grey.z[i][j] == grey.z[i][j] and colour.z[i][j] != colour.z[i][j]  # not NaN / NaN
+        out[(a.y, a.x)] = (a.text, greyed)
+    return out
+
+
+def test_relative_heatmap_annotates_every_cell():
     df = pd.DataFrame({"policy": ["no_remat", "nothing_saveable"], "config": ["w8 b1"] * 2,
                        "ratio": [1.0, 1.5]})
     fig = charts.make_relative_heatmap_figure(df, "Step time relative to no_remat")
-    assert fig.data[0].type == "heatmap"
+    assert [t.type for t in fig.data] == ["heatmap", "heatmap"]
     assert list(fig.data[0].y) == ["no_remat", "nothing_saveable"]
     assert fig.data[0].z[1][0] == pytest.approx(0.5849625)  # log2(1.5)
-    assert fig.data[0].z[0][0] == pytest.approx(0.0)
-    assert fig.data[0].text[1][0] == "1.50x"
+    assert _heatmap_cells(fig) == {("no_remat", "w8 b1"): ("1.00x", True),  # no within_noise column:
+                                   ("nothing_saveable", "w8 b1"): ("1.50x", False)}  # only 1.0 is grey
+    assert fig.layout.height >= 150 + 46 * 2
+    assert fig.layout.annotations[0].font.size >= 12
+
+
+def test_relative_heatmap_greys_cells_within_the_noise():
+    df = pd.DataFrame({"policy": ["nothing_saveable", "no_remat", "nothing_saveable", "no_remat"],
+                       "config": ["w8 b1", "w8 b1", "w16 b1", "w16 b1"],
+                       "ratio": [1.03, 1.0, 1.3, 1.0], "within_noise": [True, True, False, True]})
+    fig = charts.make_relative_heatmap_figure(df, "t")
+    assert list(fig.data[0].y) == ["no_remat", "nothing_saveable"]  # the baseline first
+    cells = _heatmap_cells(fig)
+    assert cells[("nothing_saveable", "w8 b1")] == ("1.03x", True)  # +3 % inside the spread: grey
+    assert cells[("nothing_saveable", "w16 b1")] == ("1.30x", False)
+    # +3 % of noise does not saturate the scale: it spans at least 0.67x..1.5x
+    assert fig.data[0].zmax >= 0.58
 
 
 # ---------------------------------------------------------------- roofline

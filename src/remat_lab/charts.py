@@ -181,7 +181,9 @@ def make_pareto_figure(df: pd.DataFrame, front: pd.Series | None = None) -> go.F
 def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figure:
     """One line per policy (and per value of the other axis) of ``y`` against ``x``.
 
-    ``x`` is "width" or "batch"; the other of the two picks the line dash.
+    ``x`` is "width" or "batch"; the other of the two picks the line dash. The legend, below the
+    plot so that the plot keeps the chart's width, has one entry per policy (its colour; a click
+    hides all its lines) and, when there are several, one per value of the other axis (its dash).
     """
     other = "batch" if x == "width" else "width"
     fig = _figure(f"{y_title} vs {x}", x, y_title)
@@ -189,39 +191,88 @@ def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figu
         return _empty(fig)
     dashes = ["solid", "dot", "dash", "longdash", "dashdot", "longdashdot"]
     others = sorted(df[other].unique())
+    policies = list(dict.fromkeys(df["policy"]))
     for policy, part in df.groupby("policy", sort=False):
         for i, val in enumerate(others):
             sub = part[part[other] == val].sort_values(x)
             if sub.empty:
                 continue
             fig.add_trace(go.Scatter(
-                x=sub[x], y=sub[y], mode="lines+markers", legendgroup=str(policy),
-                name=f"{policy} ({other} {val})" if len(others) > 1 else str(policy),
-                line=dict(color=policy_color(policy), dash=dashes[i % len(dashes)]),
+                x=sub[x], y=sub[y], mode="lines+markers", legendgroup=str(policy), showlegend=False,
+                name=f"{policy}, {other} {val}" if len(others) > 1 else str(policy),
+                line=dict(color=policy_color(policy), dash=dashes[i % len(dashes)], width=2.5),
+                marker=dict(size=8),
                 hovertemplate=f"{x} %{{x}}: %{{y:.4f}}<extra>%{{fullData.name}}</extra>"))
+    for policy in policies:  # the legend: colour = policy
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines+markers", name=str(policy),
+                                 legendgroup=str(policy), line=dict(color=policy_color(policy), width=2.5),
+                                 hoverinfo="skip"))
+    if len(others) > 1:  # and dash = the other axis
+        for i, val in enumerate(others):
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{other} {val}",
+                                     legendgroup=f"{other} {val}", hoverinfo="skip",
+                                     line=dict(color="#6B7280", dash=dashes[i % len(dashes)], width=2.5)))
     if (df[x] > 0).all():
         fig.update_xaxes(type="log", tickvals=sorted(df[x].unique()))
-    fig.update_layout(height=420)
+    entries = len(policies) + (len(others) if len(others) > 1 else 0)
+    fig.update_layout(height=400 + 22 * ((entries + 1) // 2), font=dict(size=13),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=-0.18, yanchor="top",
+                                  font=dict(size=12)),
+                      margin=dict(l=60, r=20, t=60, b=40))
     return fig
 
 
-def make_relative_heatmap_figure(df: pd.DataFrame, title: str) -> go.Figure:
-    """Each policy's metric relative to no_remat: ``df`` columns policy, config, ratio."""
-    fig = _figure(title, "configuration (width, batch)", "policy")
+def make_relative_heatmap_figure(df: pd.DataFrame, title: str, baseline: str = "no_remat") -> go.Figure:
+    """Each policy's metric relative to ``baseline``: ``df`` columns policy, config, ratio and
+    optionally within_noise (see ``tables.relative_frame``; without it only a ratio of exactly 1
+    counts as no difference).
+
+    Every cell is annotated with its ratio. Cells within the noise are grey; the others are
+    coloured on log2(ratio), so 2x slower and 2x faster are equally strong, on a scale of at least
+    0.67x..1.5x so that small differences stay pale. One row is 46 px high.
+    """
+    grey = "#E5E7EB"
+    fig = _figure(title, "configuration (width, batch)", "")
     if df is None or df.empty:
         return _empty(fig)
     table = df.pivot_table(index="policy", columns="config", values="ratio", sort=False)
+    if "within_noise" in df:
+        flags = df.assign(within_noise=df["within_noise"].fillna(False).astype(int))
+        noise = flags.pivot_table(index="policy", columns="config", values="within_noise",
+                                  aggfunc="max", sort=False).reindex_like(table).fillna(0) > 0
+    else:
+        noise = table == 1.0
+    order = [baseline] * (baseline in table.index) + [p for p in table.index if p != baseline]
+    table, noise = table.loc[order], noise.loc[order]
     ratios = table.to_numpy(dtype=float)
-    # Colour on log2(ratio) so 2x slower and 2x faster are equally strong; text shows the ratio.
+    quiet = noise.to_numpy(dtype=bool) & np.isfinite(ratios)
     z = np.log2(np.where(ratios > 0, ratios, np.nan))
-    bound = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
+    loud = np.where(quiet, np.nan, z)
+    bound = max(float(np.nanmax(np.abs(loud))) if np.isfinite(loud).any() else 0.0, np.log2(1.5))
+    ticks = [r for r in (0.25, 0.5, 0.67, 1.0, 1.5, 2.0, 4.0) if abs(np.log2(r)) <= bound + 1e-9]
+    xs, ys = list(table.columns), list(table.index)
+    hover = "%{y} at %{x}: %{customdata:.3f}x " + baseline
     fig.add_trace(go.Heatmap(
-        z=z, x=list(table.columns), y=list(table.index), colorscale="RdBu_r",
-        zmin=-max(bound, 0.1), zmax=max(bound, 0.1), customdata=ratios,
-        colorbar=dict(title="log2(x no_remat)"),
-        text=[[f"{v:.2f}x" for v in row] for row in ratios], texttemplate="%{text}",
-        hovertemplate="%{y} at %{x}: %{customdata:.3f}x no_remat<extra></extra>"))
-    fig.update_layout(height=max(260, 60 + 40 * len(table.index)), margin=dict(l=260, r=20, t=50, b=50))
+        z=loud, x=xs, y=ys, colorscale="RdBu_r", zmid=0, zmin=-bound, zmax=bound, customdata=ratios,
+        xgap=2, ygap=2, hoverongaps=False, hovertemplate=hover + "<extra></extra>",
+        colorbar=dict(title=dict(text=f"x {baseline}", side="top"), tickvals=[np.log2(r) for r in ticks],
+                      ticktext=[f"{r:g}x" for r in ticks], thickness=14, len=1.0)))
+    fig.add_trace(go.Heatmap(
+        z=np.where(quiet, 0.0, np.nan), x=xs, y=ys, customdata=ratios, name="within noise",
+        colorscale=[[0, grey], [1, grey]], showscale=False, xgap=2, ygap=2,
+        hoverongaps=False, hovertemplate=hover + " (within the noise)<extra></extra>"))
+    for i, policy in enumerate(ys):
+        for j, config in enumerate(xs):
+            if not np.isfinite(ratios[i, j]):
+                continue
+            strong = not quiet[i, j] and abs(z[i, j]) > 0.6 * bound
+            fig.add_annotation(x=config, y=policy, text=f"{ratios[i, j]:.2f}x", showarrow=False,
+                               font=dict(size=13, color="#6B7280" if quiet[i, j]
+                                         else ("white" if strong else "#111827")))
+    fig.update_layout(height=150 + 46 * len(ys), margin=dict(l=20, r=20, t=60, b=60),
+                      font=dict(size=13))
+    fig.update_yaxes(autorange="reversed", automargin=True, tickfont=dict(size=13), title_text="")
+    fig.update_xaxes(automargin=True, tickfont=dict(size=13), type="category")
     return fig
 
 
