@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from remat_lab.config import RunConfig
-from remat_lab.experiment import TOLERANCES, memory_report
+from remat_lab.experiment import memory_report
 from remat_lab.models import build_model
 from remat_lab.policies import POLICIES
 from remat_lab.step import build_problem, make_step
@@ -42,7 +42,7 @@ def test_every_policy_keeps_the_gradients(policy, model, dtype):
     problem = build_problem(config)
     loss, grads = jax.jit(make_step(problem))(*problem.args)
     ref_loss, ref_grads = _independent_reference(config)
-    rtol, atol = TOLERANCES[dtype]
+    rtol, atol = {"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 2e-2)}[dtype]
     np.testing.assert_allclose(float(loss), ref_loss, rtol=rtol, atol=atol * max(1, abs(ref_loss)))
     assert len(grads) == len(ref_grads) == 4
     for got, ref in zip(grads, ref_grads):
@@ -75,7 +75,8 @@ def test_result_document_has_every_key(run):
             assert roof["achieved_fraction"] == pytest.approx(
                 result["achieved_flops_per_s"] / roof["peak_flops_per_s"])
     assert roof["arithmetic_intensity"] > 0 and roof["bound"] in ("compute", "memory")
-    assert result["gradient_check"]["reference"] == "no_remat"
+    assert result["gradient_check"]["independent"] is True
+    assert result["gradient_check"]["remat_applied"] is True  # the default policy remats
     env = result["environment"]
     assert env["backend"] == jax.default_backend() and env["device_count"] >= 1
     assert env["jax"] == jax.__version__
@@ -107,11 +108,12 @@ def test_grad_only_at_depth_one_compiles_every_policy_alike(run):
     assert vg["nothing_saveable"] > vg["dots_with_no_batch_dims_saveable"]
 
 
-def test_grad_objective_reports_loss_and_checks_gradients(run):
+def test_grad_objective_has_no_loss_and_checks_gradients(run):
     result = run(RunConfig(width=32, batch=4, objective="grad", policy="nothing_saveable"))
-    ref = run(RunConfig(width=32, batch=4, policy="no_remat"))
     assert result["gradient_check"]["ok"]
-    np.testing.assert_allclose(result["loss"], ref["loss"], rtol=1e-5)
+    assert result["loss"] is None and result["gradient_check"]["loss_err"] is None
+    ref = run(RunConfig(width=32, batch=4, policy="no_remat"))
+    assert ref["loss"] is not None and ref["gradient_check"]["loss_err"] is not None
 
 
 def test_memory_analysis_fields_and_peak_formula(run):
@@ -147,10 +149,12 @@ def test_remat_trades_memory_for_dots_at_depth(run):
     assert none["totals"]["residual_bytes"] < save["totals"]["residual_bytes"]
 
 
-def test_bfloat16_gradient_check_uses_looser_tolerance(run):
-    check = run(RunConfig(width=32, batch=4, dtype="bfloat16", policy="nothing_saveable"))[
+def test_bfloat16_gradient_check_tolerance_follows_the_dtype(run):
+    bf16 = run(RunConfig(width=32, batch=4, dtype="bfloat16", policy="nothing_saveable"))[
         "gradient_check"]
-    assert check["ok"] and check["rtol"] == TOLERANCES["bfloat16"][0] > TOLERANCES["float32"][0]
+    f32 = run(RunConfig(width=32, batch=4, policy="nothing_saveable"))["gradient_check"]
+    assert bf16["ok"] and f32["ok"]
+    assert bf16["rtol"] == 2 * 2.0**-8 and f32["rtol"] == 2 * 2.0**-24
 
 
 def test_time_executable_warms_up_by_count_and_by_time():

@@ -208,10 +208,12 @@ def test_app_shows_xla_failure_and_recomputes_after_it(monkeypatch):
     monkeypatch.setattr(jax.stages.Lowered, "compile", counting)
     at.run()  # same session, same configuration: the retry computes fresh and succeeds
     assert not at.exception and not at.error
-    assert compiles == ["failed", "ok"]
+    # The step, then the no_remat baseline and the gradient reference (compiled, not cached).
+    assert compiles[0] == "failed" and len(compiles) >= 2 and set(compiles[1:]) == {"ok"}
     assert at.metric and at.metric[0].label == "Median step time"
+    done = list(compiles)
     at.run()  # now it is cached
-    assert compiles == ["failed", "ok"] and not at.error
+    assert compiles == done and not at.error
 
 
 def test_cached_entry_point_does_not_cache_failures(monkeypatch, tiny_result):

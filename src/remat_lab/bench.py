@@ -96,7 +96,7 @@ def _loadavg() -> list[float] | None:
 def clear_caches() -> None:
     """Forget every in-process compile and trace (JAX's and the engine's), as a new session."""
     jax.clear_caches()
-    experiment.reference.cache_clear()
+    experiment.baseline_program.cache_clear()
     for name in ("_parameters", "_input"):
         fn = getattr(step, name, None)
         if fn is not None and hasattr(fn, "cache_clear"):

@@ -182,10 +182,16 @@ def format_run(result: dict) -> str:
                 achieved += (f"; {roof['arithmetic_intensity']:.3g} FLOP/byte, {roof['bound']}-bound "
                              f"(copy bandwidth {roof['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s)")
         lines.append(f"flops: {result['flops']:.4g}{achieved}")
-    lines.append(f"loss: {result['loss']:.6g}")
+    lines.append("loss: none (objective grad returns no loss)" if result["loss"] is None
+                 else f"loss: {result['loss']:.6g}")
     g = result["gradient_check"]
+    loss_err = "" if g["loss_err"] is None else f"loss error {g['loss_err']:.3g}, "
+    remat = ("remat applied" if g["remat_applied"] else "no remat") + (
+        "" if g["remat_applied"] == g["remat_expected"] else " (NOT what the policy asks)")
     lines.append(f"gradient check vs {g['reference']}: {'ok' if g['ok'] else 'MISMATCH'} "
-                 f"(max abs {g['max_abs_err']:.3g}, max rel {g['max_rel_err']:.3g})")
+                 f"({loss_err}gradients max abs {g['grad_max_abs_err']:.3g}, max rel "
+                 f"{g['grad_max_rel_err']:.3g}; {remat})")
+    lines += [f"  {f}" for f in g["failures"]]
     if mem:
         lines.append(
             f"memory: peak {human_bytes(mem['peak_bytes'])} = argument "
