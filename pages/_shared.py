@@ -149,7 +149,7 @@ def _render_controls() -> RunConfig:
     _write_url(cfg)
     over = over_budget(cfg)
     if over:
-        flag.error(budget_message(*over), icon=":material/memory:")
+        flag.error(budget_message(*over, cfg.model), icon=":material/memory:")
     else:
         budget = _budget_or_none()
         allowed = f" (this server allows {human_bytes(budget)})" if budget else ""
@@ -179,10 +179,11 @@ def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
     return (need, budget) if budget is not None and need > budget else None
 
 
-def budget_message(need: int, budget: int) -> str:
-    """The over-budget flag: the estimate, the budget and what a web user can change."""
+def budget_message(need: int, budget: int, model: str = "seq_mixer") -> str:
+    """The over-budget flag: the estimate, the budget and the sidebar settings that lower it."""
+    knobs = "width, batch, seq or depth" if model == "seq_mixer" else "width, batch or depth"
     return (f"**This configuration cannot run here.** Estimated {human_bytes(need)}, over the "
-            f"memory budget of {human_bytes(budget)} on this server: lower width, batch, seq or depth.")
+            f"memory budget of {human_bytes(budget)} on this server: lower {knobs}.")
 
 
 def _leave_legacy_page_mode() -> None:

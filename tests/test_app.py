@@ -209,10 +209,11 @@ def test_over_budget_is_flagged_in_the_sidebar_before_any_button(monkeypatch):
         flags = [e.value for e in at.sidebar.error]
         assert len(flags) == 1 and len(at.error) == 1, (page, [e.value for e in at.error])
         assert "Estimated" in flags[0] and "over the memory budget of 4.0 MiB" in flags[0], flags
-        assert "lower width, batch, seq or depth" in flags[0]
+        assert "lower width, batch or depth" in flags[0]  # seq only for seq_mixer
         assert "--memory-budget" not in flags[0] and "REMAT_LAB" not in flags[0]  # web advice only
         assert not at.button and not at.metric, page  # no "Run" button, nothing run
-    at.slider(key="depth").set_value(1)
+    mixer = _app("pages/guide.py", model="seq_mixer", width="256", batch="64", seq="64").run()
+    assert "lower width, batch, seq or depth" in mixer.sidebar.error[0].value
     at.select_slider(key="width").set_value(16).run()  # back under the budget: the flag goes
     assert not at.error and any("Estimated memory need" in c.value for c in at.sidebar.caption)
 

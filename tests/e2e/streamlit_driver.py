@@ -101,8 +101,14 @@ def assert_no_error(page) -> None:
         raise AssertionError("the page shows an error box:\n" + "\n---\n".join(errors.all_inner_texts()))
 
 
-def metrics(page) -> dict[str, str]:
-    """The st.metric cards as {label: value}."""
+def metrics(page, wait: bool = True) -> dict[str, str]:
+    """The st.metric cards as {label: value}.
+
+    Streamlit draws metric cards from a lazily loaded chunk, after a skeleton: with ``wait`` (for a
+    page that shows cards) wait for the first card's value first.
+    """
+    if wait:
+        page.get_by_test_id("stMetricValue").first.wait_for(timeout=30_000)
     out = {}
     for card in page.get_by_test_id("stMetric").all():
         label = card.get_by_test_id("stMetricLabel").inner_text().strip()
