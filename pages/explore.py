@@ -6,6 +6,7 @@ from pathlib import Path
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
     sys.path.insert(0, _root)
 
+import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _shared  # noqa: E402
@@ -56,10 +57,17 @@ row1[0].metric("Median step time", short_seconds(st_["median"]),
 row1[0].caption(f"p25–p75: {human_seconds(st_['p25'])} – {human_seconds(st_['p75'])}")
 row1[1].metric("Peak memory", short_bytes(mem["peak_bytes"]) if mem else "n/a",
                help="generated_code + argument + output − alias + temp (XLA memory analysis)")
-row1[1].caption(f"temp {human_bytes(mem.get('temp_bytes', 0))}" if mem else "no memory analysis")
-row1[2].metric("Residual bytes", short_bytes(tot["residual_bytes"]),
-               help="Values kept from the forward pass for the backward pass (arguments included)")
-row1[2].caption(f"host {human_bytes(tot.get('residual_host_bytes') or 0)}")
+row1[1].caption((f"temp {human_bytes(mem.get('temp_bytes', 0))}" if mem else "no memory analysis")
+                + (" · bf16 products run in float32 on CPU" if hlo.get("bf16_upcast") else ""))
+row1[2].metric("Activation residuals", short_bytes(tot["activation_residual_bytes"]),
+               help="Forward values kept for the backward pass, parameters, the input and zero "
+                    "broadcasts (which XLA folds away) left out; those are in the caption")
+offload_note = (" · offload is a no-op here" if tot["dots_offloaded"] and not
+                tot["dots_offloaded_in_compiled"] else "")
+row1[2].caption(f"+ parameters {human_bytes(tot['parameter_residual_bytes'])}, input "
+                f"{human_bytes(tot['input_residual_bytes'])}, zero-cost "
+                f"{human_bytes(tot['zero_cost_residual_bytes'])} · host in the compiled program "
+                f"{human_bytes(tot['residual_host_bytes_in_compiled'])}{offload_note}")
 
 excess = hlo.get("excess_dots_vs_no_remat")
 if hlo.get("identical_to"):
@@ -77,8 +85,12 @@ row2[1].metric("Saved / recomputed", f"{tot['dots_saved']} / {tot['dots_recomput
                     "(before XLA optimises; the compiled program may differ)")
 row2[1].caption("forward dots, per the jaxpr")
 row2[2].metric("Gradient check", "ok" if grad["ok"] else "MISMATCH",
-               help=f"Loss and every gradient leaf vs {grad['reference']} (rtol {grad['rtol']:g})")
-row2[2].caption(f"max rel err {grad['max_rel_err']:.2g}")
+               help=f"Loss and every gradient leaf vs {grad['reference']}, with bounds from the "
+                    f"dtype's precision (rtol {grad['rtol']:.2g}); and the step has remat exactly "
+                    "when the policy asks for it")
+loss_err = "no loss (grad)" if grad["loss_err"] is None else f"loss err {grad['loss_err']:.2g}"
+remat = "remat applied" if grad["remat_applied"] else "no remat"
+row2[2].caption(f"grad rel err {grad['grad_max_rel_err']:.2g} · {loss_err} · {remat}")
 
 row3[0].metric("Compile time", short_seconds(result["compile"]["compile_s"]),
                help="XLA compile of the step (a persistent-cache hit is fast)")
@@ -91,8 +103,11 @@ row3[1].caption(f"{100 * (flops / base_flops - 1):+.0f} % vs no_remat" if flops 
 rate = result.get("achieved_flops_per_s")
 row3[2].metric("Achieved FLOP/s", short_flops(rate) if rate else "n/a",
                help="XLA's flop count of the step / median step time")
-row3[2].caption(f"{100 * roof['achieved_fraction']:.1f} % of peak" if roof.get("achieved_fraction")
-                else "peak unknown", help=roof.get("peak_source"))
+row3[2].caption(f"{100 * roof['achieved_fraction']:.1f} % of the {roof['peak_source']} peak "
+                f"{short_flops(roof['peak_flops_per_s'])}FLOP/s" if roof.get("achieved_fraction")
+                else "peak unknown", help=roof.get("peak_note"))
+if not grad["ok"]:
+    st.error("Gradient check failed: " + "; ".join(grad["failures"][:5]))
 
 CHECK = st.column_config.CheckboxColumn
 st.subheader("Per-dot table")
@@ -100,10 +115,14 @@ st.caption("Every dot_general of the forward pass: what the policy says, what th
            "does, and whether the compiled program still recomputes it.")
 dots = tables.dots_frame(result)
 dots.insert(dots.columns.get_loc("out_shape") + 1, "output", dots["out_bytes"].map(human_bytes))
+# True / False / None (None: the compiled program keeps some products of this size, not which).
+dots["recomputed_in_compiled"] = dots["recomputed_in_compiled"].map(
+    {True: "yes", False: "no"}).fillna("not attributable")
 st.dataframe(dots, hide_index=True, width="stretch", column_config={
     "index": "dot", "has_batch_dims": CHECK("batch dims"), "saved": CHECK("saved"),
     "offloaded": CHECK("offloaded"), "recomputed": CHECK("recomputed"),
-    "recomputed_in_compiled": CHECK("recomputed in HLO"),
+    "recomputed_in_compiled": "recomputed in compiled program",
+    "offloaded_in_compiled": CHECK("offloaded in compiled program"),
     "policy_verdict": "policy verdict",
     "flops": st.column_config.NumberColumn("flops", format="%d"),
     "out_bytes": None,  # shown as "output" in binary units (Streamlit's "bytes" format is decimal)
@@ -122,13 +141,24 @@ mid.plotly_chart(charts.make_memory_figure(tables.memory_frame([result])), width
 right.plotly_chart(charts.make_residuals_figure(tables.residual_layer_kind_frame(result)),
                    width="stretch")
 
+if roof.get("arithmetic_intensity") and roof.get("achieved_flops_per_s"):
+    st.subheader("Roofline")
+    st.caption(f"The step against this machine's measured roofs ({roof['peak_source']}: the best "
+               "jitted float32 matmul and a jitted copy). Arithmetic intensity is XLA's flops over "
+               f"its bytes accessed; this step is {roof['bound']}-bound.")
+    point = pd.DataFrame([{"policy": cfg.policy, "arithmetic_intensity": roof["arithmetic_intensity"],
+                           "achieved_flops_per_s": roof["achieved_flops_per_s"]}])
+    st.plotly_chart(charts.make_roofline_figure(point, roof["peak_flops_per_s"],
+                                                roof["bandwidth_bytes_per_s"]), width="stretch")
+
 st.subheader("Residual table")
 st.caption("What the forward pass keeps for the backward pass, and where (device or host memory).")
 residuals = tables.residuals_frame(result)
 residuals.insert(residuals.columns.get_loc("bytes"), "size", residuals["bytes"].map(human_bytes))
 st.dataframe(residuals, hide_index=True, width="stretch", column_config={
     "index": "#", "bytes": None,
-    "memory_kind": "memory", "source": st.column_config.TextColumn("source", width="large")})
+    "memory_kind": "memory (jaxpr)", "memory_kind_in_compiled": "memory (compiled)",
+    "source": st.column_config.TextColumn("source", width="large")})
 
 st.subheader("Reproduce this configuration")
 st.code(_shared.reproduce_code(cfg), language="python")

@@ -50,7 +50,7 @@ def test_explore_saves_then_recomputes_both_dots():
     assert dots["saved"].tolist() == [True, True]
     assert dots["recomputed"].tolist() == [False, False]
     labels = [m.label for m in at.metric]
-    assert labels == ["Median step time", "Peak memory", "Residual bytes", "Compiled products",
+    assert labels == ["Median step time", "Peak memory", "Activation residuals", "Compiled products",
                       "Saved / recomputed", "Gradient check", "Compile time", "FLOPs per step",
                       "Achieved FLOP/s"]
     metric = {m.label: m.value for m in at.metric}
@@ -72,6 +72,8 @@ def test_explore_saves_then_recomputes_both_dots():
     assert dots["recomputed"].tolist() == [True, True]
     metric = {m.label: m.value for m in at.metric}
     assert metric["Compiled products"] == "7"  # the two recomputed dots survive in the compiled program
+    assert dots["recomputed_in_compiled"].tolist() == ["yes", "yes"]
+    assert any(c.value.startswith("2 more than no_remat") for c in at.caption)
     assert at.query_params["policy"] == "nothing_saveable"
 
 
