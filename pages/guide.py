@@ -47,24 +47,50 @@ Every policy then compiles to the same program: same dots, same memory, same tim
 jaxprs differ. With `value_and_grad` the loss needs the whole forward pass, so a recomputation is
 real extra work; with depth > 1 later blocks run between a block's forward and backward passes,
 so what it saves must be held meanwhile. The per-dot table shows both the jaxpr's verdict and
-whether the compiled program really recomputes (`recomputed in HLO`); the notes explain disagreements.
+whether the compiled program really recomputes (`recomputed in compiled program`); the notes
+explain disagreements.
+
+### How "recomputed in the compiled program" is known
+Not from XLA's `op_name` metadata: XLA drops it on products it rewrites, and when common-subexpression
+elimination merges two copies the survivor may carry either one's name. Remat Lab compiles the
+`no_remat` step of the same configuration and objective as a second program and counts: the
+policy's extra product instructions (and extra flops) are the recomputations that survived. A row
+is marked only when the product's size (result elements, contracted size, batch size) tells it
+apart; otherwise it says *not attributable*. Two programs equal up to names and metadata are
+reported as *the same compiled program*.
+
+### Why a Python loop of remat'd blocks hides the policy on CPU
+JAX protects a recomputation with an optimization barrier so the compiler cannot merge it with the
+forward product it repeats. XLA CPU removes that barrier early, before fusion and scheduling (GPU
+keeps it until after scheduling). Common-subexpression elimination then merges each block's
+recomputation back into its forward product; in an unrolled stack only the last block's can
+survive, and even that one is scheduled next to its forward twin, so the peak memory barely moves
+between policies. Production code scans over stacked layers (`jax.lax.scan`), where the barrier's
+loss cannot merge across loop iterations and the policy moves memory for real.
 
 ### Why equal forward values prove nothing
 Every policy computes the same forward function, so equal losses say nothing about what was
-saved. Remat Lab checks **gradients** against the no-remat baseline and reads the residuals from
-the vjp jaxpr and the recomputations from the step jaxpr and the compiled HLO.
+saved. Remat Lab checks **gradients** against a second, independent implementation of the model
+in plain `jax.numpy` (no NNX, no remat), with bounds from the dtype's precision tight enough that a
+1 % error on one bfloat16 leaf fails, and checks that the step's jaxpr contains remat exactly when
+the policy asks for it. It reads the residuals from the vjp jaxpr and the recomputations from the
+step jaxpr and from the compiled program compared with the no-remat one.
 
 ### How the memory numbers are defined
 From XLA's `compiled.memory_analysis()` of the whole step:
 **peak = generated_code + argument + output − alias + temp**. `alias` is output memory that
 reuses an argument buffer, so it is subtracted. XLA's own `peak_memory_in_bytes` field is shown
 in the JSON as `xla_peak_memory_bytes`; on CPU it leaves out temp, so the app uses the sum above.
-Residual bytes are the sizes of the values the vjp keeps, arguments included.
+Residual bytes are the sizes of the values the vjp keeps; the headline counts the **activations**
+only, with parameters, the input and broadcast zeros (which XLA folds away) shown apart.
 
 ### What CPU can and cannot show
 On CPU, timing is noisy at small sizes (look at the p25–p75 spread), the memory analysis has only
-the fields above and there is no separate device memory: `offload_dot_with_no_batch_dims` names
-`pinned_host`, which on CPU is the same RAM, so offloading saves nothing measurable. On GPU and
+the fields above and there is no host memory space: `offload_dot_with_no_batch_dims` asks for
+`pinned_host`, but the compiled CPU program keeps every value in device memory, so the app reports
+the offload as a no-op (`offloaded in compiled program` unticked). XLA CPU also computes bfloat16
+products in float32, converting around each dot, so bf16 time and memory on CPU are not a bf16
+accelerator's; the app says so where it sees it. On GPU and
 TPU, offloaded residuals really move to host memory (the `host_*` fields), recomputation costs real
 accelerator time, and the memory analysis reflects device HBM, which is what remat is for.
 """)

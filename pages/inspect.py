@@ -25,7 +25,8 @@ TEXTS = [  # key, tab title, default filter, caption
     ("forward_jaxpr", "Forward jaxpr", "dot_general|remat",
      "The model as traced, with the remat wrapper and its policy."),
     ("compiled_hlo", "Compiled HLO", " dot(|rematted_computation",
-     "What XLA actually runs after optimisation (fusion, CSE); op_name metadata keeps the scopes."),
+     "What XLA actually runs after optimisation (fusion, CSE). op_name metadata names the scopes "
+     "but is no witness: XLA drops it on rewritten products and CSE survivors keep either name."),
 ]
 texts = result["texts"]
 stem = (f"remat_lab_{cfg.model}_w{cfg.width}_b{cfg.batch}_d{cfg.depth}_{cfg.policy}")
