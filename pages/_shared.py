@@ -19,6 +19,7 @@ from remat_lab.config import (
     CHOICES,
     DTYPES,
     LIMITS,
+    NAME_FIELDS,
     OBJECTIVES,
     ConfigError,
     MemoryBudgetError,
@@ -30,9 +31,12 @@ from remat_lab.config import (
     resolve_budget,
 )
 from remat_lab.experiment import STAGES, ExecutionError
-from remat_lab.policies import DEFAULT_POLICY, POLICIES
+from remat_lab.models import SEQ_MODELS, names_of
+from remat_lab.policies import DEFAULT_POLICY, GROUPS, POLICIES, policy_code
 
-CONTROL_KEYS = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective", "repeats")
+CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy",
+                "objective", "repeats")
+NAME_CHOICES = ("save", "offload", "recompute")  # the custom editor, one control per checkpoint name
 DEFAULT = RunConfig()
 POW2_WIDTHS = [2 ** i for i in range(3, 13)]  # 8 .. 4096
 POW2_BATCHES = [2 ** i for i in range(0, 13)]  # 1 .. 4096
@@ -54,6 +58,20 @@ _RUN = threading.local()  # the router's config for this script run; the progres
 
 def policy_label(pid: str) -> str:
     return POLICIES[pid].label if pid in POLICIES else pid
+
+
+def grouped_policy_label(pid: str) -> str:
+    """The policy picker's label: its group (JAX policies / MaxText recipes / custom), then the id."""
+    return f"{GROUPS[POLICIES[pid].group]} › {pid}" if pid in POLICIES else pid
+
+
+def _custom_names(ss) -> dict:
+    """``save_names``/``offload_names`` from the custom editor's controls (only for policy custom)."""
+    if ss["policy"] != "custom":
+        return {}
+    choice = {n: ss.get(f"custom_{n}") or "recompute" for n in names_of(ss["model"])}
+    return {"save_names": tuple(n for n, c in choice.items() if c == "save"),
+            "offload_names": tuple(n for n, c in choice.items() if c == "offload")}
 
 
 def describe(cfg: RunConfig) -> str:
@@ -87,6 +105,18 @@ def _read_url_once() -> list[str]:
         warnings.append("URL parameter `batch` = `0` (a single vector) is only for the mlp model. "
                         f"Using the default, `{DEFAULT.batch}`.")
         values.pop("batch")
+    for key in NAME_FIELDS:  # custom's names: checked against the URL's model
+        if key not in st.query_params:
+            continue
+        raw = st.query_params[key]
+        model = values.get("model", DEFAULT.model)
+        try:
+            names = getattr(coerce_config({"model": model, "policy": "custom", key: raw}), key)
+        except ConfigError as err:
+            warnings.append(f"URL parameter `{key}` = `{str(raw)[:40]}` is not valid ({err}) "
+                            "Using none: those tensors are recomputed.")
+            continue
+        values.update({f"custom_{n}": "save" if key == "save_names" else "offload" for n in names})
     for key, value in values.items():
         st.session_state[key] = value
     if "width" in values:
@@ -95,7 +125,8 @@ def _read_url_once() -> list[str]:
 
 
 def _write_url(cfg: RunConfig) -> None:
-    wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS}
+    wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS if k != "heads" or cfg.model == "transformer"}
+    wanted.update({k: ",".join(getattr(cfg, k)) for k in NAME_FIELDS if getattr(cfg, k)})
     if {k: st.query_params.get(k) for k in st.query_params} != wanted:
         st.query_params.from_dict(wanted)
 
@@ -119,7 +150,9 @@ def _render_controls() -> RunConfig:
     sb.caption("What a JAX checkpoint policy does to a Flax NNX model.")
     flag = sb.empty()  # the over-budget flag goes here, above the controls, once they are read
     sb.radio("Model", CHOICES["model"], key="model", horizontal=True,
-             help="mlp: relu(l2(relu(l1(x)))); seq_mixer adds token mixing whose dots pair batch axes.")
+             help="mlp: relu(l2(relu(l1(x)))); seq_mixer adds token mixing whose dots pair batch axes; "
+                  "transformer: a pre-norm decoder block (causal attention, gated MLP) with "
+                  "MaxText's checkpoint names.")
     sb.select_slider("Width D (features)", options=sorted(set(POW2_WIDTHS) | {ss["width"]}),
                      key="width", on_change=_width_from_slider)
     sb.number_input("…or type any width", min_value=LIMITS["width"][0], max_value=LIMITS["width"][1],
@@ -130,17 +163,35 @@ def _render_controls() -> RunConfig:
     sb.select_slider("Batch B", options=sorted(set(batches) | {ss["batch"]}), key="batch",
                      format_func=lambda b: "single vector" if b == 0 else str(b),
                      help="single vector = x: (D,), the seed's case (mlp only).")
-    sb.select_slider("Sequence length N (seq_mixer)", options=sorted(set(POW2_SEQS) | {ss["seq"]}),
-                     key="seq", disabled=ss["model"] != "seq_mixer")
+    sb.select_slider("Sequence length N (seq_mixer, transformer)",
+                     options=sorted(set(POW2_SEQS) | {ss["seq"]}), key="seq",
+                     disabled=ss["model"] not in SEQ_MODELS)
+    if ss["model"] == "transformer":
+        heads = [h for h in range(1, LIMITS["heads"][1] + 1) if int(ss["width"]) % h == 0]
+        if ss["heads"] not in heads:  # the width changed: the nearest head count that divides it
+            ss["heads"] = max(h for h in heads if h <= ss["heads"]) if ss["heads"] > 1 else 1
+        sb.select_slider("Attention heads", options=heads, key="heads",
+                         help="Heads of width / heads features each; only divisors of the width.")
     sb.slider("Depth (remat'd blocks)", *LIMITS["depth"], key="depth")
+    sb.radio("Stack", CHOICES["stack"], key="stack", horizontal=True, disabled=ss["depth"] == 1,
+             help="How depth > 1 blocks run: scan over layers stacked on a leading axis (nnx.scan, "
+                  "how production code is written), or an unrolled Python loop, where XLA CPU "
+                  "merges most recomputation back into the forward pass (see the Guide).")
     sb.radio("dtype", DTYPES, key="dtype", horizontal=True)
-    sb.selectbox("Checkpoint policy", list(POLICIES), key="policy", format_func=policy_label,
+    sb.selectbox("Checkpoint policy", list(POLICIES), key="policy", format_func=grouped_policy_label,
                  help=POLICIES[ss["policy"]].description if ss["policy"] in POLICIES else None)
+    if ss["policy"] == "custom":
+        sb.caption(f"Per checkpoint name of {ss['model']}: save on the device, offload to pinned "
+                   "host memory, or recompute.")
+        for name in names_of(ss["model"]):
+            ss.setdefault(f"custom_{name}", "recompute")
+            sb.segmented_control(f"`{name}`", NAME_CHOICES, key=f"custom_{name}")
     sb.radio("Objective", OBJECTIVES, key="objective", horizontal=True)
     sb.number_input("Timed repeats", min_value=LIMITS["repeats"][0], max_value=LIMITS["repeats"][1],
                     step=1, key="repeats")
     try:
-        cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in CONTROL_KEYS})
+        cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in CONTROL_KEYS},
+                        **_custom_names(ss))
     except ConfigError as err:  # should not happen: every control offers valid values only
         st.warning(f"{err} Using the defaults.")
         cfg = DEFAULT
@@ -181,7 +232,7 @@ def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
 
 def budget_message(need: int, budget: int, model: str = "seq_mixer") -> str:
     """The over-budget flag: the estimate, the budget and the sidebar settings that lower it."""
-    knobs = "width, batch, seq or depth" if model == "seq_mixer" else "width, batch or depth"
+    knobs = "width, batch, seq or depth" if model in SEQ_MODELS else "width, batch or depth"
     return (f"**This configuration cannot run here.** Estimated {human_bytes(need)}, over the "
             f"memory budget of {human_bytes(budget)} on this server: lower {knobs}.")
 
@@ -262,8 +313,10 @@ def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = Fals
 
 def is_quick(cfg: RunConfig) -> bool:
     """Whether ``cfg`` should run as soon as a control changes (a few seconds at most)."""
-    rows = max(cfg.batch, 1) * (cfg.seq if cfg.model == "seq_mixer" else 1)
+    rows = max(cfg.batch, 1) * (cfg.seq if cfg.model in SEQ_MODELS else 1)
     fwd = 4 * rows * cfg.width ** 2 * cfg.depth
+    if cfg.model == "transformer":  # 16 w^2 of projections per row, scores and context
+        fwd = (32 * rows * cfg.width ** 2 + 4 * cfg.batch * cfg.seq ** 2 * cfg.width) * cfg.depth
     if cfg.model == "seq_mixer":
         fwd += 4 * max(cfg.batch, 1) * cfg.seq ** 2 * cfg.width * cfg.depth
     return 3 * fwd * (cfg.repeats + cfg.warmup) < QUICK_FLOPS and estimate_bytes(cfg) < (1 << 30)
@@ -349,32 +402,50 @@ def env_line() -> None:
 def cli_command(cfg: RunConfig) -> str:
     parts = ["python -m remat_lab run", f"--model {cfg.model}", f"--width {cfg.width}",
              f"--batch {cfg.batch}"]
-    if cfg.model == "seq_mixer":
+    if cfg.model in SEQ_MODELS:
         parts.append(f"--seq {cfg.seq}")
-    parts += [f"--depth {cfg.depth}", f"--dtype {cfg.dtype}", f"--policy {cfg.policy}",
-              f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", "--json"]
+    if cfg.model == "transformer":
+        parts.append(f"--heads {cfg.heads}")
+    parts.append(f"--depth {cfg.depth}")
+    if cfg.depth > 1:
+        parts.append(f"--stack {cfg.stack}")
+    parts += [f"--dtype {cfg.dtype}", f"--policy {cfg.policy}"]
+    parts += [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS
+              if getattr(cfg, k)]
+    parts += [f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", "--json"]
     return " ".join(parts)
 
 
 def reproduce_code(cfg: RunConfig) -> str:
     """Self-contained code for the configuration: the model, the remat'd block and the step."""
-    block = models.MLP if cfg.model == "mlp" else models.SeqMixer
-    policy = POLICIES[cfg.policy]
+    block = {"mlp": models.MLP, "seq_mixer": models.SeqMixer, "transformer": models.Transformer}[cfg.model]
     src = inspect.getsource(block)
-    head = ("import math\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import nnx\n\n\n")
-    call = f"{policy.code}\ndef call_block(block, x):\n    return block(x)\n"
+    head = ("import math\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import nnx\n"
+            "from jax.ad_checkpoint import checkpoint_name\n\n"
+            + (f"MLP_RATIO = {models.MLP_RATIO}\n" if cfg.model == "transformer" else "") + "\n")
+    call = f"{policy_code(cfg)}\ndef call_block(block, x):\n    return block(x)\n"
+    heads = f", heads={cfg.heads}" if cfg.model == "transformer" else ""
     dtype = f"jnp.{cfg.dtype}"
     shape = cfg.input_shape
     grad = "nnx.value_and_grad" if cfg.objective == "value_and_grad" else "nnx.grad"
-    return (f"{head}{src}\n\n{call}\n\n"
-            f"rngs = nnx.Rngs({cfg.seed})\n"
-            f"blocks = nnx.List([{block.__name__}({cfg.width}, rngs=rngs, dtype={dtype})\n"
-            f"                   for _ in range({cfg.depth})])\n"
+    ret = f"{'(loss, grads)' if cfg.objective == 'value_and_grad' else 'grads'}"
+    make = f"{block.__name__}({cfg.width}{heads}, rngs=rngs, dtype={dtype})"
+    if cfg.depth > 1 and cfg.stack == "scan":  # Flax's scan-over-layers idiom
+        build = (f"@nnx.split_rngs(splits={cfg.depth})\n@nnx.vmap(in_axes=(0,), out_axes=0)\n"
+                 f"def create_blocks(rngs):\n    return {make}\n\n\n"
+                 f"blocks = create_blocks(nnx.Rngs({cfg.seed}))  # parameters: a leading layer axis\n")
+        loss = ("def loss_fn(blocks, x):\n"
+                "    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)\n"
+                "    def body(x, block):\n        return call_block(block, x)\n\n"
+                "    return jnp.sum(body(x, blocks), dtype=jnp.float32)\n")
+    else:
+        build = (f"rngs = nnx.Rngs({cfg.seed})\n"
+                 f"blocks = nnx.List([{make}\n                   for _ in range({cfg.depth})])\n")
+        loss = ("def loss_fn(blocks, x):\n    for block in blocks:\n        x = call_block(block, x)\n"
+                "    return jnp.sum(x, dtype=jnp.float32)\n")
+    return (f"{head}{src}\n\n{call}\n\n{build}"
             f"x = jax.random.normal(jax.random.key({cfg.seed + 1}), {shape!r}, dtype={dtype})\n\n\n"
-            "def loss_fn(blocks, x):\n    for block in blocks:\n        x = call_block(block, x)\n"
-            "    return jnp.sum(x, dtype=jnp.float32)\n\n\n"
-            f"step = nnx.jit({grad}(loss_fn))\nout = step(blocks, x)  # "
-            f"{'(loss, grads)' if cfg.objective == 'value_and_grad' else 'grads'}\n")
+            f"{loss}\n\nstep = nnx.jit({grad}(loss_fn))\nout = step(blocks, x)  # {ret}\n")
 
 
 __all__ = ["controls", "routed", "run_one", "run_config", "show_error", "page_start", "env_line",

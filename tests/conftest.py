@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import functools
+import sys
+from pathlib import Path
 
 import pytest
 
 from remat_lab.config import RunConfig
 from remat_lab.experiment import run_experiment
+
+# The app's page modules (``from pages import _shared``) import from the repository root.
+if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
+    sys.path.insert(0, _root)
 
 
 @functools.lru_cache(maxsize=64)

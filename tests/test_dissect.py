@@ -77,7 +77,7 @@ def test_offload_marks_dot_residuals_host(run):
 
 @pytest.mark.parametrize("policy", ["dots_with_no_batch_dims_saveable", "nothing_saveable"])
 def test_depth_three_attributes_blocks_and_layers(run, policy):
-    result = run(RunConfig(width=32, batch=4, depth=3, policy=policy))
+    result = run(RunConfig(width=32, batch=4, depth=3, stack="loop", policy=policy))
     assert _flags(result["dots"], "layer") == ["0.l1", "0.l2", "1.l1", "1.l2", "2.l1", "2.l2"]
     args = [r for r in result["residuals"] if r["kind"] == "argument" and r["layer"] != "input"]
     assert {r["layer"] for r in args} == {f"{b}.{n}" for b in range(3) for n in ("l1", "l2")}
@@ -181,7 +181,7 @@ def test_offload_is_a_no_op_on_cpu(run):
 
 
 def test_residual_split_separates_parameters_and_zero_constants(run):
-    result = run(RunConfig(width=64, batch=8, depth=2, policy="no_remat"))
+    result = run(RunConfig(width=64, batch=8, depth=2, stack="loop", policy="no_remat"))
     t = result["totals"]
     params = sum(r["bytes"] for r in result["residuals"] if r["source"].startswith("argument blocks"))
     assert t["parameter_residual_bytes"] == params > 0
@@ -224,9 +224,9 @@ def test_explain_prints_two_saved_rows(capsys):
     out = capsys.readouterr().out
     rows = _table_rows(out)
     assert [r[1] for r in rows] == ["l1", "l2"]
-    assert [r[6:10] for r in rows] == [["save", "True", "False", "False"]] * 2
+    assert [r[7:11] for r in rows] == [["save", "True", "False", "False"]] * 2
     assert main(["explain", "--width", "256", "--batch", "64", "--policy", "nothing_saveable",
                  "--no-jaxpr"]) == 0
     out = capsys.readouterr().out
     rows = _table_rows(out)
-    assert [r[6:11] for r in rows] == [["recompute", "False", "False", "True", "True"]] * 2
+    assert [r[7:12] for r in rows] == [["recompute", "False", "False", "True", "True"]] * 2

@@ -10,8 +10,9 @@ import json
 import sys
 
 from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes
-from .models import MODELS
-from .policies import DEFAULT_POLICY, POLICIES
+from .models import MODELS, SEQ_MODELS, names_of
+from .policies import DEFAULT_POLICY, GROUPS, POLICIES
+from .stacks import STACKS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,6 +45,11 @@ def _policies_arg(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _names_arg(text: str) -> tuple[str, ...]:
+    """Comma-separated checkpoint names; checked against the model by ``RunConfig``."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def _rounds_arg(text: str) -> int:
     try:
         value = int(text)
@@ -60,11 +66,20 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=_int_arg("width"), default=d.width, help="features D (1..16384)")
     p.add_argument("--batch", type=_int_arg("batch"), default=d.batch,
                    help="examples B; 0 = the seed's single vector x: (width,) (mlp only)")
-    p.add_argument("--seq", type=_int_arg("seq"), default=d.seq, help="sequence length N (seq_mixer)")
+    p.add_argument("--seq", type=_int_arg("seq"), default=d.seq,
+                   help="sequence length N (seq_mixer, transformer)")
+    p.add_argument("--heads", type=_int_arg("heads"), default=d.heads,
+                   help="attention heads (transformer; must divide width)")
     p.add_argument("--depth", type=_int_arg("depth"), default=d.depth, help="remat'd blocks (1..16)")
+    p.add_argument("--stack", choices=STACKS, default=d.stack,
+                   help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
     p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
     p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY, metavar="POLICY",
                    help=f"one of: {', '.join(POLICIES)}")
+    p.add_argument("--save-names", type=_names_arg, default=(), metavar="A,B",
+                   help="policy custom: checkpoint names saved on the device (see `policies --model`)")
+    p.add_argument("--offload-names", type=_names_arg, default=(), metavar="A,B",
+                   help="policy custom: checkpoint names offloaded to pinned host memory")
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
     p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats)
     p.add_argument("--warmup", type=_int_arg("warmup"), default=d.warmup)
@@ -90,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated policy ids (default: all); --policy is ignored")
     cmp.add_argument("--rounds", type=_rounds_arg, default=None,
                      help="interleaved timing rounds (1..1000; default: --repeats)")
-    sub.add_parser("policies", help="list the policy registry")
+    pol = sub.add_parser("policies", help="list the policy registry (and a model's checkpoint names)")
+    pol.add_argument("--model", choices=MODELS, default=None,
+                     help="also list this model's checkpoint names and which of them each recipe keeps")
     bench = sub.add_parser("bench", help="benchmarks: timing fidelity, latency, sweep throughput")
     bench.add_argument("--quick", action="store_true", help="a smaller run (under 2 min on 2 cores)")
     bench.add_argument("--json", action="store_true")
@@ -98,9 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_from(args: argparse.Namespace) -> RunConfig:
-    keys = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective", "repeats",
-            "warmup", "seed")
-    return RunConfig(**{k: getattr(args, k) for k in keys})
+    keys = ("model", "width", "batch", "seq", "depth", "stack", "dtype", "policy", "objective",
+            "repeats", "warmup", "seed")
+    return RunConfig(**{k: getattr(args, k) for k in keys}, heads=args.heads,
+                     save_names=args.save_names, offload_names=args.offload_names)
 
 
 def _fmt_time(s: float | None) -> str:
@@ -117,10 +135,10 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])
 
 
-DOT_COLUMNS = ["index", "layer", "lhs_shape", "rhs_shape", "out_shape", "has_batch_dims",
+DOT_COLUMNS = ["index", "layer", "layers", "lhs_shape", "rhs_shape", "out_shape", "has_batch_dims",
                "policy_verdict", "saved", "offloaded", "recomputed", "recomputed_in_compiled",
                "offloaded_in_compiled"]
-RESIDUAL_COLUMNS = ["index", "shape", "dtype", "bytes", "memory_kind", "kind", "layer", "source"]
+RESIDUAL_COLUMNS = ["index", "shape", "dtype", "bytes", "layers", "memory_kind", "kind", "layer", "source"]
 
 
 def format_tables(result: dict) -> str:
@@ -162,7 +180,10 @@ def format_run(result: dict) -> str:
     c, env, st, mem = result["config"], result["environment"], result["step_time_s"], result["memory"]
     head = (f"{c['model']} width={c['width']} batch={c['batch']} depth={c['depth']} {c['dtype']} "
             f"policy={c['policy']} objective={c['objective']}"
-            + (f" seq={c['seq']}" if c["model"] == "seq_mixer" else ""))
+            + (f" seq={c['seq']}" if c["model"] in SEQ_MODELS else "")
+            + (f" heads={c['heads']}" if c["model"] == "transformer" else "")
+            + (f" save_names={','.join(c['save_names']) or '-'} offload_names="
+               f"{','.join(c['offload_names']) or '-'}" if c["policy"] == "custom" else ""))
     lines = [head, (f"on {env['backend']} ({env['device_kind']}) x{env['device_count']}, jax "
                     f"{env['jax']}, flax {env['flax']}"), ""]
     lines.append(f"compile: lower {result['compile']['lower_s']:.3f} s, "
@@ -224,7 +245,7 @@ def format_compare(result: dict) -> str:
              "grad": {True: "ok", False: "MISMATCH"}.get(r["grad_ok"], "-")}
             for r in result["rows"]]
     head = (f"{c['model']} width={c['width']} batch={c['batch']} depth={c['depth']} {c['dtype']} "
-            f"objective={c['objective']}" + (f" seq={c['seq']}" if c["model"] == "seq_mixer" else ""))
+            f"objective={c['objective']}" + (f" seq={c['seq']}" if c["model"] in SEQ_MODELS else ""))
     lines = [head, f"timing: {m['rounds']} interleaved rounds x {m['calls_per_round']} calls per "
                    f"policy, order {m['order']}; interval: {m['interval']}", "",
              format_table(rows, COMPARE_COLUMNS), "",
@@ -235,10 +256,25 @@ def format_compare(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _policies_text() -> str:
+def _policies_text(model: str | None = None) -> str:
+    """The registry by group; with ``model``, its checkpoint names and what each recipe keeps."""
     width = max(map(len, POLICIES))
-    return "\n".join(f"{p.id.ljust(width)}  {p.description}\n{' ' * width}  {p.code.splitlines()[0]}"
-                     for p in POLICIES.values())
+    pad = " " * (width + 2)
+    lines = []
+    if model is not None:
+        lines += [f"Checkpoint names of {model}: {', '.join(names_of(model))}", ""]
+    for group, title in GROUPS.items():
+        lines.append(f"{title}:")
+        for p in (p for p in POLICIES.values() if p.group == group):
+            lines.append(f"{p.id.ljust(width)}  {p.description}")
+            lines += [pad + line for line in p.code.splitlines()]
+            if model is not None and (p.saves or p.offloads):
+                keep = lambda names: ", ".join(n for n in names_of(model) if n in names) or "-"
+                lacks = [n for n in (*p.saves, *p.offloads) if n not in names_of(model)]
+                lines.append(f"{pad}in {model}: saves {keep(p.saves)}; offloads {keep(p.offloads)}"
+                             + (f"; not in {model}: {', '.join(lacks)}" if lacks else ""))
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -263,7 +299,7 @@ def _compare(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "policies":
-        print(_policies_text())
+        print(_policies_text(args.model))
         return 0
     from .experiment import ExecutionError, enable_compilation_cache, run_experiment
 

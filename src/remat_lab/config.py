@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, fields
 
-from .models import MODELS
+from .models import MODELS, SEQ_MODELS, names_of
 from .policies import DEFAULT_POLICY, POLICIES
+from .stacks import STACKS
 
 DTYPES = ("float32", "bfloat16")
 OBJECTIVES = ("value_and_grad", "grad")
@@ -21,6 +22,7 @@ LIMITS = {
     "width": (1, 16384),
     "batch": (0, 65536),
     "seq": (1, 4096),
+    "heads": (1, 256),
     "depth": (1, 16),
     "repeats": (1, 1000),
     "warmup": (0, 100),
@@ -28,6 +30,7 @@ LIMITS = {
 }
 CHOICES = {
     "model": MODELS,
+    "stack": STACKS,
     "dtype": DTYPES,
     "policy": tuple(POLICIES),
     "objective": OBJECTIVES,
@@ -43,6 +46,18 @@ def _show(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit + 2 else text[:limit] + "..."
 
 
+NAME_FIELDS = ("save_names", "offload_names")  # the custom policy's per-tensor choices
+
+
+def _names_tuple(field: str, value: object) -> tuple[str, ...]:
+    """``value`` (a tuple, list or comma-separated string of names) as a tuple of names."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, tuple | list) or not all(isinstance(n, str) for n in value):
+        raise ConfigError(f"{field} must be checkpoint names separated by commas, not {_show(value)}.")
+    return tuple(n.strip() for n in value if n.strip())
+
+
 class ConfigError(ValueError):
     """A configuration that cannot run; the message is a sentence for the user."""
 
@@ -55,16 +70,24 @@ class MemoryBudgetError(ConfigError):
 class RunConfig:
     """One experiment. ``batch = 0`` means the seed's single vector ``x: (width,)`` (mlp only).
 
-    ``seq`` is used by ``seq_mixer`` only (``x: (batch, seq, width)``).
+    ``seq`` is used by ``seq_mixer`` and ``transformer`` only (``x: (batch, seq, width)``), ``heads``
+    by ``transformer`` only (it must divide ``width``). ``save_names``/``offload_names``: policy
+    ``custom``'s choice per ``checkpoint_name`` of the model (the rest is recomputed). ``stack``:
+    how ``depth`` blocks are run when depth > 1: ``scan`` over layers stacked on a leading axis (the
+    default, as production code does) or an unrolled Python ``loop`` (see ``stacks.py``).
     """
 
     model: str = "mlp"
     width: int = 256
     batch: int = 64
     seq: int = 16
+    heads: int = 4
     depth: int = 1
+    stack: str = "scan"
     dtype: str = "float32"
     policy: str = DEFAULT_POLICY
+    save_names: tuple[str, ...] = ()
+    offload_names: tuple[str, ...] = ()
     objective: str = "value_and_grad"
     repeats: int = 20
     warmup: int = 3
@@ -73,6 +96,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in NAME_FIELDS:
+                continue  # checked below, once model and policy are known
             if f.name in LIMITS:
                 lo, hi = LIMITS[f.name]
                 if isinstance(value, bool) or not isinstance(value, int):
@@ -87,7 +112,33 @@ class RunConfig:
                                       f"{', '.join(allowed)}.")
         if self.batch == 0 and self.model != "mlp":
             raise ConfigError("batch 0 (a single vector) is only for the mlp model; "
-                              "use a batch of 1 or more for seq_mixer.")
+                              f"use a batch of 1 or more for {self.model}.")
+        if self.model == "transformer" and self.width % self.heads:
+            raise ConfigError(f"width {self.width} is not divisible by heads {self.heads}; the "
+                              "transformer splits width into heads of equal size.")
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """``save_names``/``offload_names``: names of this model, only for policy custom, disjoint;
+        stored as tuples in the model's order (so equal choices make equal configurations)."""
+        given = {f: _names_tuple(f, getattr(self, f)) for f in NAME_FIELDS}
+        if self.policy != "custom":
+            if any(given.values()):
+                raise ConfigError("save_names and offload_names are only for policy custom; "
+                                  f"policy {self.policy} decides by itself.")
+            return
+        known = names_of(self.model)
+        for f, names in given.items():
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ConfigError(f"{f}: {_show(unknown[0])} is not a checkpoint name of "
+                                  f"{self.model}; its names: {', '.join(known)}.")
+        both = [n for n in known if n in given["save_names"] and n in given["offload_names"]]
+        if both:
+            raise ConfigError(f"{both[0]} is in both save_names and offload_names; a tensor is "
+                              "either saved on the device or offloaded to the host.")
+        for f, names in given.items():
+            object.__setattr__(self, f, tuple(n for n in known if n in names))
 
     def replace(self, **changes) -> RunConfig:
         """A copy with ``changes`` applied (validated again)."""
@@ -98,7 +149,7 @@ class RunConfig:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        if self.model == "seq_mixer":
+        if self.model in SEQ_MODELS:
             return (self.batch, self.seq, self.width)
         return (self.width,) if self.batch == 0 else (self.batch, self.width)
 
@@ -121,6 +172,8 @@ def coerce_config(raw: dict) -> RunConfig:
                 raise ConfigError(f"{name} must be a whole number from {lo} to {hi}, "
                                   f"not {value[:40]!r}.")
             value = int(text)
+        if name in NAME_FIELDS:
+            value = _names_tuple(name, value)
         values[name] = value
     return RunConfig(**values)
 
@@ -133,13 +186,20 @@ def estimate_bytes(config: RunConfig) -> int:
     """An upper estimate of the device bytes the step needs, computed without JAX.
 
     Parameters, their gradients and a copy for the reference run; per block the activations the
-    forward and backward can hold at once (for seq_mixer also the (B, N, N) scores), all with a
-    factor of 2 for XLA's temporaries. Checked against compiled figures in the tests.
+    forward and backward can hold at once (for seq_mixer also the (B, N, N) scores, for the
+    transformer the (B, H, N, N) scores and the 4x wide MLP), all with a factor of 2 for XLA's
+    temporaries. Checked against compiled figures in the tests.
     """
     item = _itemsize(config.dtype)
     w = config.width
+    rows = max(config.batch, 1) * (config.seq if config.model in SEQ_MODELS else 1)
+    if config.model == "transformer":
+        # q, k, v, o: 4 w^2; wi_0, wi_1, wo: 12 w^2; two norm scales.
+        params = config.depth * (16 * w * w + 2 * w) * item
+        act = 48 * rows * w * item  # norms, projections, residual sums, the 4w MLP, cotangents
+        act += 6 * max(config.batch, 1) * config.heads * config.seq * config.seq * 4  # scores
+        return 2 * (3 * params + config.depth * act + rows * w * 4) + (1 << 20)
     params = config.depth * 2 * (w * w + w) * item
-    rows = max(config.batch, 1) * (config.seq if config.model == "seq_mixer" else 1)
     act = 8 * rows * w * item  # dot outputs, relu outputs and masks, cotangents
     if config.model == "seq_mixer":
         act += 4 * max(config.batch, 1) * config.seq * config.seq * 4  # scores, softmax, grads

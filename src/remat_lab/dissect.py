@@ -30,12 +30,15 @@ from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
 from . import hlo
-from .policies import get_policy
+from .models import names_of
+from .policies import build_policy, get_policy, policy_names
 from .step import Problem, make_step
 
-_LAYER = re.compile(r"\b(l1|l2|mix)\b")
+# Layer scopes (and parameter path components): the mlp/seq_mixer layers and the transformer's.
+_LAYERS = "l1|l2|mix|attn_norm|q_proj|k_proj|v_proj|attn|o_proj|mlp_norm|wi_0|wi_1|wo"
+_LAYER = re.compile(rf"\b({_LAYERS})\b")
 _BLOCK = re.compile(r"\bblock(\d+)\b")
-_PATH_LAYER = re.compile(r"(?:blocks\.(\d+)\.)?(l1|l2|mix)\b")
+_PATH_LAYER = re.compile(rf"(?:blocks\.(?:(\d+)\.)?)?({_LAYERS})\b")
 _PASS_THROUGH = {"reduce_precision", "device_put", "copy", "copy_p"}
 # Values that cost no memory: built from literals alone (a broadcast zero, an iota).
 _CONSTANT_BUILDERS = {"broadcast_in_dim", "convert_element_type", "reshape", "iota", "squeeze",
@@ -127,7 +130,8 @@ class Dissection:
 
 
 def _residual_producers(jaxpr: jcore.Jaxpr, n_out: int):
-    """For each residual outvar of the vjp jaxpr: (outvar, producing eqn or None, arg index)."""
+    """For each residual outvar of the vjp jaxpr: (outvar, producing eqn or None, forwarded (a
+    scanned layer's input), arg index)."""
     producer = {}
     for e in _walk_top(jaxpr):
         for v in e.eqn.outvars:
@@ -136,16 +140,16 @@ def _residual_producers(jaxpr: jcore.Jaxpr, n_out: int):
     found = []
     for v in jaxpr.outvars[n_out:]:
         if isinstance(v, jcore.Literal):
-            found.append((v, None, None))
+            found.append((v, None, False, None))
             continue
         src = v
         # Look through copies (reduce_precision, device_put to host) to the value they carry.
         while src in producer and producer[src].eqn.primitive.name in _PASS_THROUGH:
             src = producer[src].eqn.invars[0]
         if src in invar_index:
-            found.append((v, None, invar_index[src]))
+            found.append((v, None, False, invar_index[src]))
         else:
-            found.append((v, _resolve_call(producer.get(src), src), None))
+            found.append((v, *_resolve_call(producer.get(src), src), None))
     return found
 
 
@@ -154,24 +158,32 @@ def _walk_top(jaxpr: jcore.Jaxpr):
         yield _Eqn(eqn, str(eqn.source_info.name_stack))
 
 
-def _resolve_call(e: _Eqn | None, var) -> _Eqn | None:
-    """Descend through jit/remat call equations to the equation that computes ``var``."""
-    while e is not None and e.eqn.primitive.name in ("jit", "pjit", "closed_call", "remat",
-                                                     "checkpoint"):
+_CALLS = ("jit", "pjit", "closed_call", "remat", "remat2", "checkpoint", "scan")
+
+
+def _resolve_call(e: _Eqn | None, var) -> tuple[_Eqn | None, bool]:
+    """Descend through jit/remat/scan equations to the equation that computes ``var``.
+
+    Returns ``(equation, forwarded)``: ``forwarded`` is True when the value is an input of the
+    innermost body passed straight through, e.g. each scanned layer's input stacked by ``scan``.
+    A scan's outputs are its body's outputs in the same order (carry, then the stacked ys).
+    """
+    while e is not None and e.eqn.primitive.name in _CALLS:
         subs = list(jcore.jaxprs_in_params(e.eqn.params))
         if len(subs) != 1:
             break
         sub = subs[0]
-        idx = e.eqn.outvars.index(var)
-        inner = sub.outvars[idx]
-        hit = None
-        for s in sub.eqns:
-            if inner in s.outvars:
-                hit = _Eqn(s, "/".join(x for x in (e.stack, str(s.source_info.name_stack)) if x))
-        if hit is None:
+        inner = sub.outvars[e.eqn.outvars.index(var)]
+        producer = {v: s for s in sub.eqns for v in s.outvars}
+        while inner in producer and producer[inner].primitive.name in _PASS_THROUGH:
+            inner = producer[inner].invars[0]
+        if inner in sub.invars:
+            return e, True
+        s = producer.get(inner)
+        if s is None:
             break
-        e, var = hit, inner
-    return e
+        e, var = _Eqn(s, "/".join(x for x in (e.stack, str(s.source_info.name_stack)) if x)), inner
+    return e, False
 
 
 def _kind(e: _Eqn) -> str:
@@ -203,14 +215,17 @@ def _product_key(e: _Eqn) -> tuple:
 def compare_compiled(text: str, flops: float | None, baseline: dict | None) -> dict:
     """The policy's compiled program against the ``no_remat`` one (same configuration, objective).
 
-    ``baseline``: ``{"text", "flops"}`` of the no_remat compile. Returns ``dot_count``,
-    ``fingerprint``, ``excess_dots_vs_no_remat`` and ``excess_flops_vs_no_remat`` (None without a
-    baseline), ``excess_by_key`` (product key -> extra count), ``identical_to`` ("no_remat" when the
-    two programs are the same up to names and metadata), ``host_memory`` (the program places
-    values in host memory) and ``bf16_upcast`` (XLA computes bf16 products in float32).
+    ``baseline``: ``{"text", "flops"}`` of the no_remat compile. Returns ``dot_count`` (products
+    run per step: a product in a scan's loop body counts once per iteration), ``dot_instructions``
+    (each instruction once), ``loop_trip_counts``, ``fingerprint``, ``excess_dots_vs_no_remat`` and
+    ``excess_flops_vs_no_remat`` (None without a baseline), ``excess_by_key`` (product key -> extra
+    count), ``identical_to`` ("no_remat" when the two programs are the same up to names and
+    metadata), ``host_memory`` (the program places values in host memory) and ``bf16_upcast``
+    (XLA computes bf16 products in float32).
     """
     keys = Counter(hlo.product_keys(text))
-    out = {"dot_count": sum(keys.values()), "fingerprint": hlo.fingerprint(text),
+    out = {"dot_count": sum(keys.values()), "dot_instructions": hlo.matmul_count(text),
+           "loop_trip_counts": hlo.executions(text)[1], "fingerprint": hlo.fingerprint(text),
            "excess_dots_vs_no_remat": None, "excess_flops_vs_no_remat": None,
            "excess_product_flops_vs_no_remat": None, "excess_by_key": {},
            "identical_to": None, "host_memory": hlo.uses_host_memory(text),
@@ -235,7 +250,8 @@ def _attribute(rows: list[dict], keys: list[tuple], excess_by_key: dict) -> None
 
     For each product key, the policy's compiled program has ``n`` more products than no_remat's;
     the rows the backward jaxpr recomputes with that key are the candidates. n <= 0: none of them
-    survived; n == candidates: all did; otherwise which ones cannot be told apart (None).
+    survived; n == candidates: all did; otherwise which ones cannot be told apart (None). A row of
+    a scanned body stands for ``layers`` executions.
     """
     candidates = defaultdict(list)
     for row, key in zip(rows, keys):
@@ -247,7 +263,7 @@ def _attribute(rows: list[dict], keys: list[tuple], excess_by_key: dict) -> None
         if n <= 0:
             continue
         for row in group:
-            row["recomputed_in_compiled"] = True if n >= len(group) else None
+            row["recomputed_in_compiled"] = True if n >= sum(r["layers"] for r in group) else None
 
 
 def dissect(problem: Problem, compiled_text: str, *,
@@ -264,7 +280,7 @@ def dissect(problem: Problem, compiled_text: str, *,
     cfg = problem.config
     depth = cfg.depth
     policy_entry = get_policy(cfg.policy)
-    policy = policy_entry.build() if policy_entry.remat else None
+    policy = build_policy(cfg) if policy_entry.remat else None
     leaves, x = problem.args
     n_leaves = len(leaves)
 
@@ -279,34 +295,51 @@ def dissect(problem: Problem, compiled_text: str, *,
     arg_names = [*problem.paths, "x"]
     compiled = compare_compiled(compiled_text, flops, baseline)
     host_in_compiled = compiled["host_memory"]
+    # Under a scan stack one body stands for every layer: its rows count ``depth`` times.
+    scanned = depth > 1 and getattr(cfg, "stack", "loop") == "scan"
+
+    def layers_of(stack: str) -> int:
+        return depth if scanned and "layers" in stack.split("/") else 1
 
     # Forward dots, in program order, from the vjp jaxpr (the forward pass it runs).
     fwd_dots = [e for e in _walk(vjp_jaxpr) if e.eqn.primitive.name == "dot_general"]
+    tags, tagged_dots = _name_tags(vjp_jaxpr)
 
     # Residuals.
     residuals, saved_by = [], {}
-    for i, (var, prod, arg_idx) in enumerate(_residual_producers(vjp_jaxpr, 1)):
+    for i, (var, prod, forwarded, arg_idx) in enumerate(_residual_producers(vjp_jaxpr, 1)):
         aval = var.aval
         if arg_idx is not None:
             name = arg_names[arg_idx]
             kind, layer, source = "argument", _layer_of_path(name, depth), f"argument {name}"
             role = "input" if name == "x" else "parameter"
+            n_layers = depth if scanned and name.startswith("blocks.") else 1
         elif prod is None:
-            kind, layer, source, role = "literal", "other", "a literal", "constant"
+            kind, layer, source, role, n_layers = "literal", "other", "a literal", "constant", 1
+        elif forwarded:
+            kind, layer, role, n_layers = "layer input", "input", "activation", depth
+            source = f"each scanned layer's input, stacked by scan (all {depth} layers)"
         else:
             kind = _kind(prod)
             layer = layer_of(prod.stack, depth)
             where = source_info_util.summarize(prod.eqn.source_info)
             source = f"{kind} in {layer} ({where.split('/')[-1]})"
             role = "constant" if _is_constant(prod) else "activation"
+            n_layers = layers_of(prod.stack)
+            if n_layers > 1:
+                source += f", all {n_layers} layers (stacked by scan)"
             if prod.eqn.primitive.name == "dot_general":
                 saved_by[id(prod.eqn)] = _memory_kind(aval)
         mem_kind = _memory_kind(aval)
+        tag = tags.get(prod.eqn.outvars[0]) if prod is not None and not forwarded else None
+        if tag is not None and id(tag.eqn) in tagged_dots:  # the named value is that dot's output
+            saved_by[id(tagged_dots[id(tag.eqn)][1].eqn)] = mem_kind
         residuals.append({
             "index": i, "shape": list(aval.shape), "dtype": str(aval.dtype),
             "bytes": _nbytes(aval), "memory_kind": mem_kind,
             "memory_kind_in_compiled": mem_kind if host_in_compiled else "device",
-            "role": role, "kind": kind, "layer": layer, "source": source,
+            "role": role, "kind": kind, "layer": layer, "layers": n_layers, "source": source,
+            "name": tag.eqn.params["name"] if tag is not None else None,
         })
 
     # Recomputed dots in the backward pass (under JAX's rematted_computation scope).
@@ -324,24 +357,27 @@ def dissect(problem: Problem, compiled_text: str, *,
         out = eqn.outvars[0].aval
         contracted = int(np.prod([lhs.shape[d] for d in lc], dtype=np.int64))
         mem = saved_by.get(id(eqn))
+        n_layers = layers_of(e.stack)
         dots.append({
             "index": i, "layer": sig[0], "lhs_shape": list(lhs.shape), "rhs_shape": list(rhs.shape),
             "out_shape": list(out.shape), "contracting_dims": [list(lc), list(rc)],
             "batch_dims": [list(lb), list(rb)], "has_batch_dims": bool(lb or rb),
-            "flops": 2 * _numel(out.shape) * contracted, "out_bytes": _nbytes(out),
+            "layers": n_layers, "flops": 2 * _numel(out.shape) * contracted * n_layers,
+            "out_bytes": _nbytes(out) * n_layers,
             "policy_verdict": _verdict(policy, eqn) if policy_entry.remat else "save",
             "saved": mem is not None, "offloaded": mem == "host",
             "offloaded_in_compiled": mem == "host" and host_in_compiled,
             "recomputed": seen[sig] <= recomputed[sig], "recomputed_in_compiled": None,
         })
         keys.append(_product_key(e))
+    _name_verdicts(dots, fwd_dots, tagged_dots, policy if policy_entry.remat else _SAVE_ALL)
     if baseline is not None:
         _attribute(dots, keys, compiled["excess_by_key"])
     for row in dots:
         row["note"] = _note(row, cfg, compiled, baseline is not None)
 
     totals = _totals(residuals, dots, compiled)
-    notes = _notes(cfg, dots, compiled, backend)
+    notes = _notes(cfg, dots, compiled, backend) + _name_notes(cfg, residuals)
     texts = {
         "forward_jaxpr": fwd_closed.pretty_print(name_stack=True),
         "vjp_jaxpr": vjp_closed.pretty_print(name_stack=True),
@@ -377,6 +413,103 @@ def _note(row: dict, cfg, compiled: dict, compared: bool) -> str:
     return "; ".join(parts)
 
 
+# --- checkpoint names --------------------------------------------------------------------------
+
+# What may sit between a dot and the name that tags it: a bias add, a transpose or reshape of an
+# einsum's result, a dtype conversion, a copy.
+_TAG_THROUGH = {"add", "transpose", "reshape", "convert_element_type", *_PASS_THROUGH}
+
+
+def _SAVE_ALL(*_, **__) -> bool:
+    """no_remat's verdict: autodiff may keep anything."""
+    return True
+
+
+def _name_tags(jaxpr: jcore.Jaxpr) -> tuple[dict, dict]:
+    """The ``checkpoint_name`` equations (primitive ``name``) of ``jaxpr`` and its sub-jaxprs.
+
+    Returns ``(tags, tagged_dots)``: ``tags`` maps each named value (the name equation's input and
+    output) to its name equation; ``tagged_dots`` maps ``id(name equation)`` to ``(name equation,
+    the dot_general whose output it names)`` (looking through ``_TAG_THROUGH`` and calls such as
+    einsum's jit).
+    """
+    entries = list(_walk(jaxpr))
+    producer = {v: e for e in entries for v in e.eqn.outvars}
+    tags, tagged_dots = {}, {}
+    for e in entries:
+        if e.eqn.primitive.name != "name":
+            continue
+        tags[e.eqn.invars[0]] = tags[e.eqn.outvars[0]] = e
+        dot = _dot_behind(e.eqn.invars[0], producer)
+        if dot is not None:
+            tagged_dots[id(e.eqn)] = (e, dot)
+    return tags, tagged_dots
+
+
+def _dot_behind(var, producer: dict, hops: int = 6) -> _Eqn | None:
+    """The ``dot_general`` that computes ``var``, through a few ``_TAG_THROUGH`` steps and calls."""
+    if hops == 0 or isinstance(var, jcore.Literal) or var not in producer:
+        return None
+    e = producer[var]
+    prim = e.eqn.primitive.name
+    if prim == "dot_general":
+        return e
+    if prim in ("jit", "pjit", "closed_call"):
+        subs = list(jcore.jaxprs_in_params(e.eqn.params))
+        inner = subs[0].outvars[e.eqn.outvars.index(var)] if len(subs) == 1 else None
+        return None if inner is None else _dot_behind(inner, producer, hops - 1)
+    if prim in _TAG_THROUGH:
+        for v in e.eqn.invars:
+            found = _dot_behind(v, producer, hops - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _name_verdicts(dots: list[dict], fwd_dots: list[_Eqn], tagged_dots: dict, policy) -> None:
+    """Set ``name`` and ``name_verdict`` on each dot row: the name tagging its output and what the
+    policy says about that name equation (name policies decide there, not on the dot). A dot the
+    name policy saves or offloads gets that as its ``policy_verdict``."""
+    tag_of = {id(dot.eqn): tag for tag, dot in tagged_dots.values()}
+    for row, e in zip(dots, fwd_dots):
+        tag = tag_of.get(id(e.eqn))
+        row["name"] = tag.eqn.params["name"] if tag is not None else None
+        row["name_verdict"] = _verdict(policy, tag.eqn) if tag is not None else None
+        if row["name_verdict"] not in (None, "recompute") and row["policy_verdict"] == "recompute":
+            row["policy_verdict"] = row["name_verdict"]
+
+
+def _bytes_by_name(residuals: list[dict]) -> dict:
+    by_name = defaultdict(int)
+    for r in residuals:
+        if r.get("name"):
+            by_name[r["name"]] += r["bytes"]
+    return dict(by_name)
+
+
+def _name_notes(cfg, residuals: list[dict]) -> list[str]:
+    """Notes on a name policy's names: those this model does not have, and those it has that the
+    backward pass never needs (so nothing is saved for them)."""
+    saved, offloaded = policy_names(cfg)
+    named = list(dict.fromkeys((*saved, *offloaded)))
+    model_names = names_of(cfg.model)
+    present = [n for n in model_names if n in named]
+    notes = []
+    missing = [n for n in named if n not in model_names]
+    if missing:
+        notes.append(f"{cfg.policy} names {', '.join(missing)}, which the {cfg.model} model does not "
+                     f"have (its names: {', '.join(model_names)}); "
+                     + (f"only {', '.join(present)} apply." if present else
+                        "none of its names apply, so it saves nothing inside the block, like full."))
+    kept = {r["name"] for r in residuals if r.get("name")}
+    unused = [n for n in present if n not in kept]
+    if unused:
+        notes.append(f"{', '.join(unused)}: saveable by {cfg.policy}, but no residual carries it: "
+                     "the backward pass does not need the value itself (a block's last projection "
+                     "only feeds the residual sum, whose gradient does not depend on it).")
+    return notes
+
+
 def _totals(residuals: list[dict], dots: list[dict], compiled: dict) -> dict:
     by_kind, by_layer, by_role = defaultdict(int), defaultdict(int), defaultdict(int)
     for r in residuals:
@@ -396,15 +529,17 @@ def _totals(residuals: list[dict], dots: list[dict], compiled: dict) -> dict:
             r["bytes"] for r in residuals if r["memory_kind_in_compiled"] == "host"),
         "residual_bytes_by_kind": dict(by_kind),
         "residual_bytes_by_layer": dict(by_layer),
-        "dots": len(dots),
-        "dots_saved": sum(d["saved"] for d in dots),
-        "dots_offloaded": sum(d["offloaded"] for d in dots),
-        "dots_offloaded_in_compiled": sum(d["offloaded_in_compiled"] for d in dots),
-        "dots_recomputed": sum(d["recomputed"] for d in dots),
+        "residual_bytes_by_name": _bytes_by_name(residuals),
+        # Counted per execution: a row of a scanned body counts once per layer.
+        "dots": sum(d["layers"] for d in dots),
+        "dots_saved": sum(d["layers"] for d in dots if d["saved"]),
+        "dots_offloaded": sum(d["layers"] for d in dots if d["offloaded"]),
+        "dots_offloaded_in_compiled": sum(d["layers"] for d in dots if d["offloaded_in_compiled"]),
+        "dots_recomputed": sum(d["layers"] for d in dots if d["recomputed"]),
         # The differential truth: how many more products the compiled program has than no_remat's.
         "dots_recomputed_in_compiled": None if excess is None else max(excess, 0),
         "dots_recomputed_in_compiled_unattributed": sum(
-            d["recomputed_in_compiled"] is None for d in dots if d["recomputed"]),
+            d["layers"] for d in dots if d["recomputed"] and d["recomputed_in_compiled"] is None),
         "recompute_flops": sum(d["flops"] for d in dots if d["recomputed"]),
         "recompute_flops_in_compiled": (None if excess is None
                                         else max(compiled["excess_product_flops_vs_no_remat"], 0)),
@@ -416,21 +551,27 @@ _BARRIER_CPU = (
     "so common-subexpression elimination merges a recomputation with the forward product it "
     "repeats. In a stack of remat'd blocks written as a Python loop it keeps at most the last "
     "block's; even where it keeps one, the scheduler places it next to its forward twin, so the "
-    "peak memory barely moves. Stacks scanned over layers (jax.lax.scan, how production code is "
+    "peak memory barely moves. Stacks scanned over layers (stack scan, how production code is "
     "written) are where the policy's effect on memory shows.")
+_BARRIER_CPU_SCAN = (
+    "Why: XLA CPU removes JAX's remat optimization barrier early, so common-subexpression "
+    "elimination merges a recomputation with a forward product it repeats wherever both sit in the "
+    "same computation; across the scan's forward and backward loops it cannot.")
 
 
 def _notes(cfg, dots: list[dict], compiled: dict, backend: str) -> list[str]:
     notes = []
-    jaxpr_rec = sum(d["recomputed"] for d in dots)
+    jaxpr_rec = sum(d["layers"] for d in dots if d["recomputed"])
     excess = compiled.get("excess_dots_vs_no_remat")
+    scanned = any(d["layers"] > 1 for d in dots)
     if compiled.get("identical_to"):
         notes.append(f"The compiled program is the same as {compiled['identical_to']}'s (same "
                      "instructions up to names and metadata): whatever the jaxpr says, this policy "
                      "changes nothing once compiled.")
     if jaxpr_rec and excess is not None and excess < jaxpr_rec:
-        unattributed = sum(d["recomputed_in_compiled"] is None for d in dots if d["recomputed"])
-        said = (f"The backward jaxpr recomputes {jaxpr_rec} product(s); the compiled program has "
+        unattributed = sum(d["layers"] for d in dots
+                           if d["recomputed"] and d["recomputed_in_compiled"] is None)
+        said = (f"The backward jaxpr recomputes {jaxpr_rec} product(s) per step; the compiled program runs "
                 f"{max(excess, 0)} more product(s) than no_remat's, so "
                 f"{jaxpr_rec - max(excess, 0)} recomputation(s) do not happen.")
         if unattributed:
@@ -440,7 +581,7 @@ def _notes(cfg, dots: list[dict], compiled: dict, backend: str) -> list[str]:
             said += (" With objective grad the loss is not returned: the forward products are "
                      "dead code and the backward's recomputed copies are the only ones left.")
         elif backend == "cpu":
-            said += " " + _BARRIER_CPU
+            said += " " + (_BARRIER_CPU_SCAN if scanned else _BARRIER_CPU)
         notes.append(said)
     if any(d["offloaded"] for d in dots) and not compiled.get("host_memory"):
         notes.append(f"Offload is a no-op on this backend ({backend}): the jaxpr moves the saved "

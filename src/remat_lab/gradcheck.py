@@ -96,12 +96,64 @@ def _softmax(s: jax.Array) -> jax.Array:
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
+def _rms_norm(h: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """RMS normalisation as flax computes it: statistics and scaling in float32, result in h's dtype."""
+    h32 = h.astype(jnp.float32)
+    var = jnp.mean(h32 * h32, axis=-1, keepdims=True)
+    return (h32 * (jax.lax.rsqrt(var + eps) * scale)).astype(h.dtype)
+
+
+# Each block's parameters by their in-block names (``l1.kernel``), per model.
+BLOCK_LEAVES = {
+    "mlp": ("l1.kernel", "l1.bias", "l2.kernel", "l2.bias"),
+    "seq_mixer": ("l1.kernel", "l1.bias", "l2.kernel", "l2.bias"),
+    "transformer": ("attn_norm.scale", "q_proj.kernel", "k_proj.kernel", "v_proj.kernel",
+                    "o_proj.kernel", "mlp_norm.scale", "wi_0.kernel", "wi_1.kernel", "wo.kernel"),
+}
+
+
+def _transformer_block(h: jax.Array, p: dict) -> jax.Array:
+    """One pre-norm decoder block on ``h: (B, N, D)``; the heads come from ``q_proj.kernel: (D, H, K)``.
+
+    ``h + attn(norm(h))`` with causal softmax attention, then ``+ wo(silu(wi_0 m) * wi_1 m)``.
+    """
+    a = _rms_norm(h, p["attn_norm.scale"])
+    q, k, v = (jnp.einsum("bnd,dhk->bnhk", a, p[f"{n}_proj.kernel"]) for n in "qkv")
+    n = h.shape[-2]
+    scores = jnp.einsum("bnhk,bmhk->bhnm", q, k) / math.sqrt(q.shape[-1])
+    scores = jnp.where(jnp.tril(jnp.ones((n, n), dtype=bool)), scores, jnp.finfo(scores.dtype).min)
+    context = jnp.einsum("bhnm,bmhk->bnhk", _softmax(scores), v)
+    h = h + jnp.einsum("bnhk,hkd->bnd", context, p["o_proj.kernel"])
+    m = _rms_norm(h, p["mlp_norm.scale"])
+    gate, up = m @ p["wi_0.kernel"], m @ p["wi_1.kernel"]
+    return h + (gate * jax.lax.logistic(gate) * up) @ p["wo.kernel"]
+
+
+def _stacked(paths, depth: int) -> bool:
+    """True for a scan stack's parameters: ``blocks.l1.kernel`` with a leading layer axis."""
+    return depth > 1 and not any(p.startswith("blocks.0.") for p in paths)
+
+
+def _layer_params(params: dict, i: int, depth: int) -> dict:
+    """Layer ``i``'s parameters by their in-block names (``l1.kernel``): from ``blocks.{i}.`` of a
+    loop stack, or slice ``i`` of a scan stack's stacked ``blocks.`` arrays (a Python loop here, not
+    a scan: the reference does not share the stack's implementation)."""
+    if depth == 1:
+        return params
+    if _stacked(params, depth):
+        return {k.removeprefix("blocks."): v[i] for k, v in params.items() if k.startswith("blocks.")}
+    pre = f"blocks.{i}."
+    return {k.removeprefix(pre): v for k, v in params.items() if k.startswith(pre)}
+
+
 def reference_forward(params: dict, x: jax.Array, model: str, depth: int) -> jax.Array:
     """The model output from ``{path: array}`` parameters, in plain jax.numpy."""
     h = x
     for i in range(depth):
-        pre = f"blocks.{i}." if depth > 1 else ""
-        p = {k.removeprefix(pre): v for k, v in params.items() if k.startswith(pre)}
+        p = _layer_params(params, i, depth)
+        if model == "transformer":
+            h = _transformer_block(h, p)
+            continue
         h = _relu(_linear(h, p, "l1"))
         if model == "seq_mixer":
             scores = jnp.einsum("bnd,bmd->bnm", h, h) / math.sqrt(h.shape[-1])
@@ -131,10 +183,14 @@ def _compiled(model: str, depth: int, shapes: tuple, x_shape: tuple, dtype: str,
         compiler_options={"xla_allow_excess_precision": False})
 
 
-def _check_paths(paths: list[str], depth: int) -> None:
-    prefixes = [f"blocks.{i}." for i in range(depth)] if depth > 1 else [""]
-    want = {f"{pre}{layer}.{kind}" for pre in prefixes for layer in ("l1", "l2")
-            for kind in ("kernel", "bias")}
+def _check_paths(paths: list[str], depth: int, model: str = "mlp") -> None:
+    if depth == 1:
+        prefixes = [""]
+    elif _stacked(paths, depth):
+        prefixes = ["blocks."]
+    else:
+        prefixes = [f"blocks.{i}." for i in range(depth)]
+    want = {f"{pre}{leaf}" for pre in prefixes for leaf in BLOCK_LEAVES[model]}
     if set(paths) != want or len(paths) != len(want):
         raise ValueError(f"unexpected parameter paths {sorted(paths)}; expected {sorted(want)}")
 
@@ -148,7 +204,7 @@ def reference_loss_and_grads(problem, dtype=None, *, excess_precision: bool = Tr
     """
     cfg = problem.config
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
-    _check_paths(problem.paths, cfg.depth)
+    _check_paths(problem.paths, cfg.depth, cfg.model)
     params = {p: jnp.asarray(leaf).astype(dtype) for p, leaf in zip(problem.paths, problem.leaves)}
     x = jnp.asarray(problem.x).astype(dtype)
     shapes = tuple(sorted((p, tuple(v.shape)) for p, v in params.items()))
@@ -179,7 +235,7 @@ def remat_applied(step_jaxpr) -> bool:
 def bound_parameters(config) -> dict:
     """The bound's parameters for ``config`` (see the module docstring)."""
     rows = math.prod(config.input_shape[:-1])
-    k = max(config.width, rows)
+    k = max(config.width * (4 if config.model == "transformer" else 1), rows)  # 4w: the MLP's wo
     return {"u": UNIT_ROUNDOFF[config.dtype], "u_acc": ACC_ROUNDOFF, "K": k, "d": config.depth,
             "acc": C_ACC * math.sqrt(config.depth * k) * ACC_ROUNDOFF, "rtol_ulps": RTOL_ULPS,
             "c_elem": C_ELEM, "c_scale": C_SCALE, "c_noise": C_NOISE, "c_acc": C_ACC,

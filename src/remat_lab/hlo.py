@@ -60,7 +60,11 @@ def _shapes(text: str) -> dict[str, list[int]]:
 
 
 def _matmul_lines(text: str):
+    comp = ""
     for line in text.splitlines():
+        if _SIGNATURE.match(line):
+            comp = _HEADER_NAME.match(line).group(1)
+            continue
         m = _HLO_MATMUL.search(line)
         if not m:
             continue
@@ -69,7 +73,52 @@ def _matmul_lines(text: str):
             target = _CALL_TARGET.search(line)
             if not target or not any(t in target.group(1).lower() for t in _MATMUL_TARGETS):
                 continue
-        yield line, dtype, shape, opcode
+        yield comp, line, dtype, shape, opcode
+
+
+_CALLED = re.compile(r"\b(calls|to_apply|body|condition)=(%[\w.\-]+)")
+_CALLED_LIST = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_HEADER_NAME = re.compile(r"^(?:ENTRY\s+)?(%[\w.\-]+)")
+
+
+def executions(text: str) -> tuple[dict[str, int], list[int]]:
+    """How many times each computation runs per call of the program, and the while loops' trip counts.
+
+    A ``while`` body runs its known trip count times (``scan`` lowers to one); fusions, calls and
+    conditionals run as often as the instruction that calls them. XLA's cost analysis counts a loop
+    body once; these multipliers are what it leaves out. Unknown trip counts count as 1.
+    """
+    comps: list[tuple[str, list[tuple[str, int]]]] = []
+    trips: list[int] = []
+    entry = None
+    for line in text.splitlines():
+        if _SIGNATURE.match(line):
+            name = _HEADER_NAME.match(line).group(1)
+            comps.append((name, []))
+            if line.startswith("ENTRY"):
+                entry = name
+            continue
+        if not comps or "=" not in line:
+            continue
+        trip = 1
+        if " while(" in line:
+            m = _TRIP.search(line)
+            trip = int(m.group(1)) if m else 1
+            trips.append(trip)
+        for kind, callee in _CALLED.findall(line):
+            comps[-1][1].append((callee, trip if kind in ("body", "condition") else 1))
+        for group in _CALLED_LIST.findall(line):
+            comps[-1][1].extend((c.strip(), 1) for c in group.split(",") if c.strip())
+    runs = {name: 0 for name, _ in comps}
+    if entry is None:
+        return {name: 1 for name in runs}, trips
+    runs[entry] = 1
+    for name, calls in reversed(comps):  # HLO text prints callees before their callers
+        for callee, times in calls:
+            if callee in runs:
+                runs[callee] += runs[name] * times
+    return runs, trips
 
 
 def matmuls(text: str) -> list[dict]:
@@ -80,18 +129,20 @@ def matmuls(text: str) -> list[dict]:
     result, ``operand_dtypes``, ``opcode``, ``op_name`` (``""`` when XLA dropped the metadata) and,
     for ``dot``, ``contracted`` (the product of the contracting dimensions' sizes, None when the
     operand shapes are unknown), ``batch`` (the product of the batch dimensions' sizes) and
-    ``flops`` (2 x result elements x contracted).
+    ``flops`` (2 x result elements x contracted), and ``executions``: how many times the instruction
+    runs per step (the trip count of the while loops around it, see ``executions``).
     """
     shapes = None
+    runs, _ = executions(text)
     rows = []
-    for line, dtype, shape, opcode in _matmul_lines(text):
+    for comp, line, dtype, shape, opcode in _matmul_lines(text):
         name = _OP_NAME.search(line)
         ops = _OPERANDS.search(line)
         operands = ops.group(2) if ops else ""
         out = _ints(shape)
         row = {"dtype": dtype, "shape": out, "operand_dtypes": _OPERAND_TYPE.findall(operands),
                "opcode": opcode, "op_name": name.group(1) if name else "",
-               "contracted": None, "batch": 1, "flops": None}
+               "contracted": None, "batch": 1, "flops": None, "executions": runs.get(comp, 1)}
         if opcode == "dot":
             shapes = shapes if shapes is not None else _shapes(text)
             lhs_name = _NAME.search(operands)
@@ -119,13 +170,21 @@ def product_key(elements: int, contracted: int | None, batch: int) -> tuple:
 
 
 def product_keys(text: str) -> list[tuple]:
-    """``product_key`` of every product in compiled HLO text."""
-    return [product_key(_prod(r["shape"]), r["contracted"], r["batch"]) for r in matmuls(text)]
+    """``product_key`` of every product the compiled program runs, once per execution (a product in
+    a loop body of trip count n appears n times)."""
+    return [product_key(_prod(r["shape"]), r["contracted"], r["batch"])
+            for r in matmuls(text) for _ in range(r["executions"])]
 
 
 def matmul_count(text: str) -> int:
     """How many matrix product instructions the compiled program has (each counted once)."""
     return len(matmuls(text))
+
+
+def loop_flops_left_out(text: str) -> int:
+    """The product flops XLA's cost analysis leaves out by counting each loop body once:
+    sum over products in loops of (executions - 1) x flops."""
+    return sum((r["executions"] - 1) * (r["flops"] or 0) for r in matmuls(text))
 
 
 def uses_host_memory(text: str) -> bool:

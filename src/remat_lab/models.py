@@ -1,8 +1,13 @@
-"""NNX modules: the seed's MLP, a sequence mixer whose dots pair batch axes, and a depth stack.
+"""NNX modules: the seed's MLP, a sequence mixer whose dots pair batch axes and a pre-norm transformer
+decoder block, built into stacks.
 
-Every layer call runs inside a ``jax.named_scope`` (``l1``, ``mix``, ``l2``; ``block{i}`` around
-each block), so the jaxpr name stacks and the compiled HLO ``op_name`` metadata say which layer an
-operation belongs to. Scopes change names only, never the math.
+Every layer call runs inside a ``jax.named_scope`` (``l1``, ``mix``, ``l2``; the transformer's
+``attn_norm``, ``q_proj``, ``k_proj``, ``v_proj``, ``attn``, ``o_proj``, ``mlp_norm``, ``wi_0``, ``wi_1``,
+``wo``; ``block{i}`` around each block), so the jaxpr name stacks and the compiled HLO ``op_name``
+metadata say which layer an operation belongs to. Every named intermediate is also tagged with
+``jax.ad_checkpoint.checkpoint_name`` (``names_of(model)``; MaxText's names for the transformer),
+which the name policies (``save_only_these_names``...) decide on. Scopes and names change names only,
+never the math.
 """
 
 from __future__ import annotations
@@ -12,8 +17,25 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
-MODELS = ("mlp", "seq_mixer")
+from .stacks import build_stack
+
+MODELS = ("mlp", "seq_mixer", "transformer")
+SEQ_MODELS = ("seq_mixer", "transformer")  # x: (batch, seq, width)
+# The checkpoint_name tags of each model's block, in program order (MaxText's for the transformer).
+NAMES = {
+    "mlp": ("l1", "l2"),
+    "seq_mixer": ("l1", "scores", "mix", "l2"),
+    "transformer": ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0",
+                    "mlpwi_1", "mlpwo"),
+}
+MLP_RATIO = 4  # the transformer's gated MLP: hidden = 4 * width
+
+
+def names_of(model: str) -> tuple[str, ...]:
+    """The ``checkpoint_name`` tags in ``model``'s block, in program order."""
+    return NAMES[model]
 
 
 class MLP(nnx.Module):
@@ -26,9 +48,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         with jax.named_scope("l1"):
-            x = jax.nn.relu(self.l1(x))
+            x = jax.nn.relu(checkpoint_name(self.l1(x), "l1"))
         with jax.named_scope("l2"):
-            return jax.nn.relu(self.l2(x))
+            return jax.nn.relu(checkpoint_name(self.l2(x), "l2"))
 
 
 class SeqMixer(nnx.Module):
@@ -44,32 +66,77 @@ class SeqMixer(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         with jax.named_scope("l1"):
-            h = jax.nn.relu(self.l1(x))
+            h = jax.nn.relu(checkpoint_name(self.l1(x), "l1"))
         with jax.named_scope("mix"):
-            scores = jnp.einsum("bnd,bmd->bnm", h, h) / math.sqrt(h.shape[-1])
+            scores = checkpoint_name(jnp.einsum("bnd,bmd->bnm", h, h), "scores") / math.sqrt(h.shape[-1])
             p = jax.nn.softmax(scores, axis=-1)
-            h = jnp.einsum("bnm,bmd->bnd", p, h)
+            h = checkpoint_name(jnp.einsum("bnm,bmd->bnd", p, h), "mix")
         with jax.named_scope("l2"):
-            return jax.nn.relu(self.l2(h))
+            return jax.nn.relu(checkpoint_name(self.l2(h), "l2"))
 
 
-class Stack(nnx.Module):
-    """``depth`` blocks of one kind in sequence (used when depth > 1)."""
+class Transformer(nnx.Module):
+    """A pre-norm decoder block on ``x: (B, N, features)``: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``.
 
-    def __init__(self, block: type[nnx.Module], features: int, depth: int, *, rngs: nnx.Rngs,
-                 dtype=jnp.float32):
-        self.blocks = nnx.List([block(features, rngs=rngs, dtype=dtype) for _ in range(depth)])
+    Causal multi-head self-attention (``heads`` heads of ``features // heads``; the products
+    ``QKᵀ`` and ``AV`` pair the batch and head axes) and a gated MLP
+    ``wo(silu(wi_0(h)) * wi_1(h))`` of hidden size ``4 * features``; RMSNorm, no biases.
+    """
+
+    def __init__(self, features: int, *, heads: int = 4, rngs: nnx.Rngs, dtype=jnp.float32):
+        if features % heads:
+            raise ValueError(f"width {features} is not divisible by heads {heads}")
+        head_dim, hidden = features // heads, MLP_RATIO * features
+        kw = dict(use_bias=False, rngs=rngs, dtype=dtype, param_dtype=dtype)
+        self.attn_norm = nnx.RMSNorm(features, rngs=rngs, dtype=dtype, param_dtype=dtype)
+        self.q_proj = nnx.LinearGeneral(features, (heads, head_dim), **kw)
+        self.k_proj = nnx.LinearGeneral(features, (heads, head_dim), **kw)
+        self.v_proj = nnx.LinearGeneral(features, (heads, head_dim), **kw)
+        self.o_proj = nnx.LinearGeneral((heads, head_dim), features, axis=(-2, -1), **kw)
+        self.mlp_norm = nnx.RMSNorm(features, rngs=rngs, dtype=dtype, param_dtype=dtype)
+        self.wi_0 = nnx.Linear(features, hidden, **kw)
+        self.wi_1 = nnx.Linear(features, hidden, **kw)
+        self.wo = nnx.Linear(hidden, features, **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        with jax.named_scope("attn_norm"):
+            h = self.attn_norm(x)
+        with jax.named_scope("q_proj"):
+            q = checkpoint_name(self.q_proj(h), "query_proj")  # (B, N, H, K)
+        with jax.named_scope("k_proj"):
+            k = checkpoint_name(self.k_proj(h), "key_proj")
+        with jax.named_scope("v_proj"):
+            v = checkpoint_name(self.v_proj(h), "value_proj")
+        with jax.named_scope("attn"):
+            n = x.shape[-2]
+            scores = jnp.einsum("bnhk,bmhk->bhnm", q, k) / math.sqrt(q.shape[-1])
+            causal = jnp.tril(jnp.ones((n, n), dtype=bool))
+            scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+            p = jax.nn.softmax(scores, axis=-1)
+            context = checkpoint_name(jnp.einsum("bhnm,bmhk->bnhk", p, v), "context")
+        with jax.named_scope("o_proj"):
+            x = x + checkpoint_name(self.o_proj(context), "out_proj")
+        with jax.named_scope("mlp_norm"):
+            h = self.mlp_norm(x)
+        with jax.named_scope("wi_0"):
+            gate = checkpoint_name(self.wi_0(h), "mlpwi_0")
+        with jax.named_scope("wi_1"):
+            up = checkpoint_name(self.wi_1(h), "mlpwi_1")
+        with jax.named_scope("wo"):
+            return x + checkpoint_name(self.wo(jax.nn.silu(gate) * up), "mlpwo")
 
 
-def build_model(model: str, width: int, depth: int, *, seed: int, dtype) -> nnx.Module:
-    """The model for a configuration: the bare block when depth is 1, else a ``Stack``."""
-    block = {"mlp": MLP, "seq_mixer": SeqMixer}[model]
-    rngs = nnx.Rngs(seed)
-    if depth == 1:
-        return block(width, rngs=rngs, dtype=dtype)
-    return Stack(block, width, depth, rngs=rngs, dtype=dtype)
+def build_model(model: str, width: int, depth: int, *, seed: int, dtype,
+                stack: str = "loop", heads: int = 4) -> nnx.Module:
+    """The model for a configuration: the bare block when depth is 1, else a stack of ``depth``
+    blocks built as ``stack`` (``"loop"`` or ``"scan"``, see ``stacks.py``). ``heads``: the
+    transformer's attention heads (other models ignore it)."""
+    if model == "transformer":
+        def make(rngs: nnx.Rngs) -> nnx.Module:
+            return Transformer(width, heads=heads, rngs=rngs, dtype=dtype)
+    else:
+        block = {"mlp": MLP, "seq_mixer": SeqMixer}[model]
 
-
-def blocks_of(model: nnx.Module) -> list[nnx.Module]:
-    """The blocks of a model built by ``build_model``, in order."""
-    return list(model.blocks) if isinstance(model, Stack) else [model]
+        def make(rngs: nnx.Rngs) -> nnx.Module:
+            return block(width, rngs=rngs, dtype=dtype)
+    return build_stack(make, depth, stack, rngs=nnx.Rngs(seed))

@@ -1,5 +1,10 @@
 """The checkpoint-policy registry: id -> how to build it, a label, a description and the code.
 
+Three groups: JAX's own policies (decided per primitive, e.g. on ``dot_general``), MaxText's remat
+recipes (``remat_policy=`` in MaxText's configs; decided per ``checkpoint_name``, built exactly as
+MaxText's ``get_remat_policy`` builds them, including the names a model may lack such as the fused
+``qkv_proj`` and ``mlpwi``) and ``custom``: save / offload / recompute per name of the model
+(``RunConfig.save_names``/``offload_names``), MaxText's ``custom`` recipe.
 Ids and code use JAX's own names so users can paste them. ``save_anything_except_these_names``
 is left out on purpose: in jax it is ``lambda *_, **__: True`` (it saves everything and ignores
 the names it is given), so listing it would show a policy that does not do what it says.
@@ -23,9 +28,81 @@ class Policy:
     code: str
     build: Callable[[], Callable | None]
     remat: bool = True
+    group: str = "jax"  # one of GROUPS
+    saves: tuple[str, ...] = ()  # checkpoint names a name policy saves on the device
+    offloads: tuple[str, ...] = ()  # ... and those it offloads to pinned host memory
+
+
+GROUPS = {"jax": "JAX policies", "maxtext": "MaxText recipes", "custom": "Custom (per tensor)"}
 
 
 _cp = jax.checkpoint_policies
+# MaxText's minimal set: every projection (qkv_proj and mlpwi are its fused variants).
+_MINIMAL = ("query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj", "mlpwi_0", "mlpwi_1",
+            "mlpwi", "mlpwo")
+_QKV = ("query_proj", "value_proj", "key_proj", "qkv_proj")
+
+
+def _quoted(names) -> str:
+    return ", ".join(f'"{n}"' for n in names)
+
+
+def _offload_policy(saves, offloads) -> Callable:
+    return _cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=list(saves), names_which_can_be_offloaded=list(offloads),
+        offload_src="device", offload_dst="pinned_host")
+
+
+def _offload_code(saves, offloads) -> str:
+    return ("@nnx.remat(policy=jax.checkpoint_policies.save_and_offload_only_these_names(\n"
+            f"    names_which_can_be_saved=[{_quoted(saves)}],\n"
+            f"    names_which_can_be_offloaded=[{_quoted(offloads)}],\n"
+            '    offload_src="device", offload_dst="pinned_host"))')
+
+
+def _save_names(pid: str, names: tuple[str, ...], description: str) -> Policy:
+    """A MaxText recipe that saves ``names`` on the device and recomputes the rest."""
+    return Policy(pid, f"{pid} (MaxText)", description,
+                  "@nnx.remat(policy=jax.checkpoint_policies.save_only_these_names(\n"
+                  f"    {_quoted(names)}))",
+                  lambda: _cp.save_only_these_names(*names), group="maxtext", saves=names)
+
+
+def _offload_names(pid: str, names: tuple[str, ...], description: str) -> Policy:
+    """A MaxText recipe that offloads ``names`` to pinned host memory and recomputes the rest."""
+    return Policy(pid, f"{pid} (MaxText)", description, _offload_code((), names),
+                  lambda: _offload_policy((), names), group="maxtext", offloads=names)
+
+
+_MAXTEXT = [
+    Policy("full", "full (MaxText)",
+           "MaxText's full remat: policy None, JAX's default; saves only the block's inputs and "
+           "recomputes everything else.",
+           "@nnx.remat  # MaxText remat_policy=full: policy=None", lambda: None, group="maxtext"),
+    _save_names("minimal", _MINIMAL,
+                "Saves every projection output (q, k, v, out and the MLP's); recomputes the "
+                "attention scores, softmax and context, the norms and activations."),
+    _save_names("minimal_with_context", (*_MINIMAL, "context"),
+                "minimal plus the attention context (the output before the out projection): "
+                "only the norms, scores, softmax and activations are recomputed."),
+    _save_names("save_dot_with_context_except_mlp", (*_QKV, "context", "out_proj"),
+                "Saves the attention projections and context; the MLP is recomputed."),
+    _save_names("save_dot_except_mlpwi", (*_QKV, "out_proj", "mlpwo"),
+                "Saves the attention projections and the MLP's output projection; the MLP's input "
+                "projections are recomputed."),
+    _save_names("save_dot_except_mlp", (*_QKV, "out_proj"),
+                "Saves the attention projections (q, k, v, out); the whole MLP is recomputed."),
+    _save_names("save_qkv_proj", _QKV,
+                "Saves the query, key and value projections; everything else is recomputed."),
+    _save_names("save_out_proj", ("out_proj",),
+                "Saves only the attention's output projection."),
+    _offload_names("qkv_proj_offloaded", ("query_proj", "value_proj", "key_proj"),
+                   "Offloads the query, key and value projections to pinned host memory; "
+                   "everything else is recomputed."),
+    _offload_names("minimal_offloaded", _MINIMAL,
+                   "minimal, but the projections go to pinned host memory instead of staying on "
+                   "the device."),
+]
 
 POLICIES: dict[str, Policy] = {
     p.id: p
@@ -57,10 +134,39 @@ POLICIES: dict[str, Policy] = {
                "@nnx.remat(policy=jax.checkpoint_policies.offload_dot_with_no_batch_dims(\n"
                '    "device", "pinned_host"))',
                lambda: _cp.offload_dot_with_no_batch_dims("device", "pinned_host")),
+        *_MAXTEXT,
+        Policy("custom", "custom (per tensor)",
+               "Choose for each checkpoint name of the model: save on the device, offload to "
+               "pinned host memory, or recompute (MaxText's custom: tensors_on_device, "
+               "tensors_to_offload).",
+               _offload_code((), ()), lambda: _offload_policy((), ()), group="custom"),
     ]
 }
 
 DEFAULT_POLICY = "dots_with_no_batch_dims_saveable"
+
+
+def build_policy(config) -> Callable | None:
+    """The policy callable ``nnx.remat(policy=...)`` gets for ``config`` (a ``RunConfig``); None for
+    JAX's default policy. Only meaningful when ``get_policy(config.policy).remat``."""
+    if config.policy == "custom":
+        return _offload_policy(config.save_names, config.offload_names)
+    return get_policy(config.policy).build()
+
+
+def policy_code(config) -> str:
+    """The decorator line(s) for ``config``'s policy, with custom's chosen names filled in."""
+    if config.policy == "custom":
+        return _offload_code(config.save_names, config.offload_names)
+    return get_policy(config.policy).code
+
+
+def policy_names(config) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(saved, offloaded)``: the checkpoint names ``config``'s policy keeps; empty for JAX's."""
+    if config.policy == "custom":
+        return tuple(config.save_names), tuple(config.offload_names)
+    entry = get_policy(config.policy)
+    return entry.saves, entry.offloads
 
 
 def get_policy(policy_id: str) -> Policy:

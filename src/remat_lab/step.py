@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .config import RunConfig
-from .models import blocks_of, build_model
-from .policies import get_policy
+from .models import build_model
+from .policies import build_policy, get_policy
+from .stacks import run_stack
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -40,16 +41,16 @@ class Problem:
         return self.leaves, self.x
 
 
-def _block_fn(policy_id: str) -> Callable[[nnx.Module, jax.Array], jax.Array]:
+def _block_fn(config: RunConfig) -> Callable[[nnx.Module, jax.Array], jax.Array]:
     """How one block is called: directly (no_remat) or through ``nnx.remat(policy=...)``."""
-    policy = get_policy(policy_id)
+    policy = get_policy(config.policy)
 
     def call(block: nnx.Module, x: jax.Array) -> jax.Array:
         return block(x)
 
     if not policy.remat:
         return call
-    return nnx.remat(call, policy=policy.build())
+    return nnx.remat(call, policy=build_policy(config))
 
 
 def _path_name(path) -> str:
@@ -64,12 +65,14 @@ def _path_name(path) -> str:
 # new shape is a separate compile (or persistent-cache lookup), which cost more than compiling the
 # step itself. Arrays are immutable, so sharing them is safe.
 @functools.lru_cache(maxsize=4)
-def _parameters(model_name: str, width: int, depth: int, seed: int, dtype_name: str):
+def _parameters(model_name: str, width: int, depth: int, seed: int, dtype_name: str, stack: str,
+                heads: int = 4):
     found = {}
 
     def init():
         graphdef, state = nnx.split(build_model(model_name, width, depth, seed=seed,
-                                                dtype=DTYPES[dtype_name]))
+                                                dtype=DTYPES[dtype_name], stack=stack,
+                                                heads=heads))
         found["graphdef"] = graphdef  # static structure, no arrays
         return state
 
@@ -88,18 +91,16 @@ def _input(shape: tuple[int, ...], seed: int, dtype_name: str) -> jax.Array:
 def build_problem(config: RunConfig) -> Problem:
     """Build the model and input of ``config`` and the scalar loss over flat parameter leaves."""
     graphdef, treedef, leaves, paths = _parameters(config.model, config.width, config.depth,
-                                                   config.seed, config.dtype)
+                                                   config.seed, config.dtype, config.stack,
+                                                   config.heads)
     leaves, paths = list(leaves), list(paths)
     x = _input(config.input_shape, config.seed, config.dtype)
-    block_fn = _block_fn(config.policy)
+    block_fn = _block_fn(config)
 
     def loss(leaves: list[jax.Array], x: jax.Array) -> jax.Array:
         """Sum of the model output, accumulated in float32."""
         model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
-        for i, block in enumerate(blocks_of(model)):
-            with jax.named_scope(f"block{i}"):
-                x = block_fn(block, x)
-        return jnp.sum(x, dtype=jnp.float32)
+        return jnp.sum(run_stack(model, block_fn, x), dtype=jnp.float32)
 
     return Problem(config, graphdef, treedef, leaves, paths, x, loss)
 

@@ -11,11 +11,11 @@ import pandas as pd
 MIB = float(1 << 20)
 MEMORY_PARTS = ("argument", "output", "temp", "alias", "generated_code")
 
-DOT_COLUMNS = ["index", "layer", "lhs_shape", "rhs_shape", "out_shape", "has_batch_dims",
+DOT_COLUMNS = ["index", "layer", "layers", "lhs_shape", "rhs_shape", "out_shape", "has_batch_dims",
                "policy_verdict", "saved", "offloaded", "offloaded_in_compiled", "recomputed",
                "recomputed_in_compiled", "flops", "out_bytes", "note"]
-RESIDUAL_COLUMNS = ["index", "shape", "dtype", "bytes", "role", "memory_kind", "memory_kind_in_compiled",
-                    "kind", "layer", "source"]
+RESIDUAL_COLUMNS = ["index", "shape", "dtype", "bytes", "layers", "role", "memory_kind",
+                    "memory_kind_in_compiled", "kind", "layer", "source"]
 SUMMARY_COLUMNS = ["policy", "model", "width", "batch", "seq", "depth", "dtype", "objective",
                    "median_ms", "p25_ms", "p75_ms", "peak_mib", "temp_mib", "residual_mib",
                    "peak_bytes", "temp_bytes", "residual_bytes",

@@ -37,7 +37,7 @@ def test_home_page_shows_metrics_charts_and_per_dot_table(page, server, shots):
     open_app(page, server, **SMALL)
     assert_no_error(page)
     cards = metrics(page)
-    for label in ("Median step time", "Peak memory", "Residual bytes", DOTS, "Gradient check"):
+    for label in ("Median step time", "Peak memory", "Activation residuals", DOTS, "Gradient check"):
         assert label in cards, f"metric card {label!r} missing; cards: {cards}"
     assert re.fullmatch(r"[\d.]+ (µs|ms|s)", cards["Median step time"]), cards
     assert cards["Gradient check"] == "ok", cards
