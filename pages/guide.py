@@ -78,9 +78,11 @@ CPU (jax 0.10.2), mlp width 256, batch 128, depth 8, XLA's temp bytes:
 | loop | 2.25 MiB | 2.13 MiB | 2.13 MiB |
 | scan | 3.50 MiB | 2.25 MiB (0.64×) | 4.00 MiB (more than no remat) |
 
-Under scan a saveable policy can hold *more* than no remat: it keeps every layer's products in
-the stacked residuals, where no remat keeps only what the backward pass needs (here the relu
-masks and layer inputs). Under scan a row of the per-dot and residual tables stands for every
+Under scan a saveable policy can hold *more* than no remat. No remat keeps exactly what the
+backward pass needs: each layer's input, the first relu's output and the two relu masks (booleans,
+one byte per value). `dots_with_no_batch_dims_saveable` keeps both products' outputs in float32 (the
+relus are then recomputed from them) and still each layer's input: more bytes per layer, times
+every layer in the stacked residuals. Under scan a row of the per-dot and residual tables stands for every
 layer (the `layers` column), and products are counted per execution (XLA's own flop count counts
 a loop body once; the app scales it).
 

@@ -325,7 +325,10 @@ def dissect(problem: Problem, compiled_text: str, *,
             where = source_info_util.summarize(prod.eqn.source_info)
             source = f"{kind} in {layer} ({where.split('/')[-1]})"
             role = "constant" if _is_constant(prod) else "activation"
-            n_layers = layers_of(prod.stack)
+            # Stacked by the scan: one more axis than the value the body computes. (A loop
+            # invariant hoisted out of the scan keeps the body's shape and counts once.)
+            stacked = len(aval.shape) == len(prod.eqn.outvars[0].aval.shape) + 1
+            n_layers = layers_of(prod.stack) if stacked else 1
             if n_layers > 1:
                 source += f", all {n_layers} layers (stacked by scan)"
             if prod.eqn.primitive.name == "dot_general":
