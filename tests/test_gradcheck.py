@@ -43,19 +43,21 @@ def _check(cfg: RunConfig, grads=None, loss="step"):
 
 
 def _cfg(**kw) -> RunConfig:
-    base = dict(model="mlp", width=16, batch=4, seq=4, depth=1, dtype="float32",
+    base = dict(model="mlp", width=16, batch=4, seq=4, depth=1, stack="loop", dtype="float32",
                 policy="nothing_saveable", repeats=1, warmup=0)
     return RunConfig(**{**base, **kw})
 
 
 # --- the reference -----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("stack", ["loop", "scan"])
 @pytest.mark.parametrize("model,batch,depth", [("mlp", 0, 1), ("mlp", 4, 3), ("seq_mixer", 2, 1),
                                                ("seq_mixer", 3, 3)])
-def test_reference_equals_nnx_no_remat_step(model, batch, depth):
-    problem, loss, grads, _ = _run(_cfg(model=model, batch=batch, depth=depth, policy="no_remat"))
+def test_reference_equals_nnx_no_remat_step(model, batch, depth, stack):
+    problem, loss, grads, _ = _run(_cfg(model=model, batch=batch, depth=depth, stack=stack,
+                                        policy="no_remat"))
     ref_loss, ref_grads, _ = reference_loss_and_grads(problem)
-    assert len(ref_grads) == len(grads) == 4 * depth
+    assert len(ref_grads) == len(grads) == (4 * depth if stack == "loop" or depth == 1 else 4)
     assert ref_loss == pytest.approx(loss, rel=1e-6)
     for path, g, r in zip(problem.paths, grads, ref_grads):
         assert g.shape == r.shape, path

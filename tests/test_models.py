@@ -2,7 +2,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from remat_lab.models import MLP, SeqMixer, Stack, blocks_of, build_model
+from remat_lab.models import MLP, SeqMixer, build_model
+from remat_lab.stacks import LoopStack, ScanStack, blocks_of
 
 
 def test_mlp_layers_come_from_one_rngs_stream_in_order():
@@ -41,8 +42,8 @@ def test_seq_mixer_shapes_and_mixing():
 
 
 def test_depth_stack_has_distinct_blocks():
-    model = build_model("mlp", 8, 3, seed=0, dtype=jnp.float32)
-    assert isinstance(model, Stack)
+    model = build_model("mlp", 8, 3, seed=0, dtype=jnp.float32, stack="loop")
+    assert isinstance(model, LoopStack)
     blocks = blocks_of(model)
     assert len(blocks) == 3
     assert not np.allclose(blocks[0].l1.kernel[...], blocks[1].l1.kernel[...])
@@ -52,3 +53,12 @@ def test_depth_stack_has_distinct_blocks():
 def test_bfloat16_params():
     model = build_model("mlp", 8, 1, seed=0, dtype=jnp.bfloat16)
     assert model.l1.kernel[...].dtype == jnp.bfloat16
+
+
+def test_scan_stack_has_distinct_stacked_layers():
+    model = build_model("mlp", 8, 3, seed=0, dtype=jnp.float32, stack="scan")
+    assert isinstance(model, ScanStack)
+    (stacked,) = blocks_of(model)
+    kernel = stacked.l1.kernel[...]
+    assert kernel.shape == (3, 8, 8)
+    assert not np.allclose(kernel[0], kernel[1])

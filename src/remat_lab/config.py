@@ -141,7 +141,10 @@ class RunConfig:
             object.__setattr__(self, f, tuple(n for n in known if n in names))
 
     def replace(self, **changes) -> RunConfig:
-        """A copy with ``changes`` applied (validated again)."""
+        """A copy with ``changes`` applied (validated again). Moving to a policy other than custom
+        drops custom's names (a no_remat baseline or a comparison of policies needs no names)."""
+        if changes.get("policy", "custom") != "custom":
+            changes = {"save_names": (), "offload_names": (), **changes}
         return RunConfig(**{**asdict(self), **changes})
 
     def as_dict(self) -> dict:

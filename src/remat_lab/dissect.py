@@ -432,9 +432,9 @@ def _name_tags(jaxpr: jcore.Jaxpr) -> tuple[dict, dict]:
     """The ``checkpoint_name`` equations (primitive ``name``) of ``jaxpr`` and its sub-jaxprs.
 
     Returns ``(tags, tagged_dots)``: ``tags`` maps each named value (the name equation's input and
-    output) to its name equation; ``tagged_dots`` maps ``id(name equation)`` to ``(name equation,
-    the dot_general whose output it names)`` (looking through ``_TAG_THROUGH`` and calls such as
-    einsum's jit).
+    output, and the source of a copy it names) to its name equation; ``tagged_dots`` maps
+    ``id(name equation)`` to ``(name equation, the dot_general whose output it names)`` (looking
+    through ``_TAG_THROUGH`` and calls such as einsum's jit).
     """
     entries = list(_walk(jaxpr))
     producer = {v: e for e in entries for v in e.eqn.outvars}
@@ -442,7 +442,13 @@ def _name_tags(jaxpr: jcore.Jaxpr) -> tuple[dict, dict]:
     for e in entries:
         if e.eqn.primitive.name != "name":
             continue
-        tags[e.eqn.invars[0]] = tags[e.eqn.outvars[0]] = e
+        tags[e.eqn.outvars[0]] = e
+        v = e.eqn.invars[0]  # the named value, and through copies (reduce_precision) its source
+        while not isinstance(v, jcore.Literal):
+            tags[v] = e
+            if v not in producer or producer[v].eqn.primitive.name not in _PASS_THROUGH:
+                break
+            v = producer[v].eqn.invars[0]
         dot = _dot_behind(e.eqn.invars[0], producer)
         if dot is not None:
             tagged_dots[id(e.eqn)] = (e, dot)

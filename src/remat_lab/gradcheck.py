@@ -97,10 +97,11 @@ def _softmax(s: jax.Array) -> jax.Array:
 
 
 def _rms_norm(h: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """RMS normalisation as flax computes it: statistics and scaling in float32, result in h's dtype."""
-    h32 = h.astype(jnp.float32)
-    var = jnp.mean(h32 * h32, axis=-1, keepdims=True)
-    return (h32 * (jax.lax.rsqrt(var + eps) * scale)).astype(h.dtype)
+    """RMS normalisation with flax's rounding points: statistics and scaling in float32, the result
+    in h's dtype. ``h`` is converted twice, as flax does (once for the statistics, once for the
+    scaling), so in bfloat16 the two cotangents are rounded apart and added in bfloat16."""
+    var = jnp.mean(jax.lax.square(h.astype(jnp.float32)), axis=-1, keepdims=True)
+    return (h.astype(jnp.float32) * (jax.lax.rsqrt(var + eps) * scale)).astype(h.dtype)
 
 
 # Each block's parameters by their in-block names (``l1.kernel``), per model.
