@@ -74,6 +74,13 @@ UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8}
 ACC_ROUNDOFF = 2.0**-24  # float32 accumulation, kept for bfloat16 too
 RTOL_ULPS = 2.0  # one ulp of the entry, in units of u
 C_ELEM = 1.0  # half an ulp of the leaf's largest entry
+# Per block, the transformer rounds far more bfloat16 intermediates between a parameter and the
+# loss (RMSNorm, q/k/v, scores, softmax, context, two MLP branches, residual adds), and RMSNorm and
+# softmax amplify a neighbouring rounding. Measured on CPU (width 64, seq 16, depth 2, every policy,
+# both stacks, two seeds): legitimate per-element differences reach 6 u * S. Its per-element
+# allowance is C_ELEM_DEEP * sqrt(depth) instead of C_ELEM; a leaf-wide 1 % error is still caught
+# by the scale test, which does not change.
+C_ELEM_DEEP = {"transformer": 6.0}
 C_SCALE = 1.0  # a leaf-wide scale error of half an ulp
 C_NOISE = 6.0  # three standard deviations of one-ulp noise projected on the leaf
 C_ACC = 4.0  # float32 accumulation: C_ACC * sqrt(terms) * u_acc
@@ -233,13 +240,19 @@ def remat_applied(step_jaxpr) -> bool:
 
 # --- the check -------------------------------------------------------------------------------
 
+def _c_elem(config) -> float:
+    """The per-element allowance in ulps of the leaf's largest entry (see C_ELEM_DEEP)."""
+    deep = C_ELEM_DEEP.get(config.model)
+    return C_ELEM if deep is None else deep * math.sqrt(config.depth)
+
+
 def bound_parameters(config) -> dict:
     """The bound's parameters for ``config`` (see the module docstring)."""
     rows = math.prod(config.input_shape[:-1])
     k = max(config.width * (4 if config.model == "transformer" else 1), rows)  # 4w: the MLP's wo
     return {"u": UNIT_ROUNDOFF[config.dtype], "u_acc": ACC_ROUNDOFF, "K": k, "d": config.depth,
             "acc": C_ACC * math.sqrt(config.depth * k) * ACC_ROUNDOFF, "rtol_ulps": RTOL_ULPS,
-            "c_elem": C_ELEM, "c_scale": C_SCALE, "c_noise": C_NOISE, "c_acc": C_ACC,
+            "c_elem": _c_elem(config), "c_scale": C_SCALE, "c_noise": C_NOISE, "c_acc": C_ACC,
             "c_loss": C_LOSS}
 
 
@@ -247,7 +260,7 @@ def _compare(problem, grads, loss, ref) -> dict:
     """Errors of ``grads``/``loss`` against one reference evaluation, and what is out of bound."""
     cfg, b = problem.config, bound_parameters(problem.config)
     u, acc = b["u"], b["acc"]
-    rtol, atol = RTOL_ULPS * u, C_ELEM * u + acc
+    rtol, atol = RTOL_ULPS * u, b["c_elem"] * u + acc
     ref_loss, ref_grads, abs_out = ref
     failures: list[str] = []
     if len(grads) != len(ref_grads):
