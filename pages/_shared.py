@@ -6,7 +6,6 @@ with its progress box, the environment line and the error display. Pages stay th
 
 from __future__ import annotations
 
-import inspect
 import re
 import threading
 import time
@@ -14,7 +13,7 @@ from contextlib import contextmanager
 
 import streamlit as st
 
-from remat_lab import experiment, models
+from remat_lab import experiment
 from remat_lab.config import (
     CHOICES,
     DTYPES,
@@ -32,7 +31,7 @@ from remat_lab.config import (
 )
 from remat_lab.experiment import STAGES, ExecutionError
 from remat_lab.models import SEQ_MODELS, names_of
-from remat_lab.policies import DEFAULT_POLICY, GROUPS, POLICIES, policy_code
+from remat_lab.policies import DEFAULT_POLICY, GROUPS, POLICIES
 
 CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy",
                 "objective", "repeats")
@@ -399,55 +398,6 @@ def env_line() -> None:
                f"{e['jaxlib']} · flax {e['flax']} · streamlit {st.__version__}")
 
 
-def cli_command(cfg: RunConfig) -> str:
-    parts = ["python -m remat_lab run", f"--model {cfg.model}", f"--width {cfg.width}",
-             f"--batch {cfg.batch}"]
-    if cfg.model in SEQ_MODELS:
-        parts.append(f"--seq {cfg.seq}")
-    if cfg.model == "transformer":
-        parts.append(f"--heads {cfg.heads}")
-    parts.append(f"--depth {cfg.depth}")
-    if cfg.depth > 1:
-        parts.append(f"--stack {cfg.stack}")
-    parts += [f"--dtype {cfg.dtype}", f"--policy {cfg.policy}"]
-    parts += [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS
-              if getattr(cfg, k)]
-    parts += [f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", "--json"]
-    return " ".join(parts)
-
-
-def reproduce_code(cfg: RunConfig) -> str:
-    """Self-contained code for the configuration: the model, the remat'd block and the step."""
-    block = {"mlp": models.MLP, "seq_mixer": models.SeqMixer, "transformer": models.Transformer}[cfg.model]
-    src = inspect.getsource(block)
-    head = ("import math\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import nnx\n"
-            "from jax.ad_checkpoint import checkpoint_name\n\n"
-            + (f"MLP_RATIO = {models.MLP_RATIO}\n" if cfg.model == "transformer" else "") + "\n")
-    call = f"{policy_code(cfg)}\ndef call_block(block, x):\n    return block(x)\n"
-    heads = f", heads={cfg.heads}" if cfg.model == "transformer" else ""
-    dtype = f"jnp.{cfg.dtype}"
-    shape = cfg.input_shape
-    grad = "nnx.value_and_grad" if cfg.objective == "value_and_grad" else "nnx.grad"
-    ret = f"{'(loss, grads)' if cfg.objective == 'value_and_grad' else 'grads'}"
-    make = f"{block.__name__}({cfg.width}{heads}, rngs=rngs, dtype={dtype})"
-    if cfg.depth > 1 and cfg.stack == "scan":  # Flax's scan-over-layers idiom
-        build = (f"@nnx.split_rngs(splits={cfg.depth})\n@nnx.vmap(in_axes=(0,), out_axes=0)\n"
-                 f"def create_blocks(rngs):\n    return {make}\n\n\n"
-                 f"blocks = create_blocks(nnx.Rngs({cfg.seed}))  # parameters: a leading layer axis\n")
-        loss = ("def loss_fn(blocks, x):\n"
-                "    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)\n"
-                "    def body(x, block):\n        return call_block(block, x)\n\n"
-                "    return jnp.sum(body(x, blocks), dtype=jnp.float32)\n")
-    else:
-        build = (f"rngs = nnx.Rngs({cfg.seed})\n"
-                 f"blocks = nnx.List([{make}\n                   for _ in range({cfg.depth})])\n")
-        loss = ("def loss_fn(blocks, x):\n    for block in blocks:\n        x = call_block(block, x)\n"
-                "    return jnp.sum(x, dtype=jnp.float32)\n")
-    return (f"{head}{src}\n\n{call}\n\n{build}"
-            f"x = jax.random.normal(jax.random.key({cfg.seed + 1}), {shape!r}, dtype={dtype})\n\n\n"
-            f"{loss}\n\nstep = nnx.jit({grad}(loss_fn))\nout = step(blocks, x)  # {ret}\n")
-
-
 __all__ = ["controls", "routed", "run_one", "run_config", "show_error", "page_start", "env_line",
-           "cli_command", "reproduce_code", "describe", "policy_label", "is_quick", "STAGE_TEXT",
+           "describe", "policy_label", "is_quick", "STAGE_TEXT",
            "DEFAULT_POLICY", "over_budget", "budget_message"]

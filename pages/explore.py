@@ -10,7 +10,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _shared  # noqa: E402
-from remat_lab import charts, tables  # noqa: E402
+from remat_lab import charts, reproduce, tables  # noqa: E402
 from remat_lab.config import human_bytes, human_seconds  # noqa: E402
 
 
@@ -161,5 +161,5 @@ st.dataframe(residuals, hide_index=True, width="stretch", column_config={
     "source": st.column_config.TextColumn("source", width="large")})
 
 st.subheader("Reproduce this configuration")
-st.code(_shared.reproduce_code(cfg), language="python")
-st.code(_shared.cli_command(cfg), language="bash", wrap_lines=True)
+st.code(reproduce.reproduce_code(cfg), language="python")
+st.code(reproduce.cli_command(cfg), language="bash", wrap_lines=True)

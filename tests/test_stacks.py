@@ -75,10 +75,21 @@ def test_reproduce_code_computes_the_engines_loss(run, stack):
     """The snippet Explore prints (the Flax idiom for each stack) gives the engine's loss."""
     import numpy as np
 
-    from pages import _shared
+    from remat_lab.reproduce import reproduce_code
 
     cfg = RunConfig(width=16, batch=4, depth=3, stack=stack, policy="nothing_saveable")
     namespace: dict = {}
-    exec(compile(_shared.reproduce_code(cfg), "reproduce", "exec"), namespace)  # our own code
+    exec(compile(reproduce_code(cfg), "reproduce", "exec"), namespace)  # our own code
     loss, _ = namespace["out"]
     np.testing.assert_allclose(float(loss), run(cfg)["loss"], rtol=1e-6)
+
+
+def test_cli_code_prints_the_snippet(capsys):
+    from remat_lab.cli import main
+    from remat_lab.reproduce import reproduce_code
+
+    argv = ["run", "--width", "16", "--batch", "2", "--depth", "3", "--stack", "scan", "--code"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out == reproduce_code(RunConfig(width=16, batch=2, depth=3, stack="scan"))
+    assert "@nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)" in out

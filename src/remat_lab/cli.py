@@ -88,6 +88,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="refuse configurations estimated above this (e.g. 2G); "
                         "default: half the backend's memory, or $REMAT_LAB_MEMORY_BUDGET")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--code", action="store_true",
+                   help="print self-contained Flax code for this configuration and exit")
     p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
 
 
@@ -283,6 +285,10 @@ def _compare(args: argparse.Namespace) -> int:
 
     try:
         config = _config_from(args)
+        if getattr(args, "code", False):
+            from .reproduce import reproduce_code
+            print(reproduce_code(config), end="")
+            return 0
         if not args.no_cache:
             enable_compilation_cache()
         result = compare_policies(config, args.policies, rounds=args.rounds, budget=args.memory_budget)
@@ -310,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(args)
     try:
         config = _config_from(args)
+        if getattr(args, "code", False):
+            from .reproduce import reproduce_code
+            print(reproduce_code(config), end="")
+            return 0
         if not args.no_cache:
             enable_compilation_cache()
         result = run_experiment(config, budget=args.memory_budget, timing=args.command == "run")

@@ -1,0 +1,65 @@
+"""Code and command lines that reproduce a configuration: the Flax snippet and the CLI call.
+
+Explore prints both; ``python -m remat_lab run --code`` prints the snippet. The snippet is made
+from the model classes' own source, so it is the code the engine runs, in the idiom a user writes:
+a Python loop of blocks, or Flax's scan over ``nnx.vmap``-stacked layers.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from . import models
+from .config import NAME_FIELDS, RunConfig
+from .models import SEQ_MODELS
+from .policies import policy_code
+
+
+def cli_command(cfg: RunConfig) -> str:
+    """The ``python -m remat_lab run ... --json`` call that gives the same numbers as the app."""
+    parts = ["python -m remat_lab run", f"--model {cfg.model}", f"--width {cfg.width}",
+             f"--batch {cfg.batch}"]
+    if cfg.model in SEQ_MODELS:
+        parts.append(f"--seq {cfg.seq}")
+    if cfg.model == "transformer":
+        parts.append(f"--heads {cfg.heads}")
+    parts.append(f"--depth {cfg.depth}")
+    if cfg.depth > 1:
+        parts.append(f"--stack {cfg.stack}")
+    parts += [f"--dtype {cfg.dtype}", f"--policy {cfg.policy}"]
+    parts += [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS
+              if getattr(cfg, k)]
+    parts += [f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", "--json"]
+    return " ".join(parts)
+
+
+def reproduce_code(cfg: RunConfig) -> str:
+    """Self-contained code for the configuration: the model, the remat'd block and the step."""
+    block = {"mlp": models.MLP, "seq_mixer": models.SeqMixer, "transformer": models.Transformer}[cfg.model]
+    src = inspect.getsource(block)
+    head = ("import math\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import nnx\n"
+            "from jax.ad_checkpoint import checkpoint_name\n\n"
+            + (f"MLP_RATIO = {models.MLP_RATIO}\n" if cfg.model == "transformer" else "") + "\n")
+    call = f"{policy_code(cfg)}\ndef call_block(block, x):\n    return block(x)\n"
+    heads = f", heads={cfg.heads}" if cfg.model == "transformer" else ""
+    dtype = f"jnp.{cfg.dtype}"
+    shape = cfg.input_shape
+    grad = "nnx.value_and_grad" if cfg.objective == "value_and_grad" else "nnx.grad"
+    ret = f"{'(loss, grads)' if cfg.objective == 'value_and_grad' else 'grads'}"
+    make = f"{block.__name__}({cfg.width}{heads}, rngs=rngs, dtype={dtype})"
+    if cfg.depth > 1 and cfg.stack == "scan":  # Flax's scan-over-layers idiom
+        build = (f"@nnx.split_rngs(splits={cfg.depth})\n@nnx.vmap(in_axes=(0,), out_axes=0)\n"
+                 f"def create_blocks(rngs):\n    return {make}\n\n\n"
+                 f"blocks = create_blocks(nnx.Rngs({cfg.seed}))  # parameters: a leading layer axis\n")
+        loss = ("def loss_fn(blocks, x):\n"
+                "    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)\n"
+                "    def body(x, block):\n        return call_block(block, x)\n\n"
+                "    return jnp.sum(body(x, blocks), dtype=jnp.float32)\n")
+    else:
+        build = (f"rngs = nnx.Rngs({cfg.seed})\n"
+                 f"blocks = nnx.List([{make}\n                   for _ in range({cfg.depth})])\n")
+        loss = ("def loss_fn(blocks, x):\n    for block in blocks:\n        x = call_block(block, x)\n"
+                "    return jnp.sum(x, dtype=jnp.float32)\n")
+    return (f"{head}{src}\n\n{call}\n\n{build}"
+            f"x = jax.random.normal(jax.random.key({cfg.seed + 1}), {shape!r}, dtype={dtype})\n\n\n"
+            f"{loss}\n\nstep = nnx.jit({grad}(loss_fn))\nout = step(blocks, x)  # {ret}\n")
