@@ -64,7 +64,7 @@ row1[2].metric("Activation residuals", short_bytes(tot["activation_residual_byte
                     "broadcasts (which XLA folds away) left out; those are in the caption")
 offload_note = (" · offload is a no-op here" if tot["dots_offloaded"] and not
                 tot["dots_offloaded_in_compiled"] else "")
-row1[2].caption(f"+ parameters {human_bytes(tot['parameter_residual_bytes'])}, input "
+row1[2].caption(f"plus parameters {human_bytes(tot['parameter_residual_bytes'])}, input "
                 f"{human_bytes(tot['input_residual_bytes'])}, zero-cost "
                 f"{human_bytes(tot['zero_cost_residual_bytes'])} · host in the compiled program "
                 f"{human_bytes(tot['residual_host_bytes_in_compiled'])}{offload_note}")
@@ -118,10 +118,18 @@ dots.insert(dots.columns.get_loc("out_shape") + 1, "output", dots["out_bytes"].m
 # True / False / None (None: the compiled program keeps some products of this size, not which).
 dots["recomputed_in_compiled"] = dots["recomputed_in_compiled"].map(
     {True: "yes", False: "no"}).fillna("not attributable")
-st.dataframe(dots, hide_index=True, width="stretch", column_config={
+# The decisions first (what the policy says, the jaxpr does, the compiled program does), shapes after.
+ORDER = ["index", "layer", "layers", "policy_verdict", "saved", "recomputed", "recomputed_in_compiled",
+         "offloaded", "offloaded_in_compiled", "has_batch_dims", "lhs_shape", "rhs_shape", "out_shape",
+         "output", "flops", "note"]
+st.dataframe(dots, hide_index=True, width="stretch", column_order=[c for c in ORDER if c in dots],
+             column_config={
     "index": "dot", "has_batch_dims": CHECK("batch dims"), "saved": CHECK("saved"),
     "offloaded": CHECK("offloaded"), "recomputed": CHECK("recomputed"),
-    "recomputed_in_compiled": "recomputed in compiled program",
+    "recomputed_in_compiled": st.column_config.TextColumn(
+        "recomputed in compiled program",
+        help="yes / no from the policy's compile vs the no_remat compile; not attributable when "
+             "products of this size cannot be told apart"),
     "offloaded_in_compiled": CHECK("offloaded in compiled program"),
     "policy_verdict": "policy verdict",
     "flops": st.column_config.NumberColumn("flops", format="%d"),

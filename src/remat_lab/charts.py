@@ -18,6 +18,18 @@ POLICY_COLORS = {
     "dots_saveable": "#009E73",
     "dots_with_no_batch_dims_saveable": "#0072B2",
     "offload_dot_with_no_batch_dims": "#CC79A7",
+    # MaxText's recipes and custom: Plotly's Dark24 and Alphabet hues, distinct from the above.
+    "full": "#2E91E5",
+    "minimal": "#1CA71C",
+    "minimal_with_context": "#FB0D0D",
+    "save_dot_with_context_except_mlp": "#DA16FF",
+    "save_dot_except_mlpwi": "#222A2A",
+    "save_dot_except_mlp": "#B68100",
+    "save_qkv_proj": "#750D86",
+    "save_out_proj": "#EB663B",
+    "qkv_proj_offloaded": "#511CFB",
+    "minimal_offloaded": "#00A08B",
+    "custom": "#FC0080",
 }
 MEMORY_COLORS = {"argument": "#0072B2", "output": "#56B4E9", "temp": "#E69F00",
                  "alias": "#999999", "generated_code": "#009E73"}
