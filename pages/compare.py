@@ -51,7 +51,11 @@ def _too_large(cfg: RunConfig) -> str | None:
 cfg = _shared.page_start("Compare policies", "Every checkpoint policy at the sidebar's configuration "
                                              "(the sidebar's policy is ignored here), timed "
                                              "interleaved so that all share the same machine load.")
-chosen = st.multiselect("Policies", list(POLICIES), default=list(POLICIES), key="compare_policies",
+# By default JAX's policies; MaxText's recipes too for the transformer, the model whose tensors they
+# name (on the other models they compile like nothing_saveable and only lengthen the list).
+default = [p for p, entry in POLICIES.items()
+           if entry.group == "jax" or (entry.group == "maxtext" and cfg.model == "transformer")]
+chosen = st.multiselect("Policies", list(POLICIES), default=default, key="compare_policies",
                         format_func=_shared.policy_label)
 if not chosen:
     st.info("Pick at least one policy.")

@@ -6,11 +6,44 @@ from pathlib import Path
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
     sys.path.insert(0, _root)
 
+from urllib.parse import urlencode  # noqa: E402
+
 import streamlit as st  # noqa: E402
 
 from pages import _shared  # noqa: E402
 
 _shared.page_start("Guide", "How to read Remat Lab.")
+
+
+def _open(text: str, **config) -> str:
+    """A markdown link that opens ``config`` in Explore (the app reads its settings from the URL)."""
+    return f"[{text}](/?{urlencode(config)})"
+
+
+STACK = dict(model="mlp", width=256, batch=128, depth=8)
+st.markdown(f"""
+### Four lessons, each one click away
+Measured here (XLA CPU, jax 0.10.2); each link opens the configuration in Explore.
+
+1. **Only a scanned stack lets the policy move memory on CPU.** mlp 256 × 128, depth 8:
+   nothing_saveable needs 2.25 MiB of temp under scan against no_remat's 3.50 MiB (0.64×), but under
+   an unrolled loop 2.13 against 2.25 MiB.
+   {_open("scan, nothing_saveable", **STACK, stack="scan", policy="nothing_saveable")} ·
+   {_open("loop, nothing_saveable", **STACK, stack="loop", policy="nothing_saveable")}
+2. **A saveable policy can hold more than no remat.** The same stack under scan with
+   dots_with_no_batch_dims_saveable needs 4.00 MiB of temp, more than no_remat's 3.50.
+   {_open("scan, dots_with_no_batch_dims_saveable", **STACK, stack="scan",
+          policy="dots_with_no_batch_dims_saveable")}
+3. **The jaxpr's recomputation need not survive compilation.** The seed's case (one vector, width
+   128) under nothing_saveable: the backward jaxpr recomputes both products, the compiled program
+   has no_remat's 3 products and flops.
+   {_open("seed case, nothing_saveable", model="mlp", width=128, batch=0, depth=1,
+          policy="nothing_saveable")}
+4. **With `grad` alone the forward pass is dead code.** mlp 256 × 64, objective grad:
+   nothing_saveable compiles to the same program as no_remat.
+   {_open("grad, nothing_saveable", model="mlp", width=256, batch=64, depth=1,
+          policy="nothing_saveable", objective="grad")}
+""")
 
 st.markdown(r"""
 ### What a checkpoint policy controls
