@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from remat_lab.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {"width": "64", "batch": "8", "repeats": "3"}
+SMALL = {"width": "64", "batch": "8", "depth": "1", "repeats": "3"}
 
 
 def _app(page: str, **params) -> AppTest:
@@ -42,7 +42,7 @@ def test_every_page_runs(page):
 
 
 def test_explore_saves_then_recomputes_both_dots():
-    at = _app("pages/explore.py", width="256", batch="64", repeats="3").run()
+    at = _app("pages/explore.py", width="256", batch="64", depth="1", repeats="3").run()
     assert not at.exception
     assert at.selectbox(key="policy").value == DEFAULT_POLICY
     dots = _frame(at, "policy_verdict")
@@ -184,8 +184,8 @@ def test_url_restores_every_control():
 
 @pytest.mark.parametrize("key,value,widget,default", [
     ("width", "-3", "select_slider", 256), ("width", "abc", "select_slider", 256),
-    ("policy", "rm -rf", "selectbox", DEFAULT_POLICY), ("batch", "10**12", "select_slider", 64),
-    ("batch", str(10 ** 12), "select_slider", 64), ("model", "__import__('os')", "radio", "mlp"),
+    ("policy", "rm -rf", "selectbox", DEFAULT_POLICY), ("batch", "10**12", "select_slider", 128),
+    ("batch", str(10 ** 12), "select_slider", 128), ("model", "__import__('os')", "radio", "mlp"),
 ])
 def test_bad_url_values_warn_and_fall_back(key, value, widget, default):
     at = _app("pages/guide.py", **{key: value, "depth": "3"}).run()
@@ -201,7 +201,7 @@ def test_batch_zero_with_seq_mixer_is_refused():
     at = _app("pages/guide.py", model="seq_mixer", batch="0").run()
     assert not at.exception
     assert any("`batch`" in w.value for w in at.warning)
-    assert at.select_slider(key="batch").value == 64
+    assert at.select_slider(key="batch").value == 128  # the app's default
 
 
 def test_over_budget_is_flagged_in_the_sidebar_before_any_button(monkeypatch):
@@ -239,7 +239,7 @@ def test_sweep_leaves_out_configurations_over_the_budget(monkeypatch):
 
 def test_over_budget_is_an_error_not_a_traceback(monkeypatch):
     monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "1K")
-    at = _app("pages/explore.py", width="24", batch="8", repeats="3").run()
+    at = _app("pages/explore.py", width="24", batch="8", depth="1", repeats="3").run()
     assert not at.exception
     assert len(at.error) == 1 and "memory budget" in at.error[0].value
     assert not at.metric

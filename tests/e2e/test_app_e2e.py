@@ -115,8 +115,27 @@ def test_every_page_in_the_navigation_renders(page, server, shots):
         assert title in heading.inner_text(), f"page {title!r} shows heading {heading.inner_text()!r}"
         # the sidebar configuration survives the page switch
         assert slider_value(page, "Width D (features)") == "64"
-        if path not in ("explore", "sweep"):  # those two are taken with results, below
+        if path not in ("explore", "sweep", "compare"):  # those are taken with results, below
             shots(page, path)
+
+
+def test_default_configuration_shows_policies_differ_in_memory(page, server, shots):
+    """The app opens on a scanned 8-block mlp where Compare shows a real spread of peak memory."""
+    open_app(page, server)  # no parameters: the app's default configuration
+    assert_no_error(page)
+    assert slider_value(page, "Depth (remat'd blocks)") == "8"
+    assert radio_value(page, "Stack") == "scan"
+    cards = metrics(page)
+    assert cards["Gradient check"] == "ok" and cards[DOTS] == "16 / 0", cards
+    shots(page, "explore")
+    open_app(page, server, "compare", width="256", batch="128", depth="8")
+    button = page.get_by_test_id("stMain").get_by_role("button", name="Run comparison")
+    if button.count():  # seven timed policies: the page waits for a click
+        rerun_after(page, button.click)
+    assert_no_error(page)
+    body = page.get_by_test_id("stMain").inner_text()
+    assert "Smallest peak memory" in body and "compiles to the same peak" not in body, body[:2000]
+    shots(page, "compare")
 
 
 def assert_no_page_not_found(page) -> None:
@@ -173,8 +192,8 @@ def test_bad_url_parameter_warns_instead_of_a_traceback(page, server):
 
 
 def test_two_sessions_run_different_configurations_at_once(new_page, server):
-    configs = [dict(width="32", batch="4", policy="nothing_saveable", repeats="3"),
-               dict(width="96", batch="2", policy="dots_saveable", repeats="3")]
+    configs = [dict(width="32", batch="4", depth="1", policy="nothing_saveable", repeats="3"),
+               dict(width="96", batch="2", depth="1", policy="dots_saveable", repeats="3")]
     pages = [new_page(), new_page()]
     # Start both loads before waiting for either, so the two sessions run on the server together.
     for p, cfg in zip(pages, configs):
