@@ -319,3 +319,21 @@ def test_physical_cores_from_sysfs(tmp_path):
         (topo / "core_cpus_list").write_text(siblings + "\n")
     assert roofline._physical_from_sysfs(tmp_path) == 3
     assert roofline._physical_from_sysfs(tmp_path / "missing") is None
+
+
+def test_cli_calibrate_measures_again_and_keeps_the_higher_figures(iso, measured, capsys):
+    """``python -m remat_lab calibrate``: a busy machine reads low, so a new measurement never
+    lowers a stored roof."""
+    import json
+
+    from remat_lab.cli import main
+
+    first = roofline.calibrate()
+    low = {"peak_flops_per_s": first["peak_flops_per_s"] / 2,
+           "bandwidth_bytes_per_s": first["bandwidth_bytes_per_s"] * 2}
+    measured.queue.append(low)
+    assert main(["calibrate", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["peak_flops_per_s"] == first["peak_flops_per_s"]  # the old, higher peak is kept
+    assert doc["bandwidth_bytes_per_s"] == low["bandwidth_bytes_per_s"]  # the new, higher one
+    assert len(measured.calls) == 2

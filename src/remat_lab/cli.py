@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated policy ids (default: all); --policy is ignored")
     cmp.add_argument("--rounds", type=_rounds_arg, default=None,
                      help="interleaved timing rounds (1..1000; default: --repeats)")
+    cal = sub.add_parser("calibrate", help="measure this machine's roofs again (peak FLOP/s, copy "
+                                           "bandwidth); keeps the higher of the old and new figures")
+    cal.add_argument("--json", action="store_true")
     pol = sub.add_parser("policies", help="list the policy registry (and a model's checkpoint names)")
     pol.add_argument("--model", choices=MODELS, default=None,
                      help="also list this model's checkpoint names and which of them each recipe keeps")
@@ -302,12 +305,29 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    """Measure the roofs again (best of the old and new: load only ever makes them read low)."""
+    from . import roofline
+
+    roofs = roofline.recalibrate()
+    if args.json:
+        print(json.dumps(roofs, indent=2))
+    else:
+        print(f"peak {roofs['peak_flops_per_s'] / 1e9:.0f} GFLOP/s, copy bandwidth "
+              f"{roofs['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s ({roofs['peak_source']}; "
+              f"{roofs.get('peak_note', '')}); stored in {roofline.calibration_path()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "policies":
         print(_policies_text(args.model))
         return 0
     from .experiment import ExecutionError, enable_compilation_cache, run_experiment
+
+    if args.command == "calibrate":
+        return _calibrate(args)
 
     if args.command == "bench":
         from .bench import main as bench_main
