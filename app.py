@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:  # for "from pages import _shared" (never put pages/ itself on the path)
+if str(ROOT) not in sys.path:  # for "from pages import _sidebar" (never put pages/ itself on the path)
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
 
 st.set_page_config(page_title="Remat Lab", page_icon=":material/autorenew:", layout="wide")
 
-from pages import _shared  # noqa: E402
+from pages import _sidebar  # noqa: E402
 from remat_lab.experiment import enable_compilation_cache  # noqa: E402
 
 
@@ -45,6 +45,6 @@ PAGES = [
 page = st.navigation(PAGES, position="top")
 if page.url_path == "explore":  # switch before the controls, so URL warnings show once, on Explore
     page.run()
-config = _shared.controls()
-with _shared.routed(config):
+config = _sidebar.controls()
+with _sidebar.routed(config):
     page.run()

@@ -11,7 +11,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _shared  # noqa: E402
+from pages import _running, _shared, _sidebar  # noqa: E402
 from remat_lab import charts, compare, experiment, tables  # noqa: E402
 from remat_lab.config import (  # noqa: E402
     LIMITS,
@@ -56,11 +56,11 @@ cfg = _shared.page_start("Compare policies", "Every checkpoint policy at the sid
 default = [p for p, entry in POLICIES.items()
            if entry.group == "jax" or (entry.group == "maxtext" and cfg.model == "transformer")]
 chosen = st.multiselect("Policies", list(POLICIES), default=default, key="compare_policies",
-                        format_func=_shared.policy_label)
+                        format_func=_sidebar.policy_label)
 if not chosen:
     st.info("Pick at least one policy.")
     st.stop()
-if getattr(_shared, "over_budget", None) and _shared.over_budget(cfg):
+if _sidebar.over_budget(cfg):
     # The sidebar already shows the one red flag with what to lower: do not repeat it.
     st.info("Nothing was run: the configuration in the sidebar is too large for this server.",
             icon=":material/arrow_back:")
@@ -72,7 +72,7 @@ if refusal := _too_large(cfg):
 timed = cfg.replace(repeats=min(LIMITS["repeats"][1], cfg.repeats * compare.CALLS_PER_ROUND))
 key = (cfg, tuple(chosen))
 clicked = st.button("Run comparison", key="compare_run", type="primary")
-if not (_shared.is_quick(timed) or clicked or st.session_state.get("_compare_done") == key):
+if not (_running.is_quick(timed) or clicked or st.session_state.get("_compare_done") == key):
     st.info("These configurations may take a while, so they run only when you click "
             "**Run comparison**.")
     st.stop()
@@ -88,12 +88,12 @@ with st.status(f"Comparing {len(chosen)} policies…", expanded=False) as status
         error = None
         m = result["method"]
         status.update(label=f"Done: {len(result['rows'])} policies at "
-                            f"{_shared.describe(cfg).split(', ')[0]}, {m['rounds']} interleaved rounds "
+                            f"{_sidebar.describe(cfg).split(', ')[0]}, {m['rounds']} interleaved rounds "
                             f"of {m['calls_per_round']} calls each", state="complete")
     finally:
         _PROGRESS.say = None
 if error is not None:
-    _shared.show_error(error)
+    _running.show_error(error)
     st.stop()
 st.session_state["_compare_done"] = key
 if result["failed"]:

@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _shared  # noqa: E402
+from pages import _running, _shared  # noqa: E402
 from remat_lab import charts, reproduce, tables  # noqa: E402
 from remat_lab.config import human_bytes, human_seconds  # noqa: E402
 
@@ -40,7 +40,7 @@ def short_flops(f: float) -> str:
 
 cfg = _shared.page_start("Explore", "One configuration: how fast, how much memory, and which "
                                     "products the backward pass saves or recomputes.")
-result = _shared.run_one(cfg, keep_texts=False, button_key="explore_run")
+result = _running.run_one(cfg, keep_texts=False, button_key="explore_run")
 if result is None:
     st.stop()
 

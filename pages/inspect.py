@@ -8,12 +8,12 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _shared  # noqa: E402
+from pages import _running, _shared  # noqa: E402
 from remat_lab import tables  # noqa: E402
 
 cfg = _shared.page_start("Inspect", "The programs behind the numbers. Recomputed values sit under "
                                     "the name scope rematted_computation.")
-result = _shared.run_one(cfg, keep_texts=True, button_key="inspect_run")  # untimed
+result = _running.run_one(cfg, keep_texts=True, button_key="inspect_run")  # untimed
 if result is None:
     st.stop()
 

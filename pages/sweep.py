@@ -11,7 +11,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _shared  # noqa: E402
+from pages import _running, _shared, _sidebar  # noqa: E402
 from remat_lab import charts, tables  # noqa: E402
 from remat_lab.config import ConfigError, human_bytes  # noqa: E402
 from remat_lab.experiment import ExecutionError  # noqa: E402
@@ -21,16 +21,16 @@ cfg = _shared.page_start("Sweep", "Widths × batches × policies; model, seq, de
                                   "and repeats come from the sidebar.")
 ss = st.session_state
 c1, c2 = st.columns(2)
-widths = c1.multiselect("Widths", _shared.POW2_WIDTHS, default=[64, 256], key="sweep_widths")
-batch_opts = ([0] if cfg.model == "mlp" else []) + _shared.POW2_BATCHES
+widths = c1.multiselect("Widths", _sidebar.POW2_WIDTHS, default=[64, 256], key="sweep_widths")
+batch_opts = ([0] if cfg.model == "mlp" else []) + _sidebar.POW2_BATCHES
 batches = c2.multiselect("Batches", batch_opts, default=[16, 64], key="sweep_batches",
                          format_func=lambda b: "single vector" if b == 0 else str(b))
 policies = st.multiselect("Policies", list(POLICIES), key="sweep_policies",
                           default=["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"],
-                          format_func=_shared.policy_label)
+                          format_func=_sidebar.policy_label)
 grid = [cfg.replace(width=w, batch=b, policy=p)
         for w, b, p in itertools.product(sorted(widths), sorted(batches), policies)]
-too_big = {(c.width, c.batch): over for c in grid if (over := _shared.over_budget(c))}
+too_big = {(c.width, c.batch): over for c in grid if (over := _sidebar.over_budget(c))}
 if too_big:  # refused before the button, so a click never ends in an error
     budget = human_bytes(next(iter(too_big.values()))[1])
     sizes = ", ".join(f"width {w} × batch {b} ({human_bytes(need)})" for (w, b), (need, _) in too_big.items())
@@ -51,8 +51,8 @@ if start:
     with st.status(f"Sweeping {len(grid)} configurations…", expanded=False) as status:
         for i, c in enumerate(grid, 1):
             try:
-                result = _shared.run_config(c, status, prefix=f"{i}/{len(grid)} w{c.width} "
-                                                              f"b{c.batch} {c.policy}: ")
+                result = _running.run_config(c, status, prefix=f"{i}/{len(grid)} w{c.width} "
+                                                               f"b{c.batch} {c.policy}: ")
                 ss["sweep_rows"].append(tables.summary_row(result))  # kept if interrupted
             except (ConfigError, ExecutionError) as err:
                 ss["sweep_errors"].append(f"width {c.width}, batch {c.batch}, {c.policy}: {err}")

@@ -11,7 +11,7 @@ import pytest
 from remat_lab.config import RunConfig
 from remat_lab.experiment import run_experiment
 
-# The app's page modules (``from pages import _shared``) import from the repository root.
+# The app's page modules (``from pages import _running, _shared, _sidebar``) import from the repository root.
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
     sys.path.insert(0, _root)
 

@@ -147,14 +147,14 @@ def _has_frame(at, column):
 
 
 def test_inspect_shows_dot_lines_without_timing(monkeypatch):
-    from pages import _shared
+    from pages import _running
     from remat_lab import experiment
 
     calls = []
     real = experiment.run_experiment
     monkeypatch.setattr(experiment, "run_experiment",
                         lambda cfg, **kw: calls.append(kw.get("timing")) or real(cfg, **kw))
-    _shared._cached_programs.clear()
+    _running._cached_programs.clear()
     at = _app("pages/inspect.py", width="32", batch="4", depth="2", repeats="3",
               policy="nothing_saveable").run()
     assert not at.exception

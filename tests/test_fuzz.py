@@ -8,7 +8,7 @@ uncaught exception, never a hang (hypothesis' examples are bounded; AppTest has 
 Speed: the CLI's engine call and the app's run are stubbed (the CLI stub still applies the real
 memory guard and returns a real result of a tiny configuration, so formatting and JSON output run
 for real). The URL reaches the engine only as the ``RunConfig`` the page hands to
-``_shared.run_one``; the stub records it and the test checks it, so 200 AppTest examples fit in
+``_running.run_one``; the stub records it and the test checks it, so 200 AppTest examples fit in
 well under a minute. The real run path behind a URL is covered in test_reliability.py.
 """
 
@@ -230,7 +230,7 @@ def test_coerce_config_fuzz_is_valid_or_refused_with_a_sentence(raw):
 @pytest.fixture(scope="module")
 def page_runs():
     """The configurations the Explore page asks to run (the run itself is stubbed)."""
-    from pages import _shared
+    from pages import _running
 
     seen = []
 
@@ -239,7 +239,7 @@ def page_runs():
         return None
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_shared, "run_one", fake_run_one)
+        mp.setattr(_running, "run_one", fake_run_one)
         yield seen
 
 
@@ -265,7 +265,7 @@ url_value = st.one_of(*(_value_text(k) for k in ("width", "batch", "policy", "mo
 def test_url_query_fuzz_ends_in_a_valid_config_or_a_warning(page_runs, params):
     from streamlit.testing.v1 import AppTest
 
-    from pages import _shared
+    from pages import _sidebar
 
     at = AppTest.from_file(str(ROOT / "pages" / "explore.py"), default_timeout=30)
     for key, value in params.items():
@@ -279,7 +279,7 @@ def test_url_query_fuzz_ends_in_a_valid_config_or_a_warning(page_runs, params):
     # The only red box a URL can cause is the sidebar's over-budget flag, exactly when it is over.
     errors = [e.value for e in at.error]
     assert all("cannot run here" in e for e in errors), errors
-    assert bool(errors) == bool(_shared.over_budget(cfg)), (errors, cfg)
+    assert bool(errors) == bool(_sidebar.over_budget(cfg)), (errors, cfg)
     warnings = [w.value for w in at.warning]
     seq_batch0 = False
     for key in URL_KEYS:
@@ -297,7 +297,7 @@ def test_url_query_fuzz_ends_in_a_valid_config_or_a_warning(page_runs, params):
     if seq_batch0:
         assert any("only for the mlp model" in w for w in warnings), warnings
     # The address bar is rewritten to exactly the configuration in use.
-    want = {k: str(getattr(cfg, k)) for k in _shared.CONTROL_KEYS
+    want = {k: str(getattr(cfg, k)) for k in _sidebar.CONTROL_KEYS
             if k != "heads" or cfg.model == "transformer"}  # heads only for the transformer
     want.update({k: ",".join(getattr(cfg, k)) for k in ("save_names", "offload_names")
                  if getattr(cfg, k)})

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pages import _shared  # noqa: E402
+from pages import _running  # noqa: E402
 
 EXPLORE = str(ROOT / "pages" / "explore.py")
 SWEEP = str(ROOT / "pages" / "sweep.py")
@@ -127,7 +127,7 @@ def test_default_budget_is_half_a_1gb_container(monkeypatch):
 def test_small_budget_is_refused_in_the_app(monkeypatch):
     monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "1M")
     monkeypatch.setattr(experiment, "build_problem", lambda c: pytest.fail("traced"))
-    _shared._cached_run.clear()
+    _running._cached_run.clear()
     at = AppTest.from_file(EXPLORE, default_timeout=60)
     at.query_params.update(width="256", batch="64", repeats="1")
     at.run()
@@ -140,7 +140,7 @@ def test_small_budget_is_refused_in_the_app(monkeypatch):
 
 def test_lowering_the_budget_refuses_a_cached_configuration(monkeypatch):
     monkeypatch.delenv("REMAT_LAB_MEMORY_BUDGET", raising=False)
-    _shared._cached_run.clear()
+    _running._cached_run.clear()
     at = AppTest.from_file(EXPLORE, default_timeout=120)
     at.query_params.update(width="64", batch="8", repeats="1")
     at.run()
@@ -184,7 +184,7 @@ def test_run_failure_releases_the_timing_lock(monkeypatch, capsys):
 
 def test_app_shows_xla_failure_and_recomputes_after_it(monkeypatch):
     """The failed run is not cached (st.cache_data never caches exceptions): the retry compiles."""
-    _shared._cached_run.clear()
+    _running._cached_run.clear()
     compiles = []
     real_compile = jax.stages.Lowered.compile
 
@@ -226,12 +226,12 @@ def test_cached_entry_point_does_not_cache_failures(monkeypatch, tiny_result):
         return _fake_result(tiny_result, cfg)
 
     monkeypatch.setattr(experiment, "run_experiment", flaky)
-    _shared._cached_run.clear()
+    _running._cached_run.clear()
     key = _key(RunConfig(width=8, batch=5, repeats=1))
     with pytest.raises(ExecutionError):
-        _shared._cached_run(key)
-    assert _shared._cached_run(key)["config"]["batch"] == 5
-    assert _shared._cached_run(key)["config"]["batch"] == 5
+        _running._cached_run(key)
+    assert _running._cached_run(key)["config"]["batch"] == 5
+    assert _running._cached_run(key)["config"]["batch"] == 5
     assert len(calls) == 2
 
 
@@ -265,14 +265,14 @@ def test_eight_threads_through_the_cached_entry_point(monkeypatch):
             intervals.append((start, time.perf_counter()))
 
     monkeypatch.setattr(experiment, "time_executable", recording)
-    _shared._cached_run.clear()
+    _running._cached_run.clear()
     results, errors = {}, []
     barrier = threading.Barrier(len(CONCURRENT))
 
     def work(cfg):
         try:
             barrier.wait(timeout=60)
-            results[cfg] = _shared._cached_run(_key(cfg))
+            results[cfg] = _running._cached_run(_key(cfg))
         except Exception as err:  # noqa: BLE001 - reported below
             errors.append((cfg, repr(err)))
 
@@ -304,7 +304,7 @@ def test_two_sessions_on_one_configuration_compute_it_once(monkeypatch, tiny_res
         return _fake_result(tiny_result, cfg)
 
     monkeypatch.setattr(experiment, "run_experiment", slow_run)
-    _shared._cached_run.clear()
+    _running._cached_run.clear()
     sessions = [AppTest.from_file(EXPLORE, default_timeout=120) for _ in range(2)]
     for at in sessions:
         at.query_params.update(width="48", batch="3", repeats="1")
@@ -336,7 +336,7 @@ def test_interrupted_sweep_keeps_completed_rows_and_a_clean_cache(monkeypatch, t
         return _fake_result(tiny_result, cfg)
 
     monkeypatch.setattr(experiment, "run_experiment", run)
-    _shared._cached_run.clear()
+    _running._cached_run.clear()
     at = AppTest.from_file(SWEEP, default_timeout=60)
     at.query_params.update(model="mlp", depth="1", repeats="1")
     at.run()
@@ -353,9 +353,9 @@ def test_interrupted_sweep_keeps_completed_rows_and_a_clean_cache(monkeypatch, t
 
     # The cache holds the two completed runs and nothing for the interrupted one.
     completed, interrupted = calls[0], calls[2]
-    assert _shared._cached_run(_key(completed))["config"] == completed.as_dict()
+    assert _running._cached_run(_key(completed))["config"] == completed.as_dict()
     assert len(calls) == 3
-    assert _shared._cached_run(_key(interrupted))["config"] == interrupted.as_dict()
+    assert _running._cached_run(_key(interrupted))["config"] == interrupted.as_dict()
     assert len(calls) == 4  # computed fresh: no half-written entry
 
     at.run()  # the next script run shows the partial sweep

@@ -75,7 +75,8 @@ def test_no_eval_exec_shell_or_unpickling(path):
 
 def test_sources_are_scanned():
     names = {p.name for p in SOURCES}
-    assert {"app.py", "_shared.py", "explore.py", "config.py", "experiment.py", "cli.py"} <= names
+    assert {"app.py", "_sidebar.py", "_running.py", "_shared.py", "explore.py", "config.py",
+            "experiment.py", "cli.py"} <= names
 
 
 def test_no_plain_text_eval_or_shell_either():

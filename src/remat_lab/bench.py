@@ -8,7 +8,7 @@ Five measurements, side by side in one process, each reported as a ratio with it
    round by round (alternating which goes first) so drift and neighbours' load hit both alike.
 2. **Call overhead** at width 64, batch 8: the engine's step vs the bare compiled call, ``jax.jit``
    on the split ``nnx.State`` and ``nnx.jit`` on the module (same loss, same policy).
-3. **Cold and warm latency** through the Explore page's path (``pages/_shared.run_config``, an
+3. **Cold and warm latency** through the Explore page's path (``pages/_running.run_config``, an
    ``st.cache_data`` wrapper around ``run_experiment``; an equivalent in-process cache when the
    app is not next to the package). Cold = first request for a configuration in a running process
    (fresh persistent cache, in-process caches cleared); warm = the same request again.
@@ -237,23 +237,24 @@ def _app_runner() -> tuple[Callable[[RunConfig, _Status], dict], Callable[[], No
     The app module is imported lazily (streamlit is not a dependency of the engine) and runs in
     streamlit's bare mode, where ``st.cache_data`` works without a server.
     """
-    shared = Path(__file__).resolve().parents[2] / "pages" / "_shared.py"
-    if shared.exists():
+    running = Path(__file__).resolve().parents[2] / "pages" / "_running.py"
+    if running.exists():
         try:
             import logging
 
             for name in ("streamlit", "streamlit.runtime"):
                 logging.getLogger(name).setLevel(logging.ERROR)
-            spec = importlib.util.spec_from_file_location("remat_lab_bench_shared", shared)
+            spec = importlib.util.spec_from_file_location("remat_lab_bench_running", running)
             mod = importlib.util.module_from_spec(spec)
-            sys.path.insert(0, str(shared.parent.parent))
+            root = str(running.parent.parent)  # for its ``from pages._sidebar import ...``
+            sys.path.insert(0, root)
             try:
                 spec.loader.exec_module(mod)
             finally:
-                sys.path.remove(str(shared.parent.parent))
+                sys.path.remove(root)
             run = lambda cfg, status: mod.run_config(cfg, status, keep_texts=False)  # noqa: E731
             return (run, mod._cached_run.clear,
-                    "pages/_shared.run_config (st.cache_data, bare mode)", dict(mod.STAGE_TEXT))
+                    "pages/_running.run_config (st.cache_data, bare mode)", dict(mod.STAGE_TEXT))
         except Exception as err:  # noqa: BLE001 - fall back, and say so
             why = f"app wrapper unavailable ({type(err).__name__}: {str(err)[:80]})"
     else:

@@ -1,0 +1,254 @@
+"""The sidebar's controls, their mirror in the URL, policy labels and the over-budget flag."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import streamlit as st
+
+from remat_lab import experiment
+from remat_lab.config import (
+    CHOICES,
+    DTYPES,
+    LIMITS,
+    NAME_FIELDS,
+    OBJECTIVES,
+    ConfigError,
+    RunConfig,
+    coerce_config,
+    estimate_bytes,
+    human_bytes,
+    resolve_budget,
+)
+from remat_lab.models import SEQ_MODELS, names_of
+from remat_lab.policies import GROUPS, POLICIES
+
+CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy",
+                "objective", "repeats")
+NAME_CHOICES = ("save", "offload", "recompute")  # the custom editor, one control per checkpoint name
+# The app opens where policies visibly differ on a CPU: a scanned 8-block mlp (width 256, batch
+# 128). Measured (XLA CPU): peak 10.4 MiB (nothing_saveable) / 11.7 (no_remat) / 12.2
+# (dots_with_no_batch_dims_saveable), one step about 8 ms; the engine's own default stays the
+# seed's one-block case.
+DEFAULT = RunConfig(width=256, batch=128, depth=8)
+POW2_WIDTHS = [2 ** i for i in range(3, 13)]  # 8 .. 4096
+POW2_BATCHES = [2 ** i for i in range(0, 13)]  # 1 .. 4096
+POW2_SEQS = [2 ** i for i in range(0, 11)]  # 1 .. 1024
+
+_ROUTED = threading.local()  # the router's config for this script run
+
+
+def policy_label(pid: str) -> str:
+    return POLICIES[pid].label if pid in POLICIES else pid
+
+
+def grouped_policy_label(pid: str) -> str:
+    """The policy picker's label: its group (JAX policies / MaxText recipes / custom), then the id."""
+    return f"{GROUPS[POLICIES[pid].group]} › {pid}" if pid in POLICIES else pid
+
+
+def _custom_names(ss) -> dict:
+    """``save_names``/``offload_names`` from the custom editor's controls (only for policy custom)."""
+    if ss["policy"] != "custom":
+        return {}
+    choice = {n: ss.get(f"custom_{n}") or "recompute" for n in names_of(ss["model"])}
+    return {"save_names": tuple(n for n, c in choice.items() if c == "save"),
+            "offload_names": tuple(n for n, c in choice.items() if c == "offload")}
+
+
+def describe(cfg: RunConfig) -> str:
+    shape = "x".join(map(str, cfg.input_shape))
+    return (f"{cfg.model} {cfg.dtype} x:({shape}) depth {cfg.depth}, {cfg.policy}, "
+            f"{cfg.objective}, {cfg.repeats} repeats")
+
+
+# ---------------------------------------------------------------- URL <-> controls
+
+
+def _read_url_once() -> list[str]:
+    """On a session's first run, copy valid URL values into the controls; warn about bad ones."""
+    if st.session_state.get("_url_loaded"):
+        return []
+    st.session_state["_url_loaded"] = True
+    warnings, values = [], {}
+    for key in CONTROL_KEYS:
+        if key not in st.query_params:
+            continue
+        raw = st.query_params[key]
+        try:  # validate one parameter at a time so the warning names it; never executed
+            values[key] = getattr(coerce_config({key: raw} if key != "batch" else
+                                                {key: raw, "model": "mlp"}), key)
+        except ConfigError as err:
+            allowed = (", ".join(CHOICES[key]) if key in CHOICES
+                       else "a whole number from {} to {}".format(*LIMITS[key]))
+            warnings.append(f"URL parameter `{key}` = `{str(raw)[:40]}` is not valid ({err}) "
+                            f"Allowed: {allowed}. Using the default, `{getattr(DEFAULT, key)}`.")
+    if values.get("batch") == 0 and values.get("model") == "seq_mixer":
+        warnings.append("URL parameter `batch` = `0` (a single vector) is only for the mlp model. "
+                        f"Using the default, `{DEFAULT.batch}`.")
+        values.pop("batch")
+    for key in NAME_FIELDS:  # custom's names: checked against the URL's model
+        if key not in st.query_params:
+            continue
+        raw = st.query_params[key]
+        model = values.get("model", DEFAULT.model)
+        try:
+            names = getattr(coerce_config({"model": model, "policy": "custom", key: raw}), key)
+        except ConfigError as err:
+            warnings.append(f"URL parameter `{key}` = `{str(raw)[:40]}` is not valid ({err}) "
+                            "Using none: those tensors are recomputed.")
+            continue
+        values.update({f"custom_{n}": "save" if key == "save_names" else "offload" for n in names})
+    for key, value in values.items():
+        st.session_state[key] = value
+    if "width" in values:
+        st.session_state["width_exact"] = values["width"]
+    return warnings
+
+
+def _write_url(cfg: RunConfig) -> None:
+    wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS if k != "heads" or cfg.model == "transformer"}
+    wanted.update({k: ",".join(getattr(cfg, k)) for k in NAME_FIELDS if getattr(cfg, k)})
+    if {k: st.query_params.get(k) for k in st.query_params} != wanted:
+        st.query_params.from_dict(wanted)
+
+
+def _width_from_slider() -> None:
+    st.session_state["width_exact"] = st.session_state["width"]
+
+
+def _width_from_entry() -> None:
+    st.session_state["width"] = int(st.session_state["width_exact"])
+
+
+def _render_controls() -> RunConfig:
+    warnings = _read_url_once()
+    ss = st.session_state
+    for key in CONTROL_KEYS:
+        ss.setdefault(key, getattr(DEFAULT, key))
+    ss.setdefault("width_exact", ss["width"])
+    sb = st.sidebar
+    sb.title("Remat Lab")
+    sb.caption("What a JAX checkpoint policy does to a Flax NNX model.")
+    flag = sb.empty()  # the over-budget flag goes here, above the controls, once they are read
+    sb.radio("Model", CHOICES["model"], key="model", horizontal=True,
+             help="mlp: relu(l2(relu(l1(x)))); seq_mixer adds token mixing whose dots pair batch axes; "
+                  "transformer: a pre-norm decoder block (causal attention, gated MLP) with "
+                  "MaxText's checkpoint names.")
+    sb.select_slider("Width D (features)", options=sorted(set(POW2_WIDTHS) | {ss["width"]}),
+                     key="width", on_change=_width_from_slider)
+    sb.number_input("…or type any width", min_value=LIMITS["width"][0], max_value=LIMITS["width"][1],
+                    step=1, key="width_exact", on_change=_width_from_entry)
+    if ss["model"] != "mlp" and ss["batch"] == 0:
+        ss["batch"] = 1
+    batches = ([0] if ss["model"] == "mlp" else []) + POW2_BATCHES
+    sb.select_slider("Batch B", options=sorted(set(batches) | {ss["batch"]}), key="batch",
+                     format_func=lambda b: "single vector" if b == 0 else str(b),
+                     help="single vector = x: (D,), the seed's case (mlp only).")
+    sb.select_slider("Sequence length N (seq_mixer, transformer)",
+                     options=sorted(set(POW2_SEQS) | {ss["seq"]}), key="seq",
+                     disabled=ss["model"] not in SEQ_MODELS)
+    if ss["model"] == "transformer":
+        heads = [h for h in range(1, LIMITS["heads"][1] + 1) if int(ss["width"]) % h == 0]
+        if ss["heads"] not in heads:  # the width changed: the nearest head count that divides it
+            ss["heads"] = max(h for h in heads if h <= ss["heads"]) if ss["heads"] > 1 else 1
+        sb.select_slider("Attention heads", options=heads, key="heads",
+                         help="Heads of width / heads features each; only divisors of the width.")
+    sb.slider("Depth (remat'd blocks)", *LIMITS["depth"], key="depth")
+    sb.radio("Stack", CHOICES["stack"], key="stack", horizontal=True, disabled=ss["depth"] == 1,
+             help="How depth > 1 blocks run: scan over layers stacked on a leading axis (nnx.scan, "
+                  "how production code is written), or an unrolled Python loop, where XLA CPU "
+                  "merges most recomputation back into the forward pass (see the Guide).")
+    sb.radio("dtype", DTYPES, key="dtype", horizontal=True)
+    sb.selectbox("Checkpoint policy", list(POLICIES), key="policy", format_func=grouped_policy_label,
+                 help=POLICIES[ss["policy"]].description if ss["policy"] in POLICIES else None)
+    if ss["policy"] == "custom":
+        sb.caption(f"Per checkpoint name of {ss['model']}: save on the device, offload to pinned "
+                   "host memory, or recompute.")
+        for name in names_of(ss["model"]):
+            ss.setdefault(f"custom_{name}", "recompute")
+            sb.segmented_control(f"`{name}`", NAME_CHOICES, key=f"custom_{name}")
+    sb.radio("Objective", OBJECTIVES, key="objective", horizontal=True)
+    sb.number_input("Timed repeats", min_value=LIMITS["repeats"][0], max_value=LIMITS["repeats"][1],
+                    step=1, key="repeats")
+    try:
+        cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in CONTROL_KEYS},
+                        **_custom_names(ss))
+    except ConfigError as err:  # should not happen: every control offers valid values only
+        st.warning(f"{err} Using the defaults.")
+        cfg = DEFAULT
+    for text in warnings:
+        st.warning(text)
+    _write_url(cfg)
+    over = over_budget(cfg)
+    if over:
+        flag.error(budget_message(*over, cfg.model), icon=":material/memory:")
+    else:
+        budget = _budget_or_none()
+        allowed = f" (this server allows {human_bytes(budget)})" if budget else ""
+        sb.caption(f"Estimated memory need: {human_bytes(estimate_bytes(cfg))}{allowed}. "
+                   "The link in the address bar restores these settings.")
+    return cfg
+
+
+# ---------------------------------------------------------------- memory budget
+
+
+@st.cache_resource(show_spinner=False)
+def _device_limit() -> int | None:
+    return experiment.device_memory_limit()
+
+
+def _budget_or_none() -> int | None:
+    try:
+        return resolve_budget(None, _device_limit())
+    except ConfigError:  # a malformed budget setting: run_config reports it when a run is asked for
+        return None
+
+
+def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
+    """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None."""
+    need, budget = estimate_bytes(cfg), _budget_or_none()
+    return (need, budget) if budget is not None and need > budget else None
+
+
+def budget_message(need: int, budget: int, model: str = "seq_mixer") -> str:
+    """The over-budget flag: the estimate, the budget and the sidebar settings that lower it."""
+    knobs = "width, batch, seq or depth" if model in SEQ_MODELS else "width, batch or depth"
+    return (f"**This configuration cannot run here.** Estimated {human_bytes(need)}, over the "
+            f"memory budget of {human_bytes(budget)} on this server: lower {knobs}.")
+
+
+def _leave_legacy_page_mode() -> None:
+    """Hand a page run by Streamlit's legacy ``pages/`` discovery back to the router.
+
+    A server's first request that names a page (``/sweep``, a shared link) is served in the old
+    multipage mode because ``pages/`` exists: the page script runs without ``app.py`` and the
+    sidebar lists every file in ``pages/``. That mode ends only when ``st.navigation`` is called,
+    so end it and rerun: the rerun executes ``app.py``, which routes to the same URL path.
+    """
+    from streamlit.runtime.pages_manager import PagesManager  # the flag lives nowhere public
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
+def controls() -> RunConfig:
+    """The sidebar controls' configuration; rendered once per script run (router or page)."""
+    cfg = getattr(_ROUTED, "config", None)
+    if cfg is not None:
+        return cfg
+    _leave_legacy_page_mode()
+    return _render_controls()
+
+
+@contextmanager
+def routed(cfg: RunConfig):
+    """Used by app.py around ``pg.run()`` so pages reuse the router's controls."""
+    _ROUTED.config = cfg
+    try:
+        yield
+    finally:
+        _ROUTED.config = None
