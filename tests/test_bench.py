@@ -121,3 +121,13 @@ def test_report_document_and_table(monkeypatch):
 def test_verdicts(key):
     target, verdict = bench.verdict(key, 1.0)
     assert verdict in {"PASS", "MISS", "report"}
+
+
+def test_latency_goes_through_the_apps_own_cached_wrapper():
+    """The latency figures time the Explore page's real st.cache_data wrapper, not the fallback."""
+    from remat_lab.bench import _app_runner
+
+    _run, clear, description, stages = _app_runner()
+    assert description == "pages/_running.run_config (st.cache_data, bare mode)", description
+    assert "compiling" in stages
+    clear()
