@@ -23,7 +23,10 @@ def _open(text: str, **config) -> str:
 STACK = dict(model="mlp", width=256, batch=128, depth=8)
 st.markdown(f"""
 ### Four lessons, each one click away
-Measured here (XLA CPU, jax 0.10.2); each link opens the configuration in Explore.
+Measured here (XLA CPU, jax 0.10.2); each link opens the configuration in Explore. The app opens
+on the first lesson's stack (mlp 256 × 128, depth 8, scan), chosen because the policies' compiled
+peaks differ there: 10.4 MiB for nothing_saveable, 11.7 MiB for no_remat, 12.2 MiB for
+dots_with_no_batch_dims_saveable, one step in about 8 ms on 2 cores; Compare shows that spread.
 
 1. **Only a scanned stack lets the policy move memory on CPU.** mlp 256 × 128, depth 8:
    nothing_saveable needs 2.25 MiB of temp under scan against no_remat's 3.50 MiB (0.64×), but under
