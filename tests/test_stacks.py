@@ -97,3 +97,27 @@ def test_cli_code_prints_the_snippet(capsys):
     out = capsys.readouterr().out
     assert out == reproduce_code(RunConfig(width=16, batch=2, depth=3, stack="scan"))
     assert "@nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)" in out
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the Guide quotes XLA CPU figures")
+def test_the_guides_numbers_hold():
+    """The Guide and README quote compiled memory at the app's default; XLA's memory analysis is
+    deterministic for a jax version, so the quoted figures are checked here (to 0.05 MiB)."""
+    from pages import _sidebar
+    from remat_lab.experiment import memory_report
+
+    assert _sidebar.DEFAULT == RunConfig(width=256, batch=128, depth=8, stack="scan")
+    mib = 1 << 20
+
+    def mem(**kw):
+        problem = build_problem(_sidebar.DEFAULT.replace(**kw))
+        return memory_report(jax.jit(make_step(problem)).lower(*problem.args).compile())
+
+    quoted_peaks = {"nothing_saveable": 10.4, "no_remat": 11.7, "dots_with_no_batch_dims_saveable": 12.2}
+    for policy, peak in quoted_peaks.items():
+        assert mem(policy=policy)["peak_bytes"] / mib == pytest.approx(peak, abs=0.05), policy
+    quoted_temps = {("scan", "no_remat"): 3.50, ("scan", "nothing_saveable"): 2.25,
+                    ("scan", "dots_with_no_batch_dims_saveable"): 4.00,
+                    ("loop", "no_remat"): 2.25, ("loop", "nothing_saveable"): 2.13}
+    for (stack, policy), temp in quoted_temps.items():
+        assert mem(stack=stack, policy=policy)["temp_bytes"] / mib == pytest.approx(temp, abs=0.01)
