@@ -209,3 +209,43 @@ def test_roofline_units_and_missing_roofs():
     no_roofs = charts.make_roofline_figure(_roofline_frame(), None, None)
     assert [t.name for t in no_roofs.data] == ["no_remat", "nothing_saveable"]
     assert "of peak" not in no_roofs.data[0].hovertemplate
+
+
+def _timeline_frame():
+    return pd.DataFrame({"index": [0, 10, 20] * 3,
+                         "phase": ["parameter"] * 3 + ["forward"] * 3 + ["backward"] * 3,
+                         "bytes": [1 << 20] * 3 + [0, 2 << 20, 0] + [0, 0, 1 << 20]})
+
+
+@pytest.mark.parametrize("build", [lambda df: charts.make_timeline_figure(df, None, None),
+                                   charts.make_timeline_overlay_figure])
+def test_timeline_figures_with_empty_frames_say_so(build):
+    fig = build(pd.DataFrame(columns=["index", "phase", "bytes"]))
+    assert len(fig.data) == 0 and "no data" in fig.layout.annotations[0].text
+
+
+def test_timeline_is_a_stacked_area_per_phase_with_the_peak_marked():
+    fig = charts.make_timeline_figure(_timeline_frame(), 10, 3 << 20)
+    assert [t.name for t in fig.data] == ["parameter", "forward", "backward"]
+    assert {t.stackgroup for t in fig.data} == {"live"}  # one stack: the phases add up
+    assert [t.fillcolor for t in fig.data] == [charts.PHASE_COLORS[p] for p in ("parameter", "forward",
+                                                                                "backward")]
+    assert list(fig.data[1].y) == [0, 2, 0]  # MiB
+    assert fig.layout.yaxis.title.text == "live memory (MiB)"
+    assert [s.x0 for s in fig.layout.shapes] == [10]  # the peak's vertical line
+    assert any("peak 3.00 MiB at instruction 10" in a.text for a in fig.layout.annotations)
+    assert "bytes" in fig.data[0].hovertemplate
+
+
+def test_timeline_overlay_one_line_per_policy_in_its_colour():
+    df = pd.DataFrame({"policy": ["no_remat"] * 3 + ["nothing_saveable"] * 3,
+                       "fraction": [0, 0.5, 0.99] * 2,
+                       "live_bytes": [1 << 20, 4 << 20, 0, 1 << 20, 2 << 20, 0]})
+    fig = charts.make_timeline_overlay_figure(df)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert [t.name for t in lines] == ["no_remat", "nothing_saveable"]
+    assert [t.line.color for t in lines] == [charts.policy_color("no_remat"),
+                                             charts.policy_color("nothing_saveable")]
+    peaks = [t for t in fig.data if t.mode == "markers"]
+    assert [(t.x[0], t.y[0]) for t in peaks] == [(0.5, 4.0), (0.5, 2.0)]
+    assert tuple(fig.layout.xaxis.range) == (0, 1)

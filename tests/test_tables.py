@@ -129,3 +129,76 @@ def test_units_are_binary_in_frames_and_csv_headers():
         low = str(name).lower()
         for decimal in ("mb", "kb", "gb"):
             assert not (low.endswith(decimal) or f"_{decimal}_" in low or f"({decimal})" in low), name
+
+
+def _timeline(policy="nothing_saveable", n=100, peak=60):
+    """A ``run_experiment`` document with a synthetic ``memory_timeline`` of the engine's shape."""
+    forward = [[i, 4096.0 * min(i, peak) if i <= peak else 4096.0 * (n - i)] for i in range(0, n, 2)]
+    params = [[0, 1024.0]]  # parameters live from the start: one point holds until the end
+    at_peak = [
+        {"bytes": 1024, "shape": [16, 16], "dtype": "float32", "kind": "parameter", "phase": "parameter",
+         "layer": "blocks", "name": "w1", "instruction": "p0", "op_name": ""},
+        {"bytes": 4096 * peak, "shape": [peak, 1024], "dtype": "float32", "kind": "temp",
+         "phase": "forward", "layer": "blocks_0", "name": "relu", "instruction": "fusion.3",
+         "op_name": "jit(step)/relu"},
+    ]
+    return {"config": {"policy": policy}, "memory_timeline": {
+        "source": "xla live-range dump", "instructions": n,
+        "points": [[i, b + 1024.0] for i, b in forward],
+        "by_phase": {"forward": forward, "parameter": params},
+        "peak_index": peak, "peak_live_bytes": 4096 * peak + 1024, "at_peak": at_peak, "note": "values"}}
+
+
+def test_timeline_frame_stacks_every_phase_at_every_index():
+    df = tables.timeline_frame(_timeline())
+    assert list(df.columns) == ["index", "phase", "bytes"]
+    assert df["phase"].unique().tolist() == ["parameter", "forward"]  # canonical order, not the dict's
+    per_phase = df.groupby("phase")["index"].apply(list)
+    assert per_phase["parameter"] == per_phase["forward"] == list(range(0, 100, 2))
+    assert (df.loc[df["phase"] == "parameter", "bytes"] == 1024).all()  # held from index 0 on
+    total = df.groupby("index")["bytes"].sum()
+    assert total.idxmax() == 60 and total.max() == 4096 * 60 + 1024
+
+
+def test_timeline_frame_thins_long_programs_and_keeps_the_peak():
+    n = 10_001
+    doc = {"memory_timeline": {"instructions": n, "points": [], "by_phase": {
+        "forward": [[i, 100.0 if i == 7 else 1.0] for i in range(n)]}}}
+    df = tables.timeline_frame(doc)
+    assert len(df) <= tables.MAX_POINTS
+    assert 7 in df["index"].tolist() and df["bytes"].max() == 100  # the peak, though off the even grid
+    assert df["index"].min() == 0 and df["index"].max() == n - 1
+
+
+@pytest.mark.parametrize("doc", [{}, {"memory_timeline": None},
+                                 {"memory_timeline": {"source": None, "reason": "no dump"}}])
+def test_timeline_frames_without_a_timeline_are_empty(doc):
+    assert tables.timeline_frame(doc).empty
+    assert tables.at_peak_frame(doc).empty and "size" in tables.at_peak_frame(doc)
+    assert tables.timeline_overlay_frame([doc]).empty
+    assert tables.peak_holdings_frame([doc]).empty
+
+
+def test_at_peak_frame_largest_first_in_binary_units():
+    df = tables.at_peak_frame(_timeline())
+    assert df.columns.tolist() == tables.AT_PEAK_COLUMNS
+    assert df["bytes"].tolist() == [4096 * 60, 1024]
+    assert df["size"].tolist() == ["240.0 KiB", "1.0 KiB"]
+    assert df["shape"].tolist() == ["(60, 1024)", "(16, 16)"]
+    groups = tables.at_peak_groups(df, ["phase"])
+    assert groups[["phase", "buffers", "bytes"]].values.tolist() == [["forward", 1, 4096 * 60],
+                                                                    ["parameter", 1, 1024]]
+
+
+def test_overlay_and_holdings_one_entry_per_policy():
+    docs = [_timeline("no_remat", n=200, peak=150), _timeline("nothing_saveable", n=100, peak=60)]
+    over = tables.timeline_overlay_frame(docs)
+    assert over["policy"].unique().tolist() == ["no_remat", "nothing_saveable"]
+    assert over["fraction"].between(0, 1).all()
+    assert over.groupby("policy")["fraction"].max().round(2).tolist() == [0.99, 0.98]
+    held = tables.peak_holdings_frame(docs).set_index("policy")
+    assert held.loc["no_remat", "peak_live_bytes"] == 4096 * 150 + 1024
+    assert held.loc["nothing_saveable", "peak_at"] == 0.6
+    assert held.loc["nothing_saveable", "forward_bytes"] == 4096 * 60
+    assert held.loc["nothing_saveable", "recomputed_bytes"] == 0
+    assert held.loc["nothing_saveable", "largest"].startswith("blocks_0 relu (forward) 240.0 KiB")

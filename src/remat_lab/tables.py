@@ -6,6 +6,7 @@ with its documented columns (possibly with no rows).
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 MIB = float(1 << 20)
@@ -192,3 +193,127 @@ def matching_lines(text: str, pattern: str, limit: int = 400) -> list[str]:
         return []
     hits = [ln for ln in text.splitlines() if any(n in ln for n in needles)]
     return hits[:limit]
+
+
+# ---------------------------------------------------------------- memory over the program
+# ``result["memory_timeline"]``: live bytes over XLA's schedule (see ``remat_lab.timeline``).
+
+PHASES = ("parameter", "output", "forward", "recomputed", "backward", "other")
+MAX_POINTS = 2000  # per trace: a depth-16 timeline must stay a small figure
+AT_PEAK_COLUMNS = ["bytes", "size", "phase", "layer", "name", "shape", "dtype", "kind", "instruction",
+                   "op_name"]
+
+
+def _timeline(result: dict | None) -> dict:
+    """The result's timeline, or {} when the backend gave none (None, or ``{"source": None, ...}``)."""
+    tl = (result or {}).get("memory_timeline") or {}
+    return tl if tl.get("points") or tl.get("by_phase") else {}
+
+
+def _size(n: float) -> str:
+    """``config.human_bytes`` (imported on use: ``config`` imports the models, this module is pandas only)."""
+    from .config import human_bytes
+
+    return human_bytes(n)
+
+
+def _thin(index: pd.Index, keep: int, limit: int = MAX_POINTS) -> pd.Index:
+    """At most ``limit`` evenly spread labels of ``index``, ``keep`` (the peak) among them."""
+    if len(index) <= limit:
+        return index
+    picks = set(index[np.linspace(0, len(index) - 1, limit - 1).round().astype(int)])
+    return index[index.isin(picks | {keep})]
+
+
+def timeline_frame(result: dict | None) -> pd.DataFrame:
+    """Live bytes by phase over the schedule, long format: columns index, phase, bytes.
+
+    One row per (instruction index, phase) from ``memory_timeline.by_phase``, phases in the order
+    of ``PHASES`` (unknown ones after). Every phase gets a value at every index of any phase (a
+    value holds until that phase's next point), so the phases stack; at most ``MAX_POINTS``
+    indices, the largest total kept. Empty without a timeline.
+    """
+    cols = ["index", "phase", "bytes"]
+    by_phase = _timeline(result).get("by_phase") or {}
+    series = {p: pd.Series({int(i): float(b) for i, b in pts}) for p, pts in by_phase.items() if pts}
+    if not series:
+        return pd.DataFrame(columns=cols)
+    order = [p for p in PHASES if p in series] + [p for p in series if p not in PHASES]
+    wide = pd.DataFrame(series)[order].sort_index().ffill().fillna(0.0)
+    wide = wide.loc[_thin(wide.index, wide.sum(axis=1).idxmax())]
+    wide.index.name = "index"
+    out = wide.reset_index().melt(id_vars="index", var_name="phase", value_name="bytes")
+    return out[cols].reset_index(drop=True)
+
+
+def at_peak_frame(result: dict | None) -> pd.DataFrame:
+    """The buffers live at the timeline's peak, largest first (see ``AT_PEAK_COLUMNS``).
+
+    ``bytes`` stays exact; ``size`` is the same in binary units (KiB, MiB) for display.
+    """
+    rows = _timeline(result).get("at_peak") or []
+    df = pd.DataFrame(rows, columns=[c for c in AT_PEAK_COLUMNS if c != "size"])
+    df["shape"] = df["shape"].map(_shape)
+    df = df.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
+    df.insert(1, "size", df["bytes"].map(_size))
+    return df[AT_PEAK_COLUMNS]
+
+
+def at_peak_groups(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """``at_peak_frame`` rows summed by ``by`` (e.g. phase and layer): ``by``, buffers, bytes, size."""
+    if df.empty:
+        return pd.DataFrame(columns=[*by, "buffers", "bytes", "size"])
+    out = df.fillna({c: "" for c in by}).groupby(by, as_index=False, sort=False).agg(
+        buffers=("bytes", "size"), bytes=("bytes", "sum"))
+    out = out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
+    out["size"] = out["bytes"].map(_size)
+    return out
+
+
+def _policy(result: dict) -> str:
+    return str((result.get("config") or {}).get("policy", ""))
+
+
+def timeline_overlay_frame(results: list[dict]) -> pd.DataFrame:
+    """Total live bytes over the program for several results: columns policy, fraction, live_bytes.
+
+    ``fraction`` is index / instructions (0 to 1), so programs of different lengths line up.
+    Results without a timeline are left out.
+    """
+    frames = []
+    for r in results:
+        tl = _timeline(r)
+        pts = tl.get("points") or []
+        if not pts:
+            continue
+        n = tl.get("instructions") or max(int(i) for i, _ in pts) or 1
+        frames.append(pd.DataFrame({"policy": _policy(r), "fraction": [i / n for i, _ in pts],
+                                    "live_bytes": [float(b) for _, b in pts]}))
+    cols = ["policy", "fraction", "live_bytes"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def peak_holdings_frame(results: list[dict], top: int = 3) -> pd.DataFrame:
+    """What each result holds at its timeline's peak: one row per policy.
+
+    Columns: policy, peak_live_bytes, peak_at (fraction of the program), one ``<phase>_bytes``
+    column per phase (bytes live at the peak in that phase), and ``largest`` (the ``top`` largest
+    buffers as "layer name (phase) size").
+    """
+    cols = ["policy", "peak_live_bytes", "peak_at", *(f"{p}_bytes" for p in PHASES), "largest"]
+    rows = []
+    for r in results:
+        tl = _timeline(r)
+        if not tl:
+            continue
+        at = at_peak_frame(r)
+        row = {"policy": _policy(r), "peak_live_bytes": tl.get("peak_live_bytes"),
+               "peak_at": (tl["peak_index"] / tl["instructions"]
+                           if tl.get("instructions") and tl.get("peak_index") is not None else None)}
+        sums = at.groupby("phase")["bytes"].sum() if not at.empty else pd.Series(dtype=float)
+        row.update({f"{p}_bytes": float(sums.get(p, 0.0)) for p in PHASES})
+        row["largest"] = "; ".join(
+            (" ".join(str(v) for v in (b["layer"], b["name"]) if v and pd.notna(v)) or str(b["instruction"]))
+            + f" ({b['phase']}) {_size(b['bytes'])}" for _, b in at.head(top).iterrows())
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
