@@ -149,6 +149,26 @@ mid.plotly_chart(charts.make_memory_figure(tables.memory_frame([result])), width
 right.plotly_chart(charts.make_residuals_figure(tables.residual_layer_kind_frame(result)),
                    width="stretch")
 
+st.subheader("Memory over the program")
+timeline = result.get("memory_timeline") or {}
+if not (timeline.get("points") or timeline.get("by_phase")):
+    st.caption("No memory timeline for this run: " + (timeline.get("reason") or "the engine gave none."))
+else:
+    st.caption("Live bytes at each instruction of XLA's schedule of the step, stacked by what the "
+               "live values are: parameters, outputs, forward activations, recomputed values and "
+               "backward temporaries. Below: the buffers live at the peak, largest first.")
+    st.plotly_chart(charts.make_timeline_figure(tables.timeline_frame(result), timeline.get("peak_index"),
+                                                timeline.get("peak_live_bytes")), width="stretch")
+    at_peak = tables.at_peak_frame(result)
+    group = st.segmented_control("Buffers at the peak", ["each buffer", "by phase", "by layer and name"],
+                                 default="each buffer", key="explore_peak_group")
+    if group in ("by phase", "by layer and name"):
+        at_peak = tables.at_peak_groups(at_peak, ["phase"] if group == "by phase" else ["layer", "name"])
+    st.dataframe(at_peak, hide_index=True, width="stretch", column_config={
+        "bytes": None, "op_name": st.column_config.TextColumn("op_name", width="large")})
+    if timeline.get("note"):
+        st.caption(timeline["note"])
+
 if roof.get("arithmetic_intensity") and roof.get("achieved_flops_per_s"):
     st.subheader("Roofline")
     st.caption(f"The step against this machine's measured roofs ({roof['peak_source']}: the best "

@@ -3,6 +3,7 @@
 Pages run one by one (``AppTest.from_file("pages/x.py")``) with small configurations.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,46 @@ def test_over_budget_is_an_error_not_a_traceback(monkeypatch):
     assert not at.exception
     assert len(at.error) == 1 and "memory budget" in at.error[0].value
     assert not at.metric
+
+
+SYNTHETIC_TIMELINE = {  # the engine's memory_timeline shape, small
+    "source": "synthetic", "instructions": 40,
+    "points": [[i, float(1024 + 4096 * min(i, 40 - i))] for i in range(0, 40, 4)],
+    "by_phase": {"parameter": [[0, 1024.0]],
+                 "forward": [[i, float(4096 * min(i, 40 - i))] for i in range(0, 40, 4)]},
+    "peak_index": 20, "peak_live_bytes": 1024 + 4096 * 20,
+    "at_peak": [{"bytes": 1024, "shape": [16, 16], "dtype": "float32", "kind": "parameter",
+                 "phase": "parameter", "layer": "blocks", "name": "w", "instruction": "p.1", "op_name": ""},
+                {"bytes": 4096 * 20, "shape": [80, 256], "dtype": "float32", "kind": "temp",
+                 "phase": "forward", "layer": "blocks_0", "name": "relu", "instruction": "fusion.2",
+                 "op_name": "jit(step)/relu"}],
+    "note": "The live-range peak counts values; XLA's memory analysis counts allocations."}
+
+
+@pytest.mark.parametrize("timeline", [SYNTHETIC_TIMELINE, None, {"source": None, "reason": "no dump."}])
+def test_explore_shows_memory_over_the_program(monkeypatch, timeline):
+    from pages import _running
+    from remat_lab import experiment
+
+    real = experiment.run_experiment
+    monkeypatch.setattr(experiment, "run_experiment",
+                        lambda cfg, **kw: {**real(cfg, **kw), "memory_timeline": timeline})
+    _running._cached_run.clear()
+    at = _app("pages/explore.py", width="24", batch="4", depth="2", repeats="3").run()
+    _running._cached_run.clear()  # the synthetic timeline must not serve other tests
+    assert not at.exception, at.exception
+    assert "Memory over the program" in [h.value for h in at.subheader]
+    captions = [c.value for c in at.caption]
+    if timeline is not SYNTHETIC_TIMELINE:
+        assert any(c.startswith("No memory timeline for this run") for c in captions)
+        assert not _has_frame(at, "op_name")
+        return
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    stacked = [f for f in specs if any(t.get("stackgroup") == "live" for t in f["data"])]
+    assert len(stacked) == 1 and [t["name"] for t in stacked[0]["data"]] == ["parameter", "forward"]
+    buffers = _frame(at, "op_name")
+    assert buffers["size"].tolist() == ["80.0 KiB", "1.0 KiB"]  # largest first, binary units
+    assert buffers["name"].tolist() == ["relu", "w"]
+    assert timeline["note"] in captions
+    at.segmented_control(key="explore_peak_group").set_value("by phase").run()
+    assert _frame(at, "buffers")["phase"].tolist() == ["forward", "parameter"]
