@@ -149,14 +149,35 @@ right.plotly_chart(charts.make_step_time_figure(samples), width="stretch")
 right.caption("Every timed call, in the order they ran for each policy (rounds interleave policies "
               "in a shuffled order).")
 
-# ---------------------------------------------------------------- table
-st.subheader("Policy table")
-
 
 def _bytes(value) -> str:
     return "-" if value is None or pd.isna(value) else human_bytes(value)
 
 
+# ---------------------------------------------------------------- memory over the program
+st.subheader("Memory over the program")
+timeline_docs = [{"config": {"policy": p}, "memory_timeline": t}
+                 for p, t in (result.get("timelines") or {}).items()]
+held = tables.peak_holdings_frame(timeline_docs)
+if held.empty:
+    st.caption("No memory timelines for these runs: the engine or this backend gave none.")
+else:
+    st.plotly_chart(charts.make_timeline_overlay_figure(tables.timeline_overlay_frame(timeline_docs)),
+                    width="stretch")
+    st.caption("Live bytes over each policy's compiled program (XLA's schedule; x is the fraction of "
+               "the program, so programs of different lengths line up); the diamond is the peak. "
+               "Below: what each policy holds at its peak, by phase, and its largest buffers.")
+    phases = [f"{p}_bytes" for p in tables.PHASES if held[f"{p}_bytes"].any()]  # zero everywhere: left out
+    shown = held[["policy", "peak_live_bytes", "peak_at", *phases, "largest"]]
+    shown = shown.assign(**{c: shown[c].map(_bytes) for c in ["peak_live_bytes", *phases]})
+    st.dataframe(shown, hide_index=True, width="stretch", column_config={
+        "peak_live_bytes": "peak (live)",
+        "peak_at": st.column_config.NumberColumn("peak at", format="percent"),
+        **{c: c.removesuffix("_bytes") for c in phases},
+        "largest": st.column_config.TextColumn("largest buffers at the peak", width="large")})
+
+# ---------------------------------------------------------------- table
+st.subheader("Policy table")
 table = pd.DataFrame({
     "policy": frame["policy"],
     "same_program_as": frame["same_program_as"].fillna(""),

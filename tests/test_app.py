@@ -287,3 +287,27 @@ def test_explore_shows_memory_over_the_program(monkeypatch, timeline):
     assert timeline["note"] in captions
     at.segmented_control(key="explore_peak_group").set_value("by phase").run()
     assert _frame(at, "buffers")["phase"].tolist() == ["forward", "parameter"]
+
+
+def test_compare_overlays_the_policies_timelines(monkeypatch):
+    from remat_lab import compare
+
+    real = compare.compare_policies
+
+    def with_timelines(cfg, policies, **kw):
+        out = real(cfg, policies, **kw)
+        return {**out, "timelines": {p: {**SYNTHETIC_TIMELINE, "peak_live_bytes": 1024 + 4096 * 20 * (i + 1)}
+                                     for i, p in enumerate(out["timelines"])}}
+
+    monkeypatch.setattr(compare, "compare_policies", with_timelines)
+    at = _app("pages/compare.py", width="20", batch="2", depth="2", repeats="3")
+    at.session_state["compare_policies"] = ["no_remat", "nothing_saveable"]
+    at.run()
+    assert not at.exception, at.exception
+    held = _frame(at, "largest")
+    assert held["policy"].tolist() == ["no_remat", "nothing_saveable"]
+    assert held["peak_live_bytes"].tolist() == ["81.0 KiB", "161.0 KiB"]
+    assert "recomputed_bytes" not in held  # zero for every policy: left out
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    overlay = next(f for f in specs if f["layout"]["title"]["text"] == "Memory over the program, per policy")
+    assert [t["name"] for t in overlay["data"] if t["mode"] == "lines"] == ["no_remat", "nothing_saveable"]

@@ -115,7 +115,16 @@ def test_same_program_pair_is_reported_as_one_program(small_result):
         assert r["peak_bytes"] > 0 and r["grad_ok"]
     assert small_result["method"]["rounds"] == SMALL.repeats
     assert "bootstrap 95%" in small_result["method"]["interval"]
+    assert list(small_result["timelines"]) == [r["policy"] for r in small_result["rows"]]
     json.dumps(small_result)  # JSON-ready
+
+
+def test_each_policy_keeps_its_memory_timeline(run):
+    doc = run(SMALL.replace(policy="no_remat"))
+    timeline = {"source": "synthetic", "instructions": 2, "points": [[0, 8.0], [1, 16.0]]}
+    out = compare.compare_policies(SMALL, ["no_remat"],
+                                   results={"no_remat": {**doc, "memory_timeline": timeline}})
+    assert out["timelines"] == {"no_remat": timeline}
 
 
 def test_fingerprints_are_those_of_the_compiled_programs():

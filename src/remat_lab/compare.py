@@ -236,9 +236,11 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
     that noise; policies that compile to the same program (equal ``hlo.fingerprint``) are never
     ranked against each other.
 
-    ``progress`` receives one short line per step. Raises ``ConfigError`` (over the memory
-    budget, unknown policy) before compiling anything; a policy XLA cannot compile or run is
-    listed in ``failed``, and ``ExecutionError`` is raised only when every policy fails.
+    ``timelines`` maps each compared policy to its document's ``memory_timeline`` (None where the
+    backend gives none). ``progress`` receives one short line per step. Raises ``ConfigError``
+    (over the memory budget, unknown policy) before compiling anything; a policy XLA cannot
+    compile or run is listed in ``failed``, and ``ExecutionError`` is raised only when every
+    policy fails.
     """
     say = progress or (lambda message: None)
     chosen = _policy_list(policies)
@@ -321,6 +323,8 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
         "fastest_reason": ranking["fastest_reason"],
         "pareto": ranking["pareto"],
         "programs": ranking["groups"],
+        # Each policy's memory over the program (its document's ``memory_timeline``; None without).
+        "timelines": {p: docs[p].get("memory_timeline") for p in order},
         "failed": failed,
         "method": {
             "rounds": rounds, "calls_per_round": calls_per_round, "warmup": config.warmup,
