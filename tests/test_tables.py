@@ -145,7 +145,7 @@ def _timeline(policy="nothing_saveable", n=100, peak=60):
     return {"config": {"policy": policy}, "memory_timeline": {
         "source": "xla live-range dump", "instructions": n,
         "points": [[i, b + 1024.0] for i, b in forward],
-        "by_phase": {"forward": forward, "parameter": params},
+        "by_phase": {"forward": forward, "parameter": params, "recomputed": [[0, 0.0]]},
         "peak_index": peak, "peak_live_bytes": 4096 * peak + 1024, "at_peak": at_peak, "note": "values"}}
 
 
@@ -201,4 +201,5 @@ def test_overlay_and_holdings_one_entry_per_policy():
     assert held.loc["nothing_saveable", "peak_at"] == 0.6
     assert held.loc["nothing_saveable", "forward_bytes"] == 4096 * 60
     assert held.loc["nothing_saveable", "recomputed_bytes"] == 0
-    assert held.loc["nothing_saveable", "largest"].startswith("blocks_0 relu (forward) 240.0 KiB")
+    assert held.loc["nothing_saveable", "largest"] == ("240.0 KiB forward (blocks_0 relu); "
+                                                       "1.0 KiB parameter (blocks w1)")

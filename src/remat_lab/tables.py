@@ -229,13 +229,15 @@ def timeline_frame(result: dict | None) -> pd.DataFrame:
     """Live bytes by phase over the schedule, long format: columns index, phase, bytes.
 
     One row per (instruction index, phase) from ``memory_timeline.by_phase``, phases in the order
-    of ``PHASES`` (unknown ones after). Every phase gets a value at every index of any phase (a
-    value holds until that phase's next point), so the phases stack; at most ``MAX_POINTS``
-    indices, the largest total kept. Empty without a timeline.
+    of ``PHASES`` (unknown ones after; a phase that is zero throughout is left out). Every phase
+    gets a value at every index of any phase (a value holds until that phase's next point), so
+    the phases stack; at most ``MAX_POINTS`` indices, the largest total kept. Empty without a
+    timeline.
     """
     cols = ["index", "phase", "bytes"]
     by_phase = _timeline(result).get("by_phase") or {}
-    series = {p: pd.Series({int(i): float(b) for i, b in pts}) for p, pts in by_phase.items() if pts}
+    series = {p: pd.Series({int(i): float(b) for i, b in pts}) for p, pts in by_phase.items()
+              if any(b for _, b in pts)}  # a phase that never holds a byte would only add a legend entry
     if not series:
         return pd.DataFrame(columns=cols)
     order = [p for p in PHASES if p in series] + [p for p in series if p not in PHASES]
@@ -268,6 +270,12 @@ def at_peak_groups(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     out = out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
     out["size"] = out["bytes"].map(_size)
     return out
+
+
+def _where(buffer: pd.Series) -> str:
+    """A buffer's layer and name (distinct, "other" left out), else its producing instruction."""
+    names = [str(v) for v in (buffer["layer"], buffer["name"]) if isinstance(v, str) and v and v != "other"]
+    return " ".join(dict.fromkeys(names)) or str(buffer["instruction"])
 
 
 def _policy(result: dict) -> str:
@@ -312,8 +320,7 @@ def peak_holdings_frame(results: list[dict], top: int = 3) -> pd.DataFrame:
                            if tl.get("instructions") and tl.get("peak_index") is not None else None)}
         sums = at.groupby("phase")["bytes"].sum() if not at.empty else pd.Series(dtype=float)
         row.update({f"{p}_bytes": float(sums.get(p, 0.0)) for p in PHASES})
-        row["largest"] = "; ".join(
-            (" ".join(str(v) for v in (b["layer"], b["name"]) if v and pd.notna(v)) or str(b["instruction"]))
-            + f" ({b['phase']}) {_size(b['bytes'])}" for _, b in at.head(top).iterrows())
+        row["largest"] = "; ".join(f"{_size(b['bytes'])} {b['phase']} ({_where(b)})"
+                                   for _, b in at.head(top).iterrows())
         rows.append(row)
     return pd.DataFrame(rows, columns=cols)
