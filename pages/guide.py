@@ -48,6 +48,33 @@ dots_with_no_batch_dims_saveable, one step in about 8 ms on 2 cores; Compare sho
           policy="nothing_saveable", objective="grad")}
 """)
 
+st.markdown(f"""
+### Memory over the program
+Explore's **Memory over the program** chart follows XLA's schedule of the compiled step (x: the
+instruction index) and stacks the bytes live at each instruction by what they are: **parameter**
+(the weights and the input), **output** (the gradients and the loss being written), **forward**
+(activations the forward pass keeps for the backward pass), **recomputed** (values the backward
+pass computes again under remat) and **backward** (the backward pass's temporaries). The dashed
+line marks the peak; the table under it lists the buffers live there, largest first, with the
+instruction that produced each and its `op_name`. Compare overlays the policies' totals (x: the
+fraction of the program, so programs of different lengths line up) and says what each holds at
+its peak. The live peak can sit below XLA's memory analysis: that counts allocations (a temp
+block reserved for the whole program, with gaps where value lifetimes do not fit), the timeline
+counts values; the caption under the chart gives both.
+
+What to look for, on the default stack (mlp 256 × 128, depth 8):
+- **Scan against loop.** Under scan the peak sits in the backward pass and its *forward* band is
+  the policy's doing: nothing_saveable keeps only each layer's input (plus a little recomputed),
+  no_remat keeps more. Under the unrolled loop every policy peaks at the very end, where the
+  gradients and parameters dominate, and the forward band there is the same for all.
+  {_open("scan, nothing_saveable", **STACK, stack="scan", policy="nothing_saveable")} ·
+  {_open("loop, nothing_saveable", **STACK, stack="loop", policy="nothing_saveable")}
+- **Saveable holds more.** Under scan, dots_with_no_batch_dims_saveable's forward band at the peak
+  is wider than no_remat's: it keeps both products' float32 outputs for every layer.
+  {_open("scan, dots_with_no_batch_dims_saveable", **STACK, stack="scan",
+         policy="dots_with_no_batch_dims_saveable")}
+""")
+
 st.markdown(r"""
 ### What a checkpoint policy controls
 Reverse-mode autodiff runs the forward pass, keeps some intermediate values (the **residuals**)
