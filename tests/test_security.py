@@ -201,6 +201,8 @@ ALLOWED_WRITES = {
     "bench.py": {"mkdtemp", "rmtree"},
     # the machine's calibrated roofs: calibration.json in the compilation cache directory
     "roofline.py": {"makedirs", "write_text", "replace"},
+    # the memory timeline: XLA's dump of one compile, into a mkdtemp folder deleted afterwards
+    "timeline.py": {"mkdtemp", "rmtree"},
 }
 
 

@@ -178,7 +178,24 @@ def format_tables(result: dict) -> str:
         line += f"; the same compiled program as {h['identical_to']}"
     out.append(line)
     out += [f"Note: {n}" for n in result["notes"]]
+    out += ["", *format_peak(result.get("memory_timeline"))]
     return "\n".join(out)
+
+
+PEAK_COLUMNS = ["bytes", "shape", "dtype", "kind", "phase", "layer", "name", "instruction"]
+
+
+def format_peak(timeline: dict | None, top: int = 10) -> list[str]:
+    """The largest buffers live at the peak of the memory timeline, as lines of text."""
+    if not timeline or timeline.get("source") is None:
+        reason = (timeline or {}).get("reason", "not built")
+        return [f"Memory over the program: none ({reason})."]
+    rows = [{**b, "bytes": human_bytes(b["bytes"]), "shape": "x".join(map(str, b["shape"] or [])) or "()"}
+            for b in timeline["at_peak"][:top]]
+    head = (f"Buffers live at the peak (instruction {timeline['peak_index']} of {timeline['instructions']}, "
+            f"{human_bytes(timeline['peak_live_bytes'])} live; largest {len(rows)} of "
+            f"{len(timeline['at_peak'])}):")
+    return [head, format_table(rows, PEAK_COLUMNS), f"Note: {timeline['note']}"]
 
 
 def format_run(result: dict) -> str:

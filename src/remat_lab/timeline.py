@@ -1,0 +1,243 @@
+"""Memory over the program: live bytes at each instruction of XLA's schedule, and what holds the peak."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import jax
+import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
+
+from .dissect import _layer_of_path, layer_of
+
+PHASES = ("parameter", "output", "forward", "recomputed", "backward", "other")
+MAX_POINTS = 2000
+
+_SEQ = re.compile(r"^\s+(\d+):(\S+)$")
+_RANGE = re.compile(r"^\s+(\S+?)(\{[\d,]*\}):(-?\d+)-(-?\d+)$")
+_ALLOC = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
+_VALUE = re.compile(r"^ value: <\d+ (\S+?)(\{[\d,]*\})?( \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?metadata=\{[^}]*?op_name=\"([^\"]*)\"")
+_SHAPE = re.compile(r"^(\w+)\[([\d,]*)\]")
+_LEAF = re.compile(r"^leaves\[(\d+)\]$")
+_XLA_PEAK = re.compile(r"Live ranges at (\d+) \(peak\)")
+_XLA_PEAK_BYTES = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
+
+
+@contextmanager
+def _uncached():
+    """Compile with JAX's persistent cache off: a cache hit compiles nothing and dumps nothing."""
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX remembers "cache used" per process: make it ask again
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+        compilation_cache.reset_cache()
+
+
+def _read(folder: str, suffix: str) -> str | None:
+    # One module per compile; with several (e.g. a GPU's extra kernels) the largest is the step.
+    paths = sorted(glob.glob(os.path.join(folder, f"*{suffix}")), key=os.path.getsize)
+    if not paths:
+        return None
+    with open(paths[-1]) as f:
+        return f.read()
+
+
+def _phase(op_name: str) -> str:
+    if "rematted_computation" in op_name:
+        return "recomputed"
+    if "transpose(" in op_name:
+        return "backward"
+    return "forward" if op_name else "other"
+
+
+def _checkpoint_name(op_name: str, names: Sequence[str]) -> str | None:
+    """The ``checkpoint_name`` tag whose scope directly holds the producing op (``.../l1/dot_general``)."""
+    parts = op_name.split("/")
+    if len(parts) >= 2 and parts[-2] in names and not parts[-1].startswith("jit("):
+        return parts[-2]
+    return None
+
+
+def _downsample(live: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices to plot: each bucket's maximum, so the peak (the first global maximum) is kept."""
+    n = len(live)
+    if n <= max_points:
+        return np.arange(n)
+    edges = np.linspace(0, n, max_points + 1).astype(int)
+    picks = {int(a + np.argmax(live[a:b])) for a, b in zip(edges[:-1], edges[1:]) if b > a}
+    picks.add(int(np.argmax(live)))
+    return np.array(sorted(picks))
+
+
+def _layer(op: str, depth: int, paths: Sequence[str]) -> str:
+    """The layer of a producing op; a parameter ``leaves[i]`` by its parameter path, ``x`` is the input."""
+    if op == "x":
+        return "input"
+    if (m := _LEAF.match(op)) and int(m.group(1)) < len(paths):
+        return _layer_of_path(paths[int(m.group(1))], depth)
+    return layer_of(op, depth) if op else "other"
+
+
+def parse_dump(live_range: str, assignment: str, hlo: str, *, depth: int = 1, names: Sequence[str] = (),
+               paths: Sequence[str] = (), max_points: int = MAX_POINTS) -> dict:
+    """The timeline document from XLA's ``*-live-range.txt``, ``*-buffer-assignment.txt`` and HLO text.
+
+    Live bytes at instruction ``t`` count each buffer slice (allocation, offset, size) once while
+    any value assigned to it is live, so a loop-carried value and its aliases are not counted twice.
+    """
+    sequence = [m.group(2) for m in map(_SEQ.match, live_range.split("BufferLiveRange:")[0].splitlines())
+                if m]
+    n = len(sequence)
+    ranges = {}
+    for line in live_range.split("BufferLiveRange:")[-1].split("Live ranges at")[0].splitlines():
+        m = _RANGE.match(line)
+        if m:
+            ranges[m.group(1) + m.group(2)] = (int(m.group(3)), int(m.group(4)))
+    op_names = {m.group(1): m.group(2) for m in map(_INSTR.match, hlo.splitlines()) if m}
+
+    # slice -> values in it: (start, end, name, instruction, is_phi, shape text); allocation kinds
+    slices: dict[tuple, list] = {}
+    kinds: dict[int, str] = {}
+    alloc = None
+    for line in assignment.splitlines():
+        if m := _ALLOC.match(line):
+            alloc, attrs = int(m.group(1)), m.group(3)
+            kinds[alloc] = ("parameter" if " parameter " in attrs else "output" if "output shape" in attrs
+                            or "maybe-live-out" in attrs else "constant" if "constant" in attrs
+                            else "thread-local" if "thread-local" in attrs else "temp")
+        elif (m := _VALUE.match(line)) and alloc is not None:
+            instr, index, phi, size, offset, shape = m.groups()
+            key = instr + (index or "{}")
+            if key not in ranges:
+                continue  # thread-local and fused values live inside one instruction
+            start, end = ranges[key]
+            slices.setdefault((alloc, int(offset), int(size)), []).append(
+                (start, end, key, instr, bool(phi), shape.split("{")[0] if "[" in shape else shape))
+        elif not line.startswith(" "):
+            alloc = None
+
+    last = n - 1
+    live = np.zeros(n + 1, dtype=np.int64)
+    by_phase = {p: np.zeros(n + 1, dtype=np.int64) for p in PHASES}
+    segments = []  # (start, end, slice, representative value, phase)
+    for (a, _offset, size), values in slices.items():
+        real = sorted(v for v in values if not v[4])
+        starts = [v[0] for v in real]
+        spans = sorted((max(v[0], 0), min(v[1], last)) for v in values)
+        merged = []
+        for s, e in spans:
+            if merged and s <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        for s, e in merged:
+            cuts = sorted({s, *(x for x in starts if s < x <= e)})
+            for i, cs in enumerate(cuts):
+                ce = cuts[i + 1] - 1 if i + 1 < len(cuts) else e
+                # The value written into the slice most recently (a loop's phi shows its source).
+                before = [v for v in real if v[0] <= cs]
+                rep = before[-1] if before else (real[0] if real else values[0])
+                op = op_names.get(rep[3], "")
+                phase = ("parameter" if kinds[a] == "parameter"
+                         else "output" if kinds[a] == "output" and (ce == last or not op) else _phase(op))
+                live[cs] += size
+                live[ce + 1] -= size
+                by_phase[phase][cs] += size
+                by_phase[phase][ce + 1] -= size
+                segments.append((cs, ce, a, size, rep, phase, op))
+    live = np.cumsum(live)[:n]
+    phases = {p: np.cumsum(v)[:n] for p, v in by_phase.items()}
+    peak = int(np.argmax(live)) if n else 0
+    picks = _downsample(live, max_points)
+
+    at_peak = []
+    for cs, ce, a, size, rep, phase, op in segments:
+        if cs <= peak <= ce:
+            m = _SHAPE.match(rep[5])
+            dims = [int(d) for d in m.group(2).split(",") if d] if m else None
+            at_peak.append({"bytes": size, "shape": dims, "dtype": m.group(1) if m else rep[5],
+                            "kind": kinds[a], "phase": phase,
+                            "layer": _layer(op, depth, paths),
+                            # a tag names a forward value (or its recomputation), not its gradient
+                            "name": (_checkpoint_name(op, names) if phase in ("forward", "recomputed")
+                                     else None),
+                            "instruction": rep[2], "op_name": op})
+    at_peak.sort(key=lambda b: (-b["bytes"], b["instruction"]))
+
+    xla_at = _XLA_PEAK.search(live_range)
+    xla_bytes = _XLA_PEAK_BYTES.search(live_range)
+    return {
+        "source": "xla live-range and buffer-assignment dump",
+        "instructions": n,
+        "points": [[int(i), int(live[i])] for i in picks],
+        "by_phase": {p: [[int(i), int(v[i])] for i in picks] for p, v in phases.items()},
+        "peak_index": peak,
+        "peak_live_bytes": int(live[peak]) if n else 0,
+        "at_peak": at_peak,
+        "note": None,
+        "_xla_live_range_peak": (int(xla_at.group(1)) if xla_at else None,
+                                 int(xla_bytes.group(1).replace(" ", "")) if xla_bytes else None),
+    }
+
+
+def _note(doc: dict, compiled) -> str:
+    at, xla_bytes = doc.pop("_xla_live_range_peak")
+    text = (f"Live bytes count each buffer slice once while a value in it is live, over XLA's schedule of "
+            f"{doc['instructions']} instructions (loop bodies appear once). ")
+    if xla_bytes is not None:
+        text += (f"XLA's own live-range peak is {xla_bytes} bytes at instruction {at}: it counts every value "
+                 f"at its defining instruction's size (a tuple element as the tuple's pointer table). ")
+    try:
+        ma = compiled.memory_analysis()
+        peak = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+                + ma.temp_size_in_bytes + ma.generated_code_size_in_bytes)
+        gap = peak - doc["peak_live_bytes"]
+        text += (f"memory.peak_bytes ({peak} bytes) counts allocations instead: arguments + outputs + "
+                 f"the temp allocation, which is reserved for the whole program and packs values whose "
+                 f"lives do not overlap; it is {abs(gap)} bytes {'above' if gap >= 0 else 'below'} the "
+                 f"live peak ({doc['peak_live_bytes']} bytes)"
+                 + (": the gaps the packing leaves." if gap >= 0 else
+                    ": the live count includes constants, which are no argument, output or temp."))
+    except Exception:  # some backends have no memory analysis
+        pass
+    return text
+
+
+def memory_timeline(lowered: jax.stages.Lowered, *, depth: int = 1, names: Sequence[str] = (),
+                    paths: Sequence[str] = (), max_points: int = MAX_POINTS) -> dict:
+    """The memory timeline of ``lowered``'s compiled program (``run --json``'s ``memory_timeline``).
+
+    Compiles a second copy with XLA's dump on and the persistent cache off, parses the dump and
+    deletes it. ``depth``, ``names`` (the model's ``checkpoint_name`` tags) and ``paths`` (the
+    parameter leaves' paths, ``Problem.paths``) label the buffers.
+    When the backend writes no live-range dump (or one this parser cannot read) the result is
+    ``{"source": None, "reason": ...}``.
+    """
+    folder = tempfile.mkdtemp(prefix="remat_lab_timeline_")
+    try:
+        with _uncached():
+            compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
+        live_range = _read(folder, "after_optimizations-live-range.txt")
+        assignment = _read(folder, "after_optimizations-buffer-assignment.txt")
+        hlo = _read(folder, "after_optimizations.txt")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if live_range is None or assignment is None:
+        return {"source": None, "reason": f"the {jax.default_backend()} backend wrote no live-range dump"}
+    try:
+        doc = parse_dump(live_range, assignment, hlo or "", depth=depth, names=names, paths=paths,
+                         max_points=max_points)
+    except (ValueError, KeyError, IndexError) as err:  # a dump format this parser does not know
+        return {"source": None, "reason": f"XLA's dump could not be read ({type(err).__name__}: {err})"}
+    doc["note"] = _note(doc, compiled)
+    return doc

@@ -1,0 +1,152 @@
+"""The memory timeline: live bytes over XLA's schedule and the buffers live at the peak."""
+
+from __future__ import annotations
+
+import glob
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+from remat_lab.config import RunConfig
+from remat_lab.experiment import enable_compilation_cache
+from remat_lab.models import names_of
+from remat_lab.policies import POLICIES
+from remat_lab.step import build_problem, make_step
+from remat_lab.timeline import MAX_POINTS, PHASES, memory_timeline
+
+JAX_POLICIES = [p for p, pol in POLICIES.items() if pol.group == "jax"]
+KEYS = {"source", "instructions", "points", "by_phase", "peak_index", "peak_live_bytes", "at_peak", "note"}
+
+
+def lowered_of(config: RunConfig):
+    problem = build_problem(config)
+    return jax.jit(make_step(problem)).trace(*problem.args).lower(), problem
+
+
+def timeline_of(config: RunConfig) -> dict:
+    lowered, problem = lowered_of(config)
+    return memory_timeline(lowered, depth=config.depth, names=names_of(config.model), paths=problem.paths)
+
+
+def check_invariants(doc: dict, problem=None) -> None:
+    assert set(doc) == KEYS and doc["source"]
+    points = doc["points"]
+    assert 0 < len(points) <= MAX_POINTS
+    assert doc["peak_live_bytes"] == max(v for _, v in points)
+    assert [doc["peak_index"], doc["peak_live_bytes"]] in points
+    assert sum(b["bytes"] for b in doc["at_peak"]) == doc["peak_live_bytes"]
+    assert [b["bytes"] for b in doc["at_peak"]] == sorted((b["bytes"] for b in doc["at_peak"]), reverse=True)
+    assert set(doc["by_phase"]) == set(PHASES)
+    for i, (index, live) in enumerate(points):  # the phases stack up to the total
+        assert sum(doc["by_phase"][p][i][1] for p in PHASES) == live
+        assert all(doc["by_phase"][p][i][0] == index for p in PHASES)
+    assert {b["phase"] for b in doc["at_peak"]} <= set(PHASES)
+    assert all(set(b) == {"bytes", "shape", "dtype", "kind", "phase", "layer", "name", "instruction",
+                          "op_name"} for b in doc["at_peak"])
+    assert doc["note"] and "memory.peak_bytes" in doc["note"]
+    if problem is not None:  # every parameter and the input are live at the peak, at their true sizes
+        params = sorted(b["bytes"] for b in doc["at_peak"] if b["kind"] == "parameter")
+        true = sorted([leaf.nbytes for leaf in problem.leaves] + [problem.x.nbytes])
+        assert params == true
+        shapes = sorted(tuple(b["shape"]) for b in doc["at_peak"] if b["kind"] == "parameter")
+        assert shapes == sorted([tuple(leaf.shape) for leaf in problem.leaves] + [tuple(problem.x.shape)])
+
+
+@pytest.mark.parametrize("policy", JAX_POLICIES)
+def test_invariants_for_every_jax_policy(policy):
+    config = RunConfig(width=128, batch=32, depth=2, policy=policy)
+    lowered, problem = lowered_of(config)
+    check_invariants(memory_timeline(lowered, depth=2, names=names_of("mlp"), paths=problem.paths), problem)
+
+
+@pytest.mark.parametrize("config", [
+    RunConfig(width=256, batch=64, depth=4, stack="scan", policy="nothing_saveable"),
+    RunConfig(width=64, batch=8, depth=3, stack="loop", policy="dots_saveable", objective="grad"),
+    RunConfig(model="transformer", width=64, batch=4, seq=16, heads=4, depth=2, policy="minimal"),
+], ids=["scan", "loop-grad", "transformer"])
+def test_invariants_on_several_configurations(config):
+    lowered, problem = lowered_of(config)
+    doc = memory_timeline(lowered, depth=config.depth, names=names_of(config.model), paths=problem.paths)
+    check_invariants(doc, problem)
+    if config.objective == "grad":  # the step returns the gradients: outputs of the parameters' sizes
+        outputs = sorted(b["bytes"] for b in doc["at_peak"] if b["phase"] == "output")
+        assert outputs == sorted(leaf.nbytes for leaf in problem.leaves)
+
+
+def test_two_chained_matmuls_name_their_buffers():
+    m, k, n, p = 512, 256, 1024, 128
+
+    def f(a, b, c):
+        with jax.named_scope("first"):
+            h = a @ b
+        with jax.named_scope("second"):
+            return jnp.tanh(h) @ c
+
+    args = [jnp.ones(s, jnp.float32) for s in ((m, k), (k, n), (n, p))]
+    doc = memory_timeline(jax.jit(f).lower(*args), names=("first", "second"))
+    assert set(doc) == KEYS
+    at = doc["at_peak"]
+    assert sum(b["bytes"] for b in at) == doc["peak_live_bytes"] == max(v for _, v in doc["points"])
+    # The peak is the second product: its operand tanh(a @ b) (2 MiB) and its output live with the inputs.
+    assert at[0]["bytes"] == m * n * 4 and at[0]["shape"] == [m, n] and at[0]["dtype"] == "f32"
+    assert at[0]["kind"] == "temp" and at[0]["phase"] == "forward"
+    assert at[0]["op_name"].endswith("second/tanh") and at[0]["name"] == "second"
+    params = sorted(b["bytes"] for b in at if b["kind"] == "parameter")
+    assert params == sorted(a.nbytes for a in args)
+    out = [b for b in at if b["phase"] == "output"]
+    assert len(out) == 1 and out[0]["shape"] == [m, p] and out[0]["bytes"] == m * p * 4
+    assert out[0]["op_name"].endswith("second/dot_general")
+    assert doc["peak_live_bytes"] == 4 * (m * k + k * n + n * p + m * n + m * p)
+
+
+def test_scan_nothing_saveable_holds_fewer_forward_bytes_and_recomputes():
+    docs = {p: timeline_of(RunConfig(width=256, batch=64, depth=4, stack="scan", policy=p))
+            for p in ("no_remat", "nothing_saveable")}
+    forward = {p: sum(b["bytes"] for b in d["at_peak"] if b["phase"] == "forward") for p, d in docs.items()}
+    assert forward["nothing_saveable"] < forward["no_remat"]
+    assert any(b["phase"] == "recomputed" for b in docs["nothing_saveable"]["at_peak"])
+    assert not any(v for _, v in docs["no_remat"]["by_phase"]["recomputed"])
+    assert docs["nothing_saveable"]["peak_live_bytes"] < docs["no_remat"]["peak_live_bytes"]
+
+
+def test_downsampling_keeps_the_peak():
+    from remat_lab.timeline import _downsample
+
+    live = np.arange(10_000) % 977
+    live[4321] = 10**6
+    picks = _downsample(live, 100)
+    assert len(picks) <= 101 and 4321 in picks
+
+
+def test_a_warm_persistent_cache_does_not_lose_the_timeline(tmp_path):
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes", "jax_enable_compilation_cache")
+    saved = {k: getattr(jax.config, k) for k in keys}
+    try:
+        enable_compilation_cache(str(tmp_path / "cache"))
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
+        lowered, problem = lowered_of(RunConfig(width=96, batch=24, depth=2, policy="nothing_saveable"))
+        lowered.compile()  # warm the cache
+        assert any((tmp_path / "cache").iterdir())
+        dump = tmp_path / "dump"
+        lowered.compile(compiler_options={"xla_dump_to": str(dump)})  # a cache hit: XLA dumps nothing
+        assert not glob.glob(str(dump / "*live-range.txt"))
+        doc = memory_timeline(lowered, depth=2, names=names_of("mlp"), paths=problem.paths)
+        check_invariants(doc, problem)
+        assert jax.config.jax_enable_compilation_cache  # the timeline turned the cache back on
+    finally:
+        for k, v in saved.items():
+            jax.config.update(k, v)
+        compilation_cache.reset_cache()
+
+
+def test_run_experiment_reports_the_timeline(run):
+    result = run(RunConfig(width=64, batch=8))
+    doc = result["memory_timeline"]
+    check_invariants(doc)
+    assert result["compile"]["timeline_s"] > 0
+    assert doc["peak_live_bytes"] <= result["memory"]["peak_bytes"] + 4096
