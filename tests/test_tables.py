@@ -185,6 +185,10 @@ def test_at_peak_frame_largest_first_in_binary_units():
     assert df["bytes"].tolist() == [4096 * 60, 1024]
     assert df["size"].tolist() == ["240.0 KiB", "1.0 KiB"]
     assert df["shape"].tolist() == ["(60, 1024)", "(16, 16)"]
+    assert df["op_name"].tolist() == ["jit(step)/relu", ""]
+    doc = _timeline()
+    doc["memory_timeline"]["at_peak"][0]["name"] = None  # the engine names no tensor here
+    assert tables.at_peak_frame(doc)["name"].tolist() == ["relu", ""]
     groups = tables.at_peak_groups(df, ["phase"])
     assert groups[["phase", "buffers", "bytes"]].values.tolist() == [["forward", 1, 4096 * 60],
                                                                     ["parameter", 1, 1024]]

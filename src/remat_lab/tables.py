@@ -256,6 +256,8 @@ def at_peak_frame(result: dict | None) -> pd.DataFrame:
     rows = _timeline(result).get("at_peak") or []
     df = pd.DataFrame(rows, columns=[c for c in AT_PEAK_COLUMNS if c != "size"])
     df["shape"] = df["shape"].map(_shape)
+    text = ["phase", "layer", "name", "dtype", "kind", "instruction", "op_name"]
+    df[text] = df[text].astype(object).where(df[text].notna(), "")  # no "None" cells in the table
     df = df.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
     df.insert(1, "size", df["bytes"].map(_size))
     return df[AT_PEAK_COLUMNS]
