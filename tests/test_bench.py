@@ -99,7 +99,7 @@ def test_report_document_and_table(monkeypatch):
     doc = json.loads(json.dumps(bench._jsonable(bench.run_all(quick=True))))
     keys = {"fidelity_ratio_default", "fidelity_ratio_small", "overhead_ratio", "warm_latency_s",
             "cold_latency_s", "dissect_overhead_ratio", "sweep_s_per_config", "cache_speedup",
-            "achieved_flops_fraction", "machine"}
+            "achieved_flops_fraction", "timeline_overhead_ratio", "machine"}
     assert keys <= set(doc)
     for key in keys - {"machine", "achieved_flops_fraction"}:
         assert _positive(doc[key]), key
@@ -121,6 +121,12 @@ def test_report_document_and_table(monkeypatch):
 def test_verdicts(key):
     target, verdict = bench.verdict(key, 1.0)
     assert verdict in {"PASS", "MISS", "report"}
+
+
+def test_timeline_overhead_is_measured_uncached():
+    out = bench.timeline_overhead(RunConfig(width=32, batch=4), rounds=2)
+    assert _positive(out["compile_s"]) and _positive(out["timeline_s"])
+    assert out["ratio"] == out["timeline_s"] / out["compile_s"]
 
 
 def test_latency_goes_through_the_apps_own_cached_wrapper():

@@ -19,6 +19,8 @@ Five measurements, side by side in one process, each reported as a ratio with it
    calibrated peak (``roofline.calibrate``: the best jitted float32 matmul rate, measured once
    per machine and cached; its source, "calibrated" or "spec", is reported), with the step's
    arithmetic intensity and bound from ``roofline.roofline_report``.
+6. **Memory timeline overhead**: ``timeline.memory_timeline`` (a second compile with XLA's dump
+   on, parsed) over the step's compile, both with the persistent cache off, default size.
 
 Timings on a shared machine are noisy: every figure is a median, the two sides of each ratio are
 interleaved, and the load average before and after is recorded in ``machine``.
@@ -46,9 +48,11 @@ import numpy as np
 from . import experiment, step
 from .config import RunConfig
 from .experiment import enable_compilation_cache, run_experiment, step_time_summary, time_executable
+from .models import names_of
 from .policies import POLICIES
 from .roofline import calibrate, cpu_count, cpu_info, physical_core_count, roofline_report, xla_cost
 from .step import build_problem, make_step
+from .timeline import memory_timeline, uncached
 
 DEFAULT = RunConfig(width=512, batch=256)  # the app's default configuration
 SMALL = RunConfig(width=64, batch=8)
@@ -63,6 +67,7 @@ TARGETS = {  # key -> (comparison, bound, meaning)
     "sweep_s_per_config": ("", None, "seconds per configuration, empty compile cache"),
     "cache_speedup": (">=", 3.0, "first sweep / second sweep (persistent compile cache)"),
     "achieved_flops_fraction": ("", None, "achieved FLOP/s / calibrated peak FLOP/s, default size"),
+    "timeline_overhead_ratio": ("<=", 0.15, "memory timeline build / step compile, default size"),
 }
 
 
@@ -318,6 +323,28 @@ def latency(config: RunConfig, *, warm_repeats: int = 5) -> dict:
             "reported_median_s": cold["reported_median_s"]}
 
 
+def timeline_overhead(config: RunConfig, *, rounds: int = 5) -> dict:
+    """The memory timeline's build time over the step's compile time (medians, both uncached).
+
+    Each round lowers afresh (``Lowered.compile`` remembers its executable) and compiles the step
+    with the persistent cache off, then builds the timeline as ``run_experiment`` does.
+    """
+    problem = build_problem(config)
+    compile_s, timeline_s = [], []
+    for _ in range(rounds):
+        lowered = jax.jit(make_step(problem)).trace(*problem.args).lower()
+        with uncached():
+            t0 = time.perf_counter()
+            lowered.compile()
+            t1 = time.perf_counter()
+        memory_timeline(lowered, depth=config.depth, names=names_of(config.model), paths=problem.paths)
+        t2 = time.perf_counter()
+        compile_s.append(t1 - t0)
+        timeline_s.append(t2 - t1)
+    c, t = float(np.median(compile_s)), float(np.median(timeline_s))
+    return {"rounds": rounds, "compile_s": c, "timeline_s": t, "ratio": t / c}
+
+
 # ---------------------------------------------------------------- 4: sweep throughput
 
 
@@ -374,6 +401,8 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
                                                                       (32, 128, 256))
         sw = sweep_pair(widths, batches, list(POLICIES), repeats=5 if quick else 10,
                         warmup=1 if quick else 2, cache_dir=None)
+        say("memory timeline overhead")
+        tl = timeline_overhead(DEFAULT, rounds=3 if quick else 7)
     roof = roofline_report(fid_default["flops"], fid_default["bytes_accessed"],
                            fid_default["engine_median_s"])
     m["loadavg_end"] = _loadavg()
@@ -387,6 +416,7 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "sweep_s_per_config": sw["first"]["s_per_config"],
         "cache_speedup": sw["speedup"],
         "achieved_flops_fraction": roof["achieved_fraction"],
+        "timeline_overhead_ratio": tl["ratio"],
         "dissect_overhead_ratio_policy_change": lat["policy_change"]["overhead_ratio"],
         "policy_change_latency_s": lat["policy_change"]["total_s"],
         "sweep_compile_share": sw["first"]["compile_share"],
@@ -397,7 +427,7 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "quick": quick,
         "machine": m,
         "details": {"fidelity_default": fid_default, "fidelity_small": fid_small,
-                    "overhead": ovh, "latency": lat, "sweep": sw},
+                    "overhead": ovh, "latency": lat, "sweep": sw, "timeline": tl},
     }
 
 
@@ -453,6 +483,9 @@ def format_report(doc: dict) -> str:
         f"second {sw['second']['total_s']:.1f} s (compile share "
         f"{sw['second']['compile_share']:.0%})",
         _roofline_line(doc["roofline"]),
+        f"memory timeline (default size): {d['timeline']['timeline_s']:.3f} s to build (a second, "
+        f"uncached compile with XLA's dump on, parsed) vs {d['timeline']['compile_s']:.3f} s to "
+        f"compile the step",
     ]
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ _XLA_PEAK_BYTES = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) by
 
 
 @contextmanager
-def _uncached():
+def uncached():
     """Compile with JAX's persistent cache off: a cache hit compiles nothing and dumps nothing."""
     was = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
@@ -225,7 +225,7 @@ def memory_timeline(lowered: jax.stages.Lowered, *, depth: int = 1, names: Seque
     """
     folder = tempfile.mkdtemp(prefix="remat_lab_timeline_")
     try:
-        with _uncached():
+        with uncached():
             compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
         live_range = _read(folder, "after_optimizations-live-range.txt")
         assignment = _read(folder, "after_optimizations-buffer-assignment.txt")
