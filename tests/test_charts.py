@@ -249,3 +249,13 @@ def test_timeline_overlay_one_line_per_policy_in_its_colour():
     peaks = [t for t in fig.data if t.mode == "markers"]
     assert [(t.x[0], t.y[0]) for t in peaks] == [(0.5, 4.0), (0.5, 2.0)]
     assert tuple(fig.layout.xaxis.range) == (0, 1)
+
+
+def test_timeline_overlay_names_a_line_by_its_label_and_starts_at_zero():
+    df = pd.DataFrame({"policy": ["dots_saveable"] * 2, "fraction": [0, 0.5],
+                       "live_bytes": [4 << 20, 5 << 20],
+                       "label": ["dots_saveable (= dots_with_no_batch_dims_saveable)"] * 2})
+    fig = charts.make_timeline_overlay_figure(df)
+    assert fig.data[0].name == "dots_saveable (= dots_with_no_batch_dims_saveable)"
+    assert fig.data[0].line.color == charts.policy_color("dots_saveable")
+    assert fig.layout.yaxis.rangemode == "tozero"

@@ -388,8 +388,9 @@ def make_timeline_overlay_figure(df: pd.DataFrame) -> go.Figure:
     """Total live bytes over the program, one line per policy, each policy's peak marked.
 
     ``df`` columns policy, fraction (instruction index / program length, 0 to 1), live_bytes (see
-    ``tables.timeline_overlay_frame``); x is the fraction so that programs of different lengths
-    line up.
+    ``tables.timeline_overlay_frame``), optionally label (the legend's name for the policy's line,
+    e.g. the policies that share its compiled program); x is the fraction so that programs of
+    different lengths line up.
     """
     fig = _figure("Memory over the program, per policy", "fraction of the program (XLA's schedule)",
                   "live memory (MiB)")
@@ -397,8 +398,9 @@ def make_timeline_overlay_figure(df: pd.DataFrame) -> go.Figure:
         return _empty(fig)
     for policy, part in df.groupby("policy", sort=False):
         color = policy_color(policy)
+        name = str(part["label"].iloc[0]) if "label" in part else str(policy)
         fig.add_trace(go.Scatter(
-            x=part["fraction"], y=part["live_bytes"] / MIB, name=str(policy), mode="lines",
+            x=part["fraction"], y=part["live_bytes"] / MIB, name=name, mode="lines",
             legendgroup=str(policy), line=dict(color=color, width=2, shape="hv"),
             customdata=part["live_bytes"],
             hovertemplate="%{x:.1%} of the program: %{customdata:,.0f} bytes (%{y:.3f} MiB)"
@@ -410,4 +412,5 @@ def make_timeline_overlay_figure(df: pd.DataFrame) -> go.Figure:
             marker=dict(size=10, color=color, symbol="diamond", line=dict(width=1, color="#222")),
             hovertemplate="peak %{y:.3f} MiB at %{x:.1%} of the program<extra>" + str(policy) + "</extra>"))
     fig.update_xaxes(range=[0, 1], tickformat=".0%")
+    fig.update_yaxes(rangemode="tozero")
     return fig
