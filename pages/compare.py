@@ -159,16 +159,14 @@ st.subheader("Memory over the program")
 timeline_docs = [{"config": {"policy": p}, "memory_timeline": t}
                  for p, t in (result.get("timelines") or {}).items()]
 held = tables.peak_holdings_frame(timeline_docs)
-# One line per compiled program: policies that share one have the same timeline.
-labels = {g[0]: g[0] + (f" (= {', '.join(g[1:])})" if len(g) > 1 else "") for g in result["programs"]}
-overlay = tables.timeline_overlay_frame([d for d in timeline_docs if d["config"]["policy"] in labels])
-overlay["label"] = overlay["policy"].map(labels)
 if held.empty:
     st.caption("No memory timelines for these runs: the engine or this backend gave none.")
 else:
-    st.plotly_chart(charts.make_timeline_overlay_figure(overlay), width="stretch")
+    st.plotly_chart(charts.make_timeline_overlay_figure(tables.timeline_overlay_frame(timeline_docs)),
+                    width="stretch")
     st.caption("Live bytes over each policy's compiled program (XLA's schedule; x is the fraction of "
-               "the program, so programs of different lengths line up), one line per compiled program; "
+               "the program, so programs of different lengths line up); policies with the same timeline "
+               "share a line, named together; "
                "the diamond is the peak. "
                "Below: what each policy holds at its peak, by phase, and its largest buffers.")
     phases = [f"{p}_bytes" for p in tables.PHASES if held[f"{p}_bytes"].any()]  # zero everywhere: left out

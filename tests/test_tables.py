@@ -199,6 +199,9 @@ def test_overlay_and_holdings_one_entry_per_policy():
     over = tables.timeline_overlay_frame(docs)
     assert over["policy"].unique().tolist() == ["no_remat", "nothing_saveable"]
     assert over["fraction"].between(0, 1).all()
+    assert over["label"].unique().tolist() == ["no_remat", "nothing_saveable"]
+    same = tables.timeline_overlay_frame([*docs, _timeline("dots_saveable", n=100, peak=60)])
+    assert same["label"].unique().tolist() == ["no_remat", "nothing_saveable (= dots_saveable)"]
     assert over.groupby("policy")["fraction"].max().round(2).tolist() == [0.99, 0.98]
     held = tables.peak_holdings_frame(docs).set_index("policy")
     assert held.loc["no_remat", "peak_live_bytes"] == 4096 * 150 + 1024

@@ -285,21 +285,26 @@ def _policy(result: dict) -> str:
 
 
 def timeline_overlay_frame(results: list[dict]) -> pd.DataFrame:
-    """Total live bytes over the program for several results: columns policy, fraction, live_bytes.
+    """Total live bytes over the program for several results: columns policy, label, fraction, live_bytes.
 
     ``fraction`` is index / instructions (0 to 1), so programs of different lengths line up.
-    Results without a timeline are left out.
+    Results with identical timelines (policies that compile alike) give one entry, the first's,
+    its ``label`` naming the others ("a (= b, c)"). Results without a timeline are left out.
     """
-    frames = []
+    same: dict[str, list[tuple[str, dict]]] = {}
     for r in results:
         tl = _timeline(r)
-        pts = tl.get("points") or []
-        if not pts:
-            continue
+        if tl.get("points"):
+            same.setdefault(repr(tl["points"]), []).append((_policy(r), tl))
+    frames = []
+    for group in same.values():
+        (policy, tl), others = group[0], [p for p, _ in group[1:]]
+        pts = tl["points"]
         n = tl.get("instructions") or max(int(i) for i, _ in pts) or 1
-        frames.append(pd.DataFrame({"policy": _policy(r), "fraction": [i / n for i, _ in pts],
-                                    "live_bytes": [float(b) for _, b in pts]}))
-    cols = ["policy", "fraction", "live_bytes"]
+        frames.append(pd.DataFrame({
+            "policy": policy, "label": policy + (f" (= {', '.join(others)})" if others else ""),
+            "fraction": [i / n for i, _ in pts], "live_bytes": [float(b) for _, b in pts]}))
+    cols = ["policy", "label", "fraction", "live_bytes"]
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
