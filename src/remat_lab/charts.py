@@ -413,4 +413,7 @@ def make_timeline_overlay_figure(df: pd.DataFrame) -> go.Figure:
             hovertemplate="peak %{y:.3f} MiB at %{x:.1%} of the program<extra>" + str(policy) + "</extra>"))
     fig.update_xaxes(range=[0, 1], tickformat=".0%")
     fig.update_yaxes(rangemode="tozero")
+    # The legend below the plot: a label naming several policies is long.
+    fig.update_layout(legend=dict(orientation="h", x=0, xanchor="left", y=-0.2, yanchor="top"),
+                      height=460, margin=dict(l=60, r=20, t=60, b=40))
     return fig
