@@ -312,3 +312,39 @@ def test_compare_overlays_the_policies_timelines(monkeypatch):
     overlay = next(f for f in specs if f["layout"]["title"]["text"] == "Memory over the program, per policy")
     # The two synthetic timelines are equal: one line, named after both.
     assert [t["name"] for t in overlay["data"] if t["mode"] == "lines"] == ["no_remat (= nothing_saveable)"]
+
+
+def test_the_guides_timeline_lessons_hold(run):
+    """The Guide's "Memory over the program" examples, on the engine's timelines of the default stack."""
+    from pages import _sidebar
+    from remat_lab import tables
+
+    policies = ["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"]
+    held = {stack: tables.peak_holdings_frame(
+        [run(_sidebar.DEFAULT.replace(stack=stack, policy=p)) for p in policies]).set_index("policy")
+        for stack in ("scan", "loop")}
+    scan, loop = held["scan"], held["loop"]
+    if scan.empty:
+        pytest.skip("this backend gives no memory timeline")
+    # Scan: the peak is in the backward pass, and the forward band there is the policy's doing.
+    assert (scan["peak_at"] > 0.5).all() and (scan["backward_bytes"] > 0).all()
+    forward = scan["forward_bytes"]
+    assert forward["nothing_saveable"] < forward["no_remat"] < forward["dots_with_no_batch_dims_saveable"]
+    assert scan.loc["nothing_saveable", "recomputed_bytes"] > 0 == scan.loc["no_remat", "recomputed_bytes"]
+    # Loop: every policy peaks at the very end, holding the same forward bytes.
+    assert (loop["peak_at"] > 0.9).all()
+    assert loop["forward_bytes"].nunique() == 1
+
+
+def test_explore_shows_the_engines_timeline():
+    at = _app("pages/explore.py", width="64", batch="8", depth="2", repeats="3",
+              policy="nothing_saveable").run()
+    assert not at.exception, at.exception
+    if any(c.value.startswith("No memory timeline") for c in at.caption):
+        pytest.skip("this backend gives no memory timeline")
+    buffers = _frame(at, "op_name")
+    assert buffers["bytes"].is_monotonic_decreasing and len(buffers) > 1
+    peak = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                if "live bytes by phase" in json.loads(c.proto.spec)["layout"]["title"]["text"])
+    label = next(a["text"] for a in peak["layout"]["annotations"] if a["text"].startswith("peak "))
+    assert label == f"peak {buffers['bytes'].sum() / (1 << 20):.2f} MiB" + label[label.index(" at "):]
