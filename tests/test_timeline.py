@@ -15,7 +15,7 @@ from remat_lab.experiment import enable_compilation_cache
 from remat_lab.models import names_of
 from remat_lab.policies import POLICIES
 from remat_lab.step import build_problem, make_step
-from remat_lab.timeline import MAX_POINTS, PHASES, memory_timeline
+from remat_lab.timeline import MAX_POINTS, PHASES, compile_dumped, memory_timeline, uncached
 
 JAX_POLICIES = [p for p, pol in POLICIES.items() if pol.group == "jax"]
 KEYS = {"source", "instructions", "points", "by_phase", "peak_index", "peak_live_bytes", "at_peak", "note"}
@@ -112,6 +112,14 @@ def test_scan_nothing_saveable_holds_fewer_forward_bytes_and_recomputes():
     assert docs["nothing_saveable"]["peak_live_bytes"] < docs["no_remat"]["peak_live_bytes"]
 
 
+def test_recomputed_values_at_the_issues_size_only_under_remat():
+    """At 256x64 (the default depth and stack) nothing_saveable recomputes during the backward pass."""
+    docs = {p: timeline_of(RunConfig(width=256, batch=64, policy=p))
+            for p in ("no_remat", "nothing_saveable")}
+    assert max(v for _, v in docs["nothing_saveable"]["by_phase"]["recomputed"]) > 0
+    assert max(v for _, v in docs["no_remat"]["by_phase"]["recomputed"]) == 0
+
+
 def test_downsampling_keeps_the_peak():
     from remat_lab.timeline import _downsample
 
@@ -135,13 +143,29 @@ def test_a_warm_persistent_cache_does_not_lose_the_timeline(tmp_path):
         dump = tmp_path / "dump"
         lowered.compile(compiler_options={"xla_dump_to": str(dump)})  # a cache hit: XLA dumps nothing
         assert not glob.glob(str(dump / "*live-range.txt"))
-        doc = memory_timeline(lowered, depth=2, names=names_of("mlp"), paths=problem.paths)
+        again, _ = lowered_of(RunConfig(width=96, batch=24, depth=2, policy="nothing_saveable"))
+        compiled, dumped = compile_dumped(again)  # as run_experiment compiles: a hit, no dump
+        assert dumped is None
+        doc = memory_timeline(again, compiled=compiled, dump=dumped, depth=2, names=names_of("mlp"),
+                              paths=problem.paths)
         check_invariants(doc, problem)
         assert jax.config.jax_enable_compilation_cache  # the timeline turned the cache back on
     finally:
         for k, v in saved.items():
             jax.config.update(k, v)
         compilation_cache.reset_cache()
+
+
+def test_the_steps_own_dump_gives_the_same_timeline_as_a_copy():
+    config = RunConfig(width=128, batch=16, depth=2, stack="scan", policy="dots_saveable")
+    lowered, problem = lowered_of(config)
+    label = {"depth": 2, "names": names_of("mlp"), "paths": problem.paths}
+    with uncached():
+        compiled, dump = compile_dumped(lowered)
+    assert dump is not None
+    own = memory_timeline(lowered, compiled=compiled, dump=dump, **label)
+    copy = memory_timeline(lowered_of(config)[0], **label)
+    assert own == copy  # the note too: a result reads the same whichever compile dumped it
 
 
 def test_run_experiment_reports_the_timeline(run):

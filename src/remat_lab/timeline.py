@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import jax
 import numpy as np
@@ -213,31 +214,55 @@ def _note(doc: dict, compiled) -> str:
     return text
 
 
-def memory_timeline(lowered: jax.stages.Lowered, *, depth: int = 1, names: Sequence[str] = (),
-                    paths: Sequence[str] = (), max_points: int = MAX_POINTS) -> dict:
-    """The memory timeline of ``lowered``'s compiled program (``run --json``'s ``memory_timeline``).
+@dataclass(frozen=True)
+class Dump:
+    """XLA's text dump of one compile, as ``parse_dump`` reads it."""
 
-    Compiles a second copy with XLA's dump on and the persistent cache off, parses the dump and
-    deletes it. ``depth``, ``names`` (the model's ``checkpoint_name`` tags) and ``paths`` (the
-    parameter leaves' paths, ``Problem.paths``) label the buffers.
-    When the backend writes no live-range dump (or one this parser cannot read) the result is
-    ``{"source": None, "reason": ...}``.
+    live_range: str
+    assignment: str
+    hlo: str
+
+
+def compile_dumped(lowered: jax.stages.Lowered):
+    """``lowered.compile()`` with XLA's dump on, read and deleted: ``(compiled, Dump | None)``.
+
+    The dump is None when nothing was compiled (a persistent-cache hit) or the backend wrote none.
+    The dump options are not part of JAX's cache key, so caching is unaffected.
     """
     folder = tempfile.mkdtemp(prefix="remat_lab_timeline_")
     try:
-        with uncached():
-            compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
+        compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
         live_range = _read(folder, "after_optimizations-live-range.txt")
         assignment = _read(folder, "after_optimizations-buffer-assignment.txt")
         hlo = _read(folder, "after_optimizations.txt")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if live_range is None or assignment is None:
+        return compiled, None
+    return compiled, Dump(live_range, assignment, hlo or "")
+
+
+def memory_timeline(lowered: jax.stages.Lowered, *, compiled=None, dump: Dump | None = None,
+                    depth: int = 1, names: Sequence[str] = (), paths: Sequence[str] = (),
+                    max_points: int = MAX_POINTS) -> dict:
+    """The memory timeline of ``lowered``'s compiled program (``run --json``'s ``memory_timeline``).
+
+    ``compiled`` and ``dump`` from ``compile_dumped`` reuse the step's own compile; without a dump
+    (a persistent-cache hit dumps nothing) a copy is compiled with the cache off. ``depth``,
+    ``names`` (the model's ``checkpoint_name`` tags) and ``paths`` (the parameter leaves' paths,
+    ``Problem.paths``) label the buffers. When the backend writes no live-range dump (or one this
+    parser cannot read) the result is ``{"source": None, "reason": ...}``.
+    """
+    if dump is None:
+        with uncached():
+            compiled, dump = compile_dumped(lowered)
+    if dump is None:
         return {"source": None, "reason": f"the {jax.default_backend()} backend wrote no live-range dump"}
     try:
-        doc = parse_dump(live_range, assignment, hlo or "", depth=depth, names=names, paths=paths,
-                         max_points=max_points)
+        doc = parse_dump(dump.live_range, dump.assignment, dump.hlo, depth=depth, names=names,
+                         paths=paths, max_points=max_points)
     except (ValueError, KeyError, IndexError) as err:  # a dump format this parser does not know
         return {"source": None, "reason": f"XLA's dump could not be read ({type(err).__name__}: {err})"}
+    # The same text whichever compile the dump came from: a result is reproducible across processes.
     doc["note"] = _note(doc, compiled)
     return doc
