@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,19 +30,22 @@ _SHAPE = re.compile(r"^(\w+)\[([\d,]*)\]")
 _LEAF = re.compile(r"^leaves\[(\d+)\]$")
 _XLA_PEAK = re.compile(r"Live ranges at (\d+) \(peak\)")
 _XLA_PEAK_BYTES = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
+# One uncached compile at a time: each saves and restores the process-wide cache switch.
+_UNCACHED_LOCK = threading.Lock()
 
 
 @contextmanager
 def uncached():
     """Compile with JAX's persistent cache off: a cache hit compiles nothing and dumps nothing."""
-    was = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()  # JAX remembers "cache used" per process: make it ask again
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", was)
-        compilation_cache.reset_cache()
+    with _UNCACHED_LOCK:
+        was = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()  # JAX remembers "cache used" per process: make it ask again
+        try:
+            yield
+        finally:
+            jax.config.update("jax_enable_compilation_cache", was)
+            compilation_cache.reset_cache()
 
 
 def _read(folder: str, suffix: str) -> str | None:
@@ -254,8 +258,11 @@ def memory_timeline(lowered: jax.stages.Lowered, *, compiled=None, dump: Dump | 
     parser cannot read) the result is ``{"source": None, "reason": ...}``.
     """
     if dump is None:
-        with uncached():
-            compiled, dump = compile_dumped(lowered)
+        try:
+            with uncached():
+                compiled, dump = compile_dumped(lowered)
+        except Exception as err:  # XlaRuntimeError and friends: the step itself ran, so say why here
+            return {"source": None, "reason": f"the uncached copy failed to compile ({type(err).__name__})"}
     if dump is None:
         return {"source": None, "reason": f"the {jax.default_backend()} backend wrote no live-range dump"}
     try:
