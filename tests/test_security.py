@@ -202,7 +202,7 @@ ALLOWED_WRITES = {
     # the machine's calibrated roofs: calibration.json in the compilation cache directory
     "roofline.py": {"makedirs", "write_text", "replace"},
     # the memory timeline: XLA's dump of one compile, into a mkdtemp folder deleted afterwards
-    "timeline.py": {"mkdtemp", "rmtree"},
+    "timeline.py": {"mkdtemp", "rmtree", "makedirs", "open", "replace"},  # + dumps in the cache dir
 }
 
 

@@ -156,6 +156,38 @@ def test_a_warm_persistent_cache_does_not_lose_the_timeline(tmp_path):
         compilation_cache.reset_cache()
 
 
+def test_a_cache_hit_reuses_the_dump_kept_beside_the_cache(tmp_path, monkeypatch):
+    """A new session (empty process caches) hitting the persistent cache compiles no copy: the
+    first compile's dump was kept beside the cache, keyed by the program text."""
+    from remat_lab import timeline
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes", "jax_enable_compilation_cache")
+    saved = {k: getattr(jax.config, k) for k in keys}
+    try:
+        enable_compilation_cache(str(tmp_path / "cache"))
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
+        config = RunConfig(width=80, batch=24, depth=2, policy="nothing_saveable")
+        label = {"depth": 2, "names": names_of("mlp")}
+        lowered, problem = lowered_of(config)
+        compiled, dump = compile_dumped(lowered)  # cold: dumps, and the timeline keeps the dump
+        assert dump is not None
+        first = memory_timeline(lowered, compiled=compiled, dump=dump, paths=problem.paths, **label)
+        assert list((tmp_path / "cache" / "timeline_dumps").glob("*.json.gz"))
+        monkeypatch.setattr(timeline, "_DUMPS", {})  # a new process
+        monkeypatch.setattr(timeline, "uncached", None)  # calling it would fail the test
+        again, _ = lowered_of(config)
+        compiled, dumped = compile_dumped(again)  # a persistent-cache hit: no dump
+        assert dumped is None
+        second = memory_timeline(again, compiled=compiled, dump=dumped, paths=problem.paths, **label)
+        assert second == first
+    finally:
+        for k, v in saved.items():
+            jax.config.update(k, v)
+        compilation_cache.reset_cache()
+
+
 def test_the_steps_own_dump_gives_the_same_timeline_as_a_copy():
     config = RunConfig(width=128, batch=16, depth=2, stack="scan", policy="dots_saveable")
     lowered, problem = lowered_of(config)

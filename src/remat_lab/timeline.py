@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import glob
+import gzip
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -10,12 +13,13 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import jax
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
+from . import hlo
 from .dissect import _layer_of_path, layer_of
 
 PHASES = ("parameter", "output", "forward", "recomputed", "backward", "other")
@@ -246,21 +250,94 @@ def compile_dumped(lowered: jax.stages.Lowered):
     return compiled, Dump(live_range, assignment, hlo or "")
 
 
+# Dumps kept by the compiled program's text: a persistent-cache hit compiles nothing and dumps
+# nothing, so without these every new session would compile an uncached copy for the timeline.
+_DUMPS: dict[str, Dump] = {}
+_DUMPS_KEPT = 64
+_DUMP_DIR = "timeline_dumps"  # beside the persistent compilation cache, gzip-compressed JSON
+
+
+_STACK_FRAME = re.compile(r"\s*stack_frame_id=\d+")
+
+
+def _dump_key(compiled) -> str | None:
+    """The program text, op_names kept, less where the Python source was (which differs between
+    processes): equal keys, equal dumps."""
+    try:
+        text = compiled.as_text()
+    except Exception:  # noqa: BLE001 - a backend without program text: no reuse
+        return None
+    text = _STACK_FRAME.sub("", hlo._SOURCE_TABLES.sub("", text))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _dump_path(key: str) -> str | None:
+    """Where a dump is kept on disk: in the persistent compilation cache's directory, if it is on."""
+    folder = jax.config.jax_compilation_cache_dir
+    return os.path.join(folder, _DUMP_DIR, f"{key}.json.gz") if folder else None
+
+
+def _keep_dump(key: str | None, dump: Dump) -> None:
+    if key is None:
+        return
+    if len(_DUMPS) >= _DUMPS_KEPT:
+        _DUMPS.pop(next(iter(_DUMPS)))
+    _DUMPS[key] = dump
+    path = _dump_path(key)
+    if path is None or os.path.exists(path):
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:  # the cache directory only (REMAT_LAB_CACHE_DIR)
+            f.write(gzip.compress(json.dumps(asdict(dump)).encode()))
+        os.replace(tmp, path)
+    except OSError:  # a read-only or full cache directory: the in-process copy still serves
+        pass
+
+
+def _find_dump(key: str | None) -> Dump | None:
+    if key is None:
+        return None
+    if key in _DUMPS:
+        return _DUMPS[key]
+    path = _dump_path(key)
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            fields = json.loads(gzip.decompress(f.read()))
+        dump = Dump(fields["live_range"], fields["assignment"], fields["hlo"])
+    except (OSError, ValueError, KeyError, TypeError):  # damaged: compile a copy instead
+        return None
+    _DUMPS[key] = dump
+    return dump
+
+
 def memory_timeline(lowered: jax.stages.Lowered, *, compiled=None, dump: Dump | None = None,
                     depth: int = 1, names: Sequence[str] = (), paths: Sequence[str] = (),
                     max_points: int = MAX_POINTS) -> dict:
     """The memory timeline of ``lowered``'s compiled program (``run --json``'s ``memory_timeline``).
 
     ``compiled`` and ``dump`` from ``compile_dumped`` reuse the step's own compile; without a dump
-    (a persistent-cache hit dumps nothing) a copy is compiled with the cache off. ``depth``,
+    (a persistent-cache hit dumps nothing) the dump of an earlier compile of the same program text
+    is used (kept in-process and, when the persistent cache is on, beside it on disk), else a copy is
+    compiled with the cache off. ``depth``,
     ``names`` (the model's ``checkpoint_name`` tags) and ``paths`` (the parameter leaves' paths,
     ``Problem.paths``) label the buffers. When the backend writes no live-range dump (or one this
     parser cannot read) the result is ``{"source": None, "reason": ...}``.
     """
+    key = _dump_key(compiled) if compiled is not None else None
+    if dump is not None:
+        _keep_dump(key, dump)
+    else:
+        dump = _find_dump(key)  # the dump of an earlier compile of this very program
     if dump is None:
         try:
             with uncached():
                 compiled, dump = compile_dumped(lowered)
+            if dump is not None:
+                _keep_dump(_dump_key(compiled), dump)
         except Exception as err:  # XlaRuntimeError and friends: the step itself ran, so say why here
             return {"source": None, "reason": f"the uncached copy failed to compile ({type(err).__name__})"}
     if dump is None:
