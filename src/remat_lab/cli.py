@@ -303,12 +303,12 @@ def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_policies
     from .experiment import ExecutionError, enable_compilation_cache
 
+    if getattr(args, "code", False):  # the snippet is one policy's: ask run or explain for it
+        print("remat_lab: error: --code prints one policy's code: use it with run or explain.",
+              file=sys.stderr)
+        return 2
     try:
         config = _config_from(args)
-        if getattr(args, "code", False):
-            from .reproduce import reproduce_code
-            print(reproduce_code(config), end="")
-            return 0
         if not args.no_cache:
             enable_compilation_cache()
         result = compare_policies(config, args.policies, rounds=args.rounds, budget=args.memory_budget)

@@ -253,7 +253,7 @@ def compile_dumped(lowered: jax.stages.Lowered):
 # Dumps kept by the compiled program's text: a persistent-cache hit compiles nothing and dumps
 # nothing, so without these every new session would compile an uncached copy for the timeline.
 _DUMPS: dict[str, Dump] = {}
-_DUMPS_KEPT = 64
+_DUMPS_KEPT = 16  # a dump's texts are up to a few MiB for deep loop stacks: keep a few
 _DUMP_DIR = "timeline_dumps"  # beside the persistent compilation cache, gzip-compressed JSON
 
 
