@@ -40,9 +40,11 @@ def _progress(stage: str) -> None:
     (getattr(_PROGRESS, "callback", None) or (lambda s: None))(stage)
 
 
-@st.cache_data(show_spinner=False, max_entries=512)
+# A result without program texts is up to ~200 KB (depth-16 loop: tables and the memory timeline):
+# 128 entries bound this cache at ~25 MiB.
+@st.cache_data(show_spinner=False, max_entries=128)
 def _cached_run(items: tuple) -> dict:
-    """The engine's timed result for a configuration, without the program texts (small)."""
+    """The engine's timed result for a configuration, without the program texts."""
     result = experiment.run_experiment(RunConfig(**dict(items)), progress=_progress)
     result.pop("texts", None)
     return result

@@ -31,7 +31,8 @@ def _say(message: str) -> None:
     (getattr(_PROGRESS, "say", None) or (lambda m: None))(message)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+# A comparison carries every policy's memory timeline (up to ~50 KB each): 16 entries, ~15 MiB.
+@st.cache_data(show_spinner=False, max_entries=16)
 def _cached_compare(items: tuple, policies: tuple) -> dict:
     """The engine's comparison of ``policies`` at a configuration (no program texts: small)."""
     return compare.compare_policies(RunConfig(**dict(items)), list(policies), progress=_say)

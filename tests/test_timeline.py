@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+from contextlib import contextmanager
 
 import jax
 import jax.numpy as jnp
@@ -129,14 +130,25 @@ def test_downsampling_keeps_the_peak():
     assert len(picks) <= 101 and 4321 in picks
 
 
-def test_a_warm_persistent_cache_does_not_lose_the_timeline(tmp_path):
+@contextmanager
+def persistent_cache(folder):
+    """JAX's persistent compilation cache on, in ``folder``; the process's settings restored after."""
     keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
             "jax_persistent_cache_min_entry_size_bytes", "jax_enable_compilation_cache")
     saved = {k: getattr(jax.config, k) for k in keys}
     try:
-        enable_compilation_cache(str(tmp_path / "cache"))
+        enable_compilation_cache(str(folder))
         jax.config.update("jax_enable_compilation_cache", True)
         compilation_cache.reset_cache()
+        yield
+    finally:
+        for k, v in saved.items():
+            jax.config.update(k, v)
+        compilation_cache.reset_cache()
+
+
+def test_a_warm_persistent_cache_does_not_lose_the_timeline(tmp_path):
+    with persistent_cache(tmp_path / "cache"):
         lowered, problem = lowered_of(RunConfig(width=96, batch=24, depth=2, policy="nothing_saveable"))
         lowered.compile()  # warm the cache
         assert any((tmp_path / "cache").iterdir())
@@ -150,10 +162,6 @@ def test_a_warm_persistent_cache_does_not_lose_the_timeline(tmp_path):
                               paths=problem.paths)
         check_invariants(doc, problem)
         assert jax.config.jax_enable_compilation_cache  # the timeline turned the cache back on
-    finally:
-        for k, v in saved.items():
-            jax.config.update(k, v)
-        compilation_cache.reset_cache()
 
 
 def test_a_cache_hit_reuses_the_dump_kept_beside_the_cache(tmp_path, monkeypatch):
@@ -161,13 +169,7 @@ def test_a_cache_hit_reuses_the_dump_kept_beside_the_cache(tmp_path, monkeypatch
     first compile's dump was kept beside the cache, keyed by the program text."""
     from remat_lab import timeline
 
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes", "jax_enable_compilation_cache")
-    saved = {k: getattr(jax.config, k) for k in keys}
-    try:
-        enable_compilation_cache(str(tmp_path / "cache"))
-        jax.config.update("jax_enable_compilation_cache", True)
-        compilation_cache.reset_cache()
+    with persistent_cache(tmp_path / "cache"):
         config = RunConfig(width=80, batch=24, depth=2, policy="nothing_saveable")
         label = {"depth": 2, "names": names_of("mlp")}
         lowered, problem = lowered_of(config)
@@ -182,10 +184,6 @@ def test_a_cache_hit_reuses_the_dump_kept_beside_the_cache(tmp_path, monkeypatch
         assert dumped is None
         second = memory_timeline(again, compiled=compiled, dump=dumped, paths=problem.paths, **label)
         assert second == first
-    finally:
-        for k, v in saved.items():
-            jax.config.update(k, v)
-        compilation_cache.reset_cache()
 
 
 def test_the_steps_own_dump_gives_the_same_timeline_as_a_copy():
