@@ -1,4 +1,4 @@
-"""Headless runs: ``python -m remat_lab run|explain|compare|policies`` (and ``bench``).
+"""Headless runs: ``python -m remat_lab run|explain|compare|advise|policies`` (and ``bench``).
 
 Bad input exits with status 2 and one line on stderr; an XLA failure exits with status 1.
 """
@@ -93,6 +93,25 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
 
 
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model's settings without batch and policy (the advisor searches those)."""
+    d = RunConfig()
+    p.add_argument("--model", choices=MODELS, default=d.model)
+    p.add_argument("--width", type=_int_arg("width"), default=d.width, help="features D (1..16384)")
+    p.add_argument("--seq", type=_int_arg("seq"), default=d.seq,
+                   help="sequence length N (seq_mixer, transformer)")
+    p.add_argument("--heads", type=_int_arg("heads"), default=d.heads,
+                   help="attention heads (transformer; must divide width)")
+    p.add_argument("--depth", type=_int_arg("depth"), default=d.depth, help="remat'd blocks (1..16)")
+    p.add_argument("--stack", choices=STACKS, default=d.stack,
+                   help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
+    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
+    p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats,
+                   help="at most this many interleaved timing rounds (fewer when steps are slow)")
+    p.add_argument("--seed", type=_int_arg("seed"), default=d.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m remat_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -113,6 +132,24 @@ def build_parser() -> argparse.ArgumentParser:
     pol = sub.add_parser("policies", help="list the policy registry (and a model's checkpoint names)")
     pol.add_argument("--model", choices=MODELS, default=None,
                      help="also list this model's checkpoint names and which of them each recipe keeps")
+    adv = sub.add_parser("advise", help="per policy, the largest batch whose compiled peak fits a "
+                                        "memory budget, and the fastest policy at its largest batch")
+    _add_model_args(adv)
+    adv.add_argument("--budget", default=None, metavar="SIZE",
+                     help="device memory to fit, e.g. 256M or 16G (default: the device's memory "
+                          "limit, or the run budget on CPU: half the machine's or container's "
+                          "memory, or $REMAT_LAB_MEMORY_BUDGET)")
+    adv.add_argument("--policies", type=_policies_arg, default=None,
+                     help="comma-separated policy ids (default: JAX's named policies)")
+    adv.add_argument("--no-time", action="store_true",
+                     help="size batches only (compiles, nothing runs); no step times or MFU")
+    adv.add_argument("--max-batch", type=_int_arg("batch"), default=LIMITS["batch"][1],
+                     help=f"search batches up to this (1..{LIMITS['batch'][1]})")
+    adv.add_argument("--memory-budget", default=None,
+                     help="what this machine may allocate for the timed runs (as for run); a "
+                          "policy whose largest batch is estimated above it is sized, not timed")
+    adv.add_argument("--json", action="store_true", help="print one JSON document")
+    adv.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
     bench = sub.add_parser("bench", help="benchmarks: timing fidelity, latency, sweep throughput")
     bench.add_argument("--quick", action="store_true", help="a smaller run (under 2 min on 2 cores)")
     bench.add_argument("--json", action="store_true")
@@ -322,6 +359,69 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+ADVISE_COLUMNS = ["policy", "max batch", "peak", "next batch (over by)", "probes", "step time",
+                  "examples/s", "MFU", "HFU", "note"]
+
+
+def _over(peak: int, doc: dict) -> str:
+    """How far a peak is over the budget: ``'+24.0 KiB'``."""
+    return "+" + human_bytes(peak - doc["budget_bytes"])
+
+
+def format_advice(doc: dict) -> str:
+    """``advise``'s document as text: one row per policy, then the recommendation."""
+    c = doc["config"]
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"
+    rows = [{"policy": r["policy"], "max batch": r["max_batch"],
+             "peak": "-" if r["peak_bytes"] is None else human_bytes(r["peak_bytes"]),
+             "next batch (over by)": ("-" if r["next_batch"] is None else
+                                      f"{r['next_batch']} ({_over(r['next_peak_bytes'], doc)})"),
+             "probes": len(r["probes"]),
+             "step time": "-" if r["step_time_s"] is None else _fmt_time(r["step_time_s"]),
+             "examples/s": "-" if r["examples_per_s"] is None else f"{r['examples_per_s']:,.0f}",
+             "MFU": pct(r["mfu"]), "HFU": pct(r["hfu"]),
+             "note": (f"same program as {r['same_program_as']}" if r.get("same_program_as")
+                      else r["not_timed"] or ("" if r["max_batch"] else r["reason"]))}
+            for r in doc["rows"]]
+    head = (f"{c['model']} width={c['width']} depth={c['depth']} stack={c['stack']} {c['dtype']} "
+            f"objective={c['objective']}" + (f" seq={c['seq']}" if c["model"] in SEQ_MODELS else "")
+            + f"; budget {human_bytes(doc['budget_bytes'])} ({doc['budget_source']})")
+    lines = [head, f"searched in {doc['search_s']:.1f} s by compiling only (XLA's compiled peak on "
+                   "abstract inputs); " + ("timed at each policy's largest batch, interleaved"
+                                           if doc["timed"] else "not timed"), "",
+             format_table(rows, ADVISE_COLUMNS), ""]
+    if doc["timed"] and doc.get("peak_flops_per_s"):
+        lines.append(f"MFU / HFU: model (no_remat) / hardware flops per second over the peak of "
+                     f"{doc['peak_flops_per_s'] / 1e9:.0f} GFLOP/s ({doc['peak_source']})")
+    lines.append(("Recommended: " if doc["recommended"] else "") + doc["reason"] + ".")
+    return "\n".join(lines)
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from .advisor import advise
+    from .experiment import ExecutionError, enable_compilation_cache
+
+    try:
+        config = RunConfig(model=args.model, width=args.width, seq=args.seq, heads=args.heads,
+                           depth=args.depth, stack=args.stack, dtype=args.dtype,
+                           objective=args.objective, repeats=args.repeats, seed=args.seed,
+                           batch=1, policy="no_remat")
+        if not args.no_cache:
+            enable_compilation_cache()
+        doc = advise(config, args.budget, policies=args.policies, timing=not args.no_time,
+                     max_batch=args.max_batch, server_budget=args.memory_budget,
+                     progress=(lambda m: print(m, file=sys.stderr, flush=True))
+                     if sys.stderr.isatty() and not args.json else None)
+    except ConfigError as err:
+        print(f"remat_lab: error: {err}", file=sys.stderr)
+        return 2
+    except ExecutionError as err:
+        print(f"remat_lab: error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=2) if args.json else format_advice(doc))
+    return 0
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     """Measure the roofs again (best of the old and new: load only ever makes them read low)."""
     from . import roofline
@@ -351,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(quick=args.quick, as_json=args.json)
     if args.command == "compare":
         return _compare(args)
+    if args.command == "advise":
+        return _advise(args)
     try:
         config = _config_from(args)
         if getattr(args, "code", False):

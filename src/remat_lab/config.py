@@ -236,8 +236,13 @@ def parse_bytes(text: str) -> int:
     except ValueError:
         raise ConfigError(f"memory budget {str(text)[:40]!r} is not a size; write e.g. 512M, 2G "
                           "or a number of bytes.") from None
-    if not 0 < value < 2**60 or value != value:
+    if value != value or value <= 0:
         raise ConfigError(f"memory budget must be a positive size; got {str(text)[:40]!r}.")
+    if value * units[unit] >= 2**60:
+        raise ConfigError(f"memory budget {str(text)[:40]!r} is larger than any machine's memory; "
+                          "write a size under 1 EiB (e.g. 512M, 2G, 80G).")
+    if value * units[unit] < 1:
+        raise ConfigError(f"memory budget {str(text)[:40]!r} is less than one byte.")
     return int(value * units[unit])
 
 

@@ -88,13 +88,25 @@ def _input(shape: tuple[int, ...], seed: int, dtype_name: str) -> jax.Array:
     return jax.jit(lambda: jax.random.normal(jax.random.key(seed + 1), shape, dtype=dtype))()
 
 
-def build_problem(config: RunConfig) -> Problem:
-    """Build the model and input of ``config`` and the scalar loss over flat parameter leaves."""
-    graphdef, treedef, leaves, paths = _parameters(config.model, config.width, config.depth,
-                                                   config.seed, config.dtype, config.stack,
-                                                   config.heads)
-    leaves, paths = list(leaves), list(paths)
-    x = _input(config.input_shape, config.seed, config.dtype)
+@functools.lru_cache(maxsize=8)
+def _abstract_parameters(model_name: str, width: int, depth: int, dtype_name: str, stack: str,
+                         heads: int = 4):
+    """Shapes and dtypes of ``_parameters``' leaves, traced with ``jax.eval_shape``: no array made."""
+    found = {}
+
+    def init():
+        graphdef, state = nnx.split(build_model(model_name, width, depth, seed=0,
+                                                dtype=DTYPES[dtype_name], stack=stack, heads=heads))
+        found["graphdef"] = graphdef
+        return state
+
+    state = jax.eval_shape(init)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+    return (found["graphdef"], treedef, tuple(leaf for _, leaf in flat),
+            tuple(_path_name(p) for p, _ in flat))
+
+
+def _loss_fn(config: RunConfig, graphdef, treedef) -> Callable:
     block_fn = _block_fn(config)
 
     def loss(leaves: list[jax.Array], x: jax.Array) -> jax.Array:
@@ -102,7 +114,27 @@ def build_problem(config: RunConfig) -> Problem:
         model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
         return jnp.sum(run_stack(model, block_fn, x), dtype=jnp.float32)
 
-    return Problem(config, graphdef, treedef, leaves, paths, x, loss)
+    return loss
+
+
+def build_problem(config: RunConfig) -> Problem:
+    """Build the model and input of ``config`` and the scalar loss over flat parameter leaves."""
+    graphdef, treedef, leaves, paths = _parameters(config.model, config.width, config.depth,
+                                                   config.seed, config.dtype, config.stack,
+                                                   config.heads)
+    leaves, paths = list(leaves), list(paths)
+    x = _input(config.input_shape, config.seed, config.dtype)
+    return Problem(config, graphdef, treedef, leaves, paths, x, _loss_fn(config, graphdef, treedef))
+
+
+def abstract_problem(config: RunConfig) -> Problem:
+    """``build_problem`` with ``jax.ShapeDtypeStruct`` leaves and input: for compile-only probes
+    (lower and compile, never run), so nothing of the configuration's size is allocated."""
+    graphdef, treedef, leaves, paths = _abstract_parameters(config.model, config.width, config.depth,
+                                                            config.dtype, config.stack, config.heads)
+    x = jax.ShapeDtypeStruct(config.input_shape, DTYPES[config.dtype])
+    return Problem(config, graphdef, treedef, list(leaves), list(paths), x,
+                   _loss_fn(config, graphdef, treedef))
 
 
 def make_step(problem: Problem) -> Callable:

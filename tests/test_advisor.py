@@ -1,0 +1,163 @@
+"""The advisor: every answer holds against an independent compile (concrete inputs, not the probe's)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remat_lab import advisor
+from remat_lab.cli import main
+from remat_lab.config import ConfigError, RunConfig
+from remat_lab.experiment import cost_of, memory_report, step_flops
+from remat_lab.step import build_problem, make_step
+
+SMALL = RunConfig(model="mlp", width=64, depth=4, stack="scan", batch=1, repeats=3, warmup=1)
+BUDGET = 2 << 20  # lands the largest batch of SMALL between about 100 and 400
+
+
+def concrete(config: RunConfig) -> dict:
+    """Compile the step on real arrays (not the advisor's abstract path): peak and flops."""
+    problem = build_problem(config)
+    compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
+    return {"peak": memory_report(compiled)["peak_bytes"],
+            "flops": step_flops(cost_of(compiled)["flops"], compiled.as_text())}
+
+
+@pytest.fixture(scope="module")
+def sized():
+    return advisor.advise(SMALL, BUDGET, timing=False,
+                          policies=["no_remat", "nothing_saveable", "dots_saveable"])
+
+
+def test_every_row_fits_and_the_next_batch_does_not(sized):
+    assert sized["budget_bytes"] == BUDGET and sized["budget_source"] == "given"
+    for row in sized["rows"]:
+        assert 16 <= row["max_batch"] < 4096, row
+        assert row["next_batch"] == row["max_batch"] + 1
+        cfg = SMALL.replace(policy=row["policy"])
+        fit = concrete(cfg.replace(batch=row["max_batch"]))
+        over = concrete(cfg.replace(batch=row["next_batch"]))
+        assert fit["peak"] == row["peak_bytes"] <= BUDGET
+        assert over["peak"] == row["next_peak_bytes"] > BUDGET
+        assert row["compiles"] <= 2 * math.log2(advisor.MAX_BATCH) + 2
+        assert {p["batch"] for p in row["probes"]} >= {row["max_batch"], row["next_batch"]}
+        assert all(p["fits"] == (p["peak_bytes"] <= BUDGET) for p in row["probes"])
+
+
+def test_saving_less_never_fits_a_smaller_batch(sized):
+    rows = {r["policy"]: r for r in sized["rows"]}
+    # Under scan, nothing_saveable keeps only the layer inputs: the compiled peaks say it fits more.
+    assert rows["nothing_saveable"]["max_batch"] >= rows["no_remat"]["max_batch"]
+    at = SMALL.replace(batch=rows["no_remat"]["max_batch"], policy="nothing_saveable")
+    assert concrete(at)["peak"] <= BUDGET  # independently: it fits where no_remat's answer is
+
+
+def test_untimed_advice_recommends_by_batch(sized):
+    assert not sized["timed"]
+    best = max(r["max_batch"] for r in sized["rows"])
+    assert sized["recommended"] in [r["policy"] for r in sized["rows"] if r["max_batch"] == best]
+    assert "not timed" in sized["reason"]
+    assert all(r["step_time_s"] is None and r["mfu"] is None for r in sized["rows"])
+
+
+def test_timed_advice_has_consistent_rates():
+    doc = advisor.advise(SMALL, BUDGET, policies=["no_remat", "nothing_saveable"], time_budget_s=1.0)
+    assert doc["timed"] and doc["recommended"] in ("no_remat", "nothing_saveable")
+    assert doc["reason"].startswith(doc["recommended"])
+    for r in doc["rows"]:
+        b = r["max_batch"]
+        # Model flops: the no_remat program's at this batch; hardware flops: this policy's.
+        model = concrete(SMALL.replace(batch=b, policy="no_remat"))["flops"]
+        assert r["model_flops"] == pytest.approx(model, rel=1e-9)
+        assert r["hardware_flops"] == pytest.approx(
+            concrete(SMALL.replace(batch=b, policy=r["policy"]))["flops"], rel=1e-9)
+        assert r["examples_per_s"] == pytest.approx(b / r["step_time_s"], rel=1e-9)
+        lo, hi = r["examples_per_s_ci"]
+        assert lo <= r["examples_per_s"] <= hi
+        peak = doc["peak_flops_per_s"]
+        assert r["mfu"] == pytest.approx(min(r["model_flops"] / r["step_time_s"] / peak, 1))
+        assert 0 < r["mfu"] <= r["hfu"] <= 1
+    rows = {r["policy"]: r for r in doc["rows"]}
+    assert rows["no_remat"]["hardware_flops"] == rows["no_remat"]["model_flops"]
+    assert rows["nothing_saveable"]["hardware_flops"] > rows["nothing_saveable"]["model_flops"]
+
+
+def test_a_policy_that_does_not_fit_batch_one():
+    doc = advisor.advise(SMALL, 1 << 16, policies=["no_remat"], timing=False)
+    (row,) = doc["rows"]
+    assert row["max_batch"] == 0 and row["peak_bytes"] is None and row["next_batch"] == 1
+    assert row["next_peak_bytes"] > 1 << 16 and "batch 1" in row["reason"]
+    assert doc["recommended"] is None and "no policy fits" in doc["reason"]
+
+
+@pytest.mark.parametrize("budget", ["0", "-1", "12XB", "1e30", "nan", "", "1T1"])
+def test_bad_budgets_are_refused(budget, capsys):
+    with pytest.raises(ConfigError):
+        advisor.advice_budget(budget)
+    assert main(["advise", "--budget", budget, "--no-time"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("remat_lab: error: memory budget") and err.count("\n") == 1
+
+
+# ------------------------------------------------ the search itself, on synthetic peak curves
+
+
+@settings(max_examples=200, deadline=None)
+@given(fixed=st.integers(1, 1 << 30), slope=st.integers(1, 1 << 20), step=st.integers(1, 64),
+       flat=st.integers(0, 4096), square=st.integers(0, 64), budget=st.integers(1, 1 << 40),
+       guess=st.one_of(st.none(), st.integers(1, advisor.MAX_BATCH)))
+def test_search_finds_the_exact_boundary(fixed, slope, step, flat, square, budget, guess):
+    """A peak flat up to some batch (fixed buffers dominate), then growing in steps (padding),
+    linearly or faster: the answer is exact and takes at most 2·log2(max batch) + 3 compiles."""
+    def curve(b):
+        rows = max(0, -(-b // step) * step - flat)
+        return fixed + slope * rows + square * rows * rows // 1024
+    measure = lambda cfg: {"peak_bytes": curve(cfg.batch), "cached": False}
+    found = advisor.largest_batch(SMALL, budget, guess=guess, measure=measure)
+    lo, hi = found["max_batch"], found["next_batch"]
+    if lo:
+        assert curve(lo) <= budget
+    else:
+        assert curve(1) > budget
+    if hi is None:
+        assert lo == advisor.MAX_BATCH
+    else:
+        assert hi == lo + 1 and curve(hi) > budget
+    assert found["compiles"] <= 2 * math.log2(advisor.MAX_BATCH) + 3
+
+
+def test_nothing_is_allocated_while_searching():
+    """Width 8192: batch 1 needs ~1.5 GiB for real, the answer ~6 GiB: a search that allocated
+    would grow the process by gigabytes; compiling on abstract inputs grows it by little."""
+    code = (
+        "import resource, json, jax, jax.numpy as jnp\n"
+        "from remat_lab import advisor\n"
+        "from remat_lab.config import RunConfig\n"
+        "jnp.ones(4).block_until_ready()\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "doc = advisor.advise(RunConfig(width=8192, depth=1, batch=1), '6G', timing=False,\n"
+        "                     policies=['no_remat'])\n"
+        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print(json.dumps({'grown_kib': after - before, 'max_batch': doc['rows'][0]['max_batch'],\n"
+        "                  'probes': len(doc['rows'][0]['probes'])}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["max_batch"] > 10000  # the probed sizes really are gigabytes
+    assert got["grown_kib"] < 300 * 1024, got  # no array of them was made
+
+
+def test_cli_json_document(capsys):
+    assert main(["advise", "--width", "64", "--depth", "4", "--budget", "2M", "--no-time", "--json",
+                 "--policies", "no_remat,nothing_saveable"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    keys = {"policy", "max_batch", "peak_bytes", "next_batch", "next_peak_bytes", "probes",
+            "step_time_s", "examples_per_s", "model_flops", "hardware_flops", "mfu", "hfu"}
+    assert {"budget_bytes", "config", "rows", "recommended", "reason", "search_s"} <= set(doc)
+    assert all(keys <= set(r) for r in doc["rows"]) and doc["budget_bytes"] == 2 << 20
