@@ -96,10 +96,14 @@ def test_report_document_and_table(monkeypatch):
     real_pair = bench.sweep_pair
     monkeypatch.setattr(bench, "sweep_pair", lambda w, b, p, **k: real_pair(
         (8,), (1,), p[:2], repeats=1, warmup=0))
+    real_advise = bench.advise_bench
+    monkeypatch.setattr(bench, "advise_bench", lambda: real_advise(
+        RunConfig(width=8, batch=2, depth=2, repeats=2, warmup=0), 1 << 20, probes=1, policies=2))
     doc = json.loads(json.dumps(bench._jsonable(bench.run_all(quick=True))))
     keys = {"fidelity_ratio_default", "fidelity_ratio_small", "overhead_ratio", "warm_latency_s",
             "cold_latency_s", "dissect_overhead_ratio", "sweep_s_per_config", "cache_speedup",
-            "achieved_flops_fraction", "timeline_overhead_ratio", "machine"}
+            "achieved_flops_fraction", "timeline_overhead_ratio", "machine", "advise_s",
+            "advise_no_time_s", "probe_s"}
     assert keys <= set(doc)
     for key in keys - {"machine", "achieved_flops_fraction", "timeline_overhead_ratio"}:
         assert _positive(doc[key]), key
@@ -139,3 +143,13 @@ def test_latency_goes_through_the_apps_own_cached_wrapper():
     assert description == "pages/_running.run_config (st.cache_data, bare mode)", description
     assert "compiling" in stages
     clear()
+
+
+def test_advise_bench_structure():
+    out = bench.advise_bench(RunConfig(width=16, batch=4, depth=2, repeats=2, warmup=1), 1 << 20,
+                             probes=2, policies=2)
+    for key in ("no_time", "timed"):
+        assert _positive(out[key]["s"]) and out[key]["compiles"] >= 2
+        assert out[key]["max_batch"]["nothing_saveable"] >= out[key]["max_batch"]["no_remat"] > 0
+    assert _positive(out["probe_s"]) and len(out["probe_samples_s"]) == 2
+    assert {"advise_s", "advise_no_time_s", "probe_s"} <= set(bench.TARGETS)

@@ -22,6 +22,10 @@ Five measurements, side by side in one process, each reported as a ratio with it
 6. **Memory timeline overhead**: what ``timeline.memory_timeline`` adds to the step's compile
    (XLA's dump written and parsed), and what it costs after a persistent-cache hit (an uncached
    copy compiled), over a plain compile at the default size, the persistent cache off.
+7. **Advisor**: ``advisor.advise`` for JAX's 7 named policies at the app's default model (scanned
+   8-block mlp, width 256) with a 64 MiB budget (largest batches ~2000-3800), each with an empty
+   persistent cache: with timing (``advise_s``) and without (``advise_no_time_s``); and the median
+   of compile-only probes at the default size, each a new program (``probe_s``).
 
 Timings on a shared machine are noisy: every figure is a median, the two sides of each ratio are
 interleaved, and the load average before and after is recorded in ``machine``.
@@ -72,7 +76,12 @@ TARGETS = {  # key -> (comparison, bound, meaning)
                                 "step compile, default size"),
     "timeline_overhead_ratio_cache_hit": ("", None, "memory timeline after a persistent-cache hit "
                                           "(an uncached copy) / step compile, default size"),
+    "advise_s": ("<=", 30.0, "advice for 7 policies at the app's default model, 64 MiB, timed"),
+    "advise_no_time_s": ("<=", 10.0, "the same advice, compile-only (--no-time)"),
+    "probe_s": ("<=", 0.5, "one compile-only probe (abstract inputs), app's default model, median"),
 }
+ADVISE_MODEL = RunConfig(width=256, batch=128, depth=8, stack="scan")  # the app's default
+ADVISE_BUDGET = 64 << 20
 
 
 # ---------------------------------------------------------------- machine and peak
@@ -391,6 +400,33 @@ def sweep_pair(widths, batches, policies, *, repeats: int, warmup: int,
 # ---------------------------------------------------------------- all together
 
 
+def advise_bench(config: RunConfig = ADVISE_MODEL, budget: int = ADVISE_BUDGET, *,
+                 probes: int = 7, policies: int = 7) -> dict:
+    """The advisor's figures (7.): the whole advice with and without timing, each from an empty
+    persistent cache and probe cache, and compile-only probes at new batches (new programs)."""
+    from . import advisor
+
+    chosen = ["no_remat", "nothing_saveable", *(p for p, spec in POLICIES.items() if spec.group == "jax"
+                                                and p not in ("no_remat", "nothing_saveable"))]
+    out = {}
+    for key, timing in (("no_time", False), ("timed", True)):
+        with temporary_cache_dir():
+            clear_caches()
+            advisor.clear_cache()
+            t0 = time.perf_counter()
+            doc = advisor.advise(config, budget, timing=timing, policies=chosen[:policies])
+            out[key] = {"s": time.perf_counter() - t0, "search_s": doc["search_s"],
+                        "max_batch": {r["policy"]: r["max_batch"] for r in doc["rows"]},
+                        "compiles": sum(r["compiles"] for r in doc["rows"]),
+                        "recommended": doc["recommended"]}
+    with temporary_cache_dir():
+        advisor.clear_cache()
+        seconds = [advisor.probe(config.replace(batch=config.batch + i))["s"] for i in range(probes)]
+    out["probe_s"] = float(np.median(seconds))
+    out["probe_samples_s"] = seconds
+    return out
+
+
 def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) -> dict:
     say = progress or (lambda msg: None)
     m = machine()
@@ -416,6 +452,8 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
                         warmup=1 if quick else 2, cache_dir=None)
         say("memory timeline overhead")
         tl = timeline_overhead(DEFAULT, rounds=3 if quick else 7)
+        say("advisor")
+        adv = advise_bench()
     roof = roofline_report(fid_default["flops"], fid_default["bytes_accessed"],
                            fid_default["engine_median_s"])
     m["loadavg_end"] = _loadavg()
@@ -431,6 +469,9 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "achieved_flops_fraction": roof["achieved_fraction"],
         "timeline_overhead_ratio": tl["ratio"],
         "timeline_overhead_ratio_cache_hit": tl["cache_hit_ratio"],
+        "advise_s": adv["timed"]["s"],
+        "advise_no_time_s": adv["no_time"]["s"],
+        "probe_s": adv["probe_s"],
         "dissect_overhead_ratio_policy_change": lat["policy_change"]["overhead_ratio"],
         "policy_change_latency_s": lat["policy_change"]["total_s"],
         "sweep_compile_share": sw["first"]["compile_share"],
@@ -441,7 +482,8 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "quick": quick,
         "machine": m,
         "details": {"fidelity_default": fid_default, "fidelity_small": fid_small,
-                    "overhead": ovh, "latency": lat, "sweep": sw, "timeline": tl},
+                    "overhead": ovh, "latency": lat, "sweep": sw, "timeline": tl,
+                    "advise": adv},
     }
 
 
@@ -500,6 +542,9 @@ def format_report(doc: dict) -> str:
         f"memory timeline (default size): plain compile {d['timeline']['compile_s']:.3f} s; with "
         f"XLA's dump and the timeline {d['timeline']['compile_dumped_and_timeline_s']:.3f} s; after a "
         f"cache hit (uncached copy) {d['timeline']['uncached_copy_and_timeline_s']:.3f} s",
+        f"advisor (7 policies, default model, 64 MiB): {d['advise']['no_time']['compiles']} "
+        f"compiles; largest batches {d['advise']['timed']['max_batch']}; recommended "
+        f"{d['advise']['timed']['recommended']}",
     ]
     return "\n".join(lines)
 
