@@ -125,6 +125,15 @@ def _setup_devices(args: argparse.Namespace) -> None:
           getattr(args, "num_processes", None), getattr(args, "process_id", None))
 
 
+def _quiet_if_distributed(args: argparse.Namespace):
+    """In a multi-process run, native code's stdout lines go to stderr (stdout stays JSON)."""
+    from contextlib import nullcontext
+
+    from .distributed import native_stdout_to_stderr
+
+    return native_stdout_to_stderr() if getattr(args, "coordinator", None) else nullcontext()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m remat_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -413,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.no_cache:
             enable_compilation_cache()
-        result = run_experiment(config, budget=args.memory_budget, timing=args.command == "run")
+        with _quiet_if_distributed(args):
+            result = run_experiment(config, budget=args.memory_budget, timing=args.command == "run")
     except ConfigError as err:
         print(f"remat_lab: error: {err}", file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from contextlib import contextmanager
 
 import jax
 
@@ -93,3 +95,18 @@ def setup(host_devices: int | None = None, coordinator: str | None = None,
                           "--num-processes P and --process-id I.")
     if all(given):
         initialize(coordinator, num_processes, process_id)
+
+
+@contextmanager
+def native_stdout_to_stderr():
+    """Send what native code writes to file descriptor 1 (gloo's "[Gloo] Rank 0 is connected"
+    lines) to stderr while the block runs, so stdout carries only the JSON document."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
