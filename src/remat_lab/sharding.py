@@ -249,3 +249,23 @@ def shard_shape(leaf: jax.Array) -> tuple[int, ...]:
     """The shape of one device's shard of ``leaf``."""
     return tuple(leaf.sharding.shard_shape(leaf.shape))
 
+
+
+def compare_on_mesh(config: RunConfig, policies: list[str]) -> list[dict]:
+    """Per policy on ``config``'s mesh, compiled, not run: the per-device peak and temp, and the
+    collectives in each phase and against ``no_remat`` (the Compare page's mesh table)."""
+    from .experiment import baseline_program, memory_report
+    from .step import build_problem, jit_step
+
+    base = totals(collectives(baseline_program(config)["text"]))
+    rows = []
+    for policy in policies:
+        problem = build_problem(config.replace(policy=policy))
+        compiled = jit_step(problem).trace(*problem.args).lower().compile()
+        counts = collectives(compiled.as_text())
+        mine, mem = totals(counts), memory_report(compiled) or {}
+        rows.append({"policy": policy, "peak_bytes": mem.get("peak_bytes"),
+                     "temp_bytes": mem.get("temp_bytes"),
+                     **{f"{k}_{p}": counts[k][p]["count"] for k in KINDS for p in PHASES},
+                     **{f"{k}_vs_no_remat": mine[k] - base[k] for k in KINDS}})
+    return rows
