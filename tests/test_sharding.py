@@ -201,3 +201,37 @@ def test_transformer_and_bfloat16_on_a_mesh(four_devices):
     assert tr["sharding"]["param_specs"]["blocks.q_proj.kernel"] == "P(None, 'fsdp', 'tensor', None)"
     bf = four_devices[("data=2,tensor=2", "dots_with_no_batch_dims_saveable", "mlp")]
     assert bf["grad_ok"], bf["failures"]
+
+
+APP_SCRIPT = r"""
+import json, sys
+from streamlit.testing.v1 import AppTest
+
+at = AppTest.from_file(sys.argv[1], default_timeout=240)
+for key, value in {"width": "32", "batch": "8", "depth": "2", "repeats": "3", "mesh": "fsdp=4"}.items():
+    at.query_params[key] = value
+at.run()
+frames = [df.value for df in at.dataframe if "collective" in df.value.columns]
+print(json.dumps({
+    "exception": [str(e.value) for e in at.exception], "errors": [e.value for e in at.error],
+    "mesh": {a: at.sidebar.selectbox(key=f"mesh_{a}").value for a in ("data", "fsdp", "tensor")},
+    "metrics": {m.label: m.value for m in at.metric},
+    "collectives": frames[0]["collective"].tolist() if frames else None}))
+"""
+
+
+def test_the_app_shows_mesh_controls_and_per_device_numbers_with_emulated_devices(tmp_path):
+    """``REMAT_LAB_HOST_DEVICES=4``: app.py applies it at start; the sidebar offers the mesh, the
+    URL's mesh is read, and Explore shows per-device memory and the collectives."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(root)]), "REMAT_LAB_HOST_DEVICES": "4",
+           "REMAT_LAB_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", APP_SCRIPT, str(root / "app.py")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not seen["exception"] and not seen["errors"], seen
+    assert seen["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert seen["metrics"]["Parameters per device"] == "4.1 KiB"  # 2 x 2 x (32 x 32 + 32) x 4 B / 4
+    assert seen["collectives"] and "all-gather" in seen["collectives"]
