@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes
@@ -404,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"remat_lab: error: {err}", file=sys.stderr)
         return 2
+    if getattr(args, "process_id", None):  # a multi-process run: only process 0 prints results
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of this process)
     from .experiment import ExecutionError, enable_compilation_cache, run_experiment
 
     if args.command == "calibrate":
@@ -431,8 +434,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"remat_lab: error: {err}", file=sys.stderr)
         return 1
     texts = result.pop("texts")
-    if result.get("sharding") and result["sharding"]["process_index"]:
-        return 0  # a multi-process run: process 0 prints the result, the others exit quietly
     if args.command == "explain":
         result.pop("step_time_s")
         if args.json:
