@@ -72,6 +72,36 @@ def test_cli_refuses_bad_meshes_and_devices_in_one_line(flags, words, capsys):
     assert err.count("\n") == 1 and words in err, err
 
 
+HLO = """HloModule m
+
+%body (p: f32[8,4]) -> f32[8,4] {
+  %p = f32[8,4]{1,0} parameter(0)
+  ROOT %ar = f32[8,4]{1,0} all-reduce(%p), to_apply=%add, metadata={op_name="f/transpose(jvp(l2))/dot"}
+}
+
+ENTRY %main (p: f32[8,4]) -> f32[32,4] {
+  %p = f32[8,4]{1,0} parameter(0)
+  %w = f32[8,4]{1,0} while(%p), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %ags = (f32[8,4]{1,0}, f32[32,4]{1,0}) all-gather-start(%p), metadata={op_name="f/rematted_computation/ag"}
+  %agd = f32[32,4]{1,0} all-gather-done(%ags)
+  %ar2 = (f32[8,4]{1,0}, f32[4]{0}) all-reduce(%p, %p), to_apply=%add
+  ROOT %cp = (f32[8,4]{1,0}, f32[8,4]{1,0}, u32[], u32[]) collective-permute-start(%p), pairs={{0,1}}
+}
+"""
+
+
+def test_collectives_are_counted_by_phase_with_loop_runs_and_result_bytes():
+    from remat_lab.sharding import collectives, totals
+
+    c = collectives(HLO)
+    assert c["all-reduce"]["backward"] == {"count": 3, "bytes": 3 * 128}  # a loop body runs 3 times
+    assert c["all-reduce"]["forward"] == {"count": 1, "bytes": 144}  # a combined tuple sums
+    assert c["all-gather"]["recomputed"] == {"count": 1, "bytes": 512}  # the gathered result only
+    assert c["collective-permute"]["forward"] == {"count": 1, "bytes": 128}
+    assert totals(c) == {"all-gather": 1, "reduce-scatter": 0, "all-reduce": 4, "all-to-all": 0,
+                         "collective-permute": 1}
+
+
 # --- four emulated devices ------------------------------------------------------------------------
 
 SCRIPT = r"""

@@ -171,7 +171,7 @@ def to_host(tree):
 # --- collectives in the compiled program -----------------------------------------------------
 
 _COLLECTIVE = re.compile(r"^\s*(?:ROOT\s+)?%[\w.\-]+\s*=\s*(.*?)\s("
-                         + "|".join(KINDS) + r")(?:-start)?\(")
+                         + "|".join(KINDS) + r")(-start)?\(")
 _ARRAY = re.compile(r"\b(pred|[a-z]+\d+)\[([\d,]*)\]")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
           "u32": 4, "f64": 8, "s64": 8, "u64": 8}
@@ -185,14 +185,15 @@ def _phase(op_name: str) -> str:
     return "backward" if "transpose(" in op_name else "forward"
 
 
-def _result_bytes(types: str) -> int:
-    """Bytes of an instruction's result type text (a tuple sums its arrays; an async start's
-    tuple repeats the operand, so only the last half is counted)."""
-    arrays = [_BYTES.get(t, 4) * int(np.prod([int(d) for d in dims.split(",") if d]))
-              for t, dims in _ARRAY.findall(types)]
-    if types.startswith("(") and len(arrays) % 2 == 0 and len(arrays) > 1 and "-start" in types:
-        arrays = arrays[len(arrays) // 2:]
-    return sum(arrays)
+def _result_bytes(types: str, kind: str, start: bool) -> int:
+    """Bytes of a collective's result type text: a tuple (several operands combined) sums its
+    arrays. An asynchronous all-gather or collective-permute start returns (operands, results,
+    scalar contexts): only the results count."""
+    found = [(t, [int(d) for d in dims.split(",") if d]) for t, dims in _ARRAY.findall(types)]
+    if start and kind in ("all-gather", "collective-permute"):
+        found = [(t, dims) for t, dims in found if dims]  # drop the scalar contexts
+        found = found[len(found) // 2:]
+    return sum(_BYTES.get(t, 4) * int(np.prod(dims)) for t, dims in found)
 
 
 def collectives(text: str) -> dict:
@@ -213,7 +214,7 @@ def collectives(text: str) -> dict:
         cell = out[m.group(2)][_phase(op.group(1) if op else "")]
         times = max(runs.get(comp, 1), 1)
         cell["count"] += times
-        cell["bytes"] += times * _result_bytes(m.group(1))
+        cell["bytes"] += times * _result_bytes(m.group(1), m.group(2), bool(m.group(3)))
     return out
 
 
