@@ -14,6 +14,9 @@ import streamlit as st  # noqa: E402
 
 st.set_page_config(page_title="Remat Lab", page_icon=":material/autorenew:", layout="wide")
 
+from pages import _mesh  # noqa: E402
+
+_mesh.start_devices()  # $REMAT_LAB_HOST_DEVICES, before anything starts JAX
 from pages import _sidebar  # noqa: E402
 from remat_lab.experiment import enable_compilation_cache  # noqa: E402
 

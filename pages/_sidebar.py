@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import streamlit as st
 
+from pages import _mesh
 from remat_lab import experiment
 from remat_lab.config import (
     CHOICES,
@@ -110,6 +111,7 @@ def _read_url_once() -> list[str]:
 def _write_url(cfg: RunConfig) -> None:
     wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS if k != "heads" or cfg.model == "transformer"}
     wanted.update({k: ",".join(getattr(cfg, k)) for k in NAME_FIELDS if getattr(cfg, k)})
+    wanted.update(_mesh.url_params(cfg))
     if {k: st.query_params.get(k) for k in st.query_params} != wanted:
         st.query_params.from_dict(wanted)
 
@@ -178,6 +180,7 @@ def _render_controls() -> RunConfig:
     except ConfigError as err:  # should not happen: every control offers valid values only
         st.warning(f"{err} Using the defaults.")
         cfg = DEFAULT
+    cfg = _mesh.apply(cfg)  # device mesh controls, only with more than one device
     for text in warnings:
         st.warning(text)
     _write_url(cfg)

@@ -11,7 +11,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _running, _shared, _sidebar  # noqa: E402
+from pages import _mesh, _running, _shared, _sidebar  # noqa: E402
 from remat_lab import charts, compare, experiment, tables  # noqa: E402
 from remat_lab.config import (  # noqa: E402
     LIMITS,
@@ -219,3 +219,4 @@ a.download_button("Download CSV", csv.to_csv(index=False), "remat_lab_compare.cs
                   "text/csv", key="compare_csv")
 b.download_button("Download JSON", json.dumps(result, indent=1), "remat_lab_compare.json",
                   "application/json", key="compare_json")
+_mesh.compare_section(cfg, chosen)  # per-device peak and recomputed collectives, on a mesh

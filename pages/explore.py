@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _running, _shared  # noqa: E402
+from pages import _mesh, _running, _shared  # noqa: E402
 from remat_lab import charts, reproduce, tables  # noqa: E402
 from remat_lab.config import human_bytes, human_seconds  # noqa: E402
 
@@ -110,6 +110,7 @@ if not grad["ok"]:
     st.error("Gradient check failed: " + "; ".join(grad["failures"][:5]))
 
 CHECK = st.column_config.CheckboxColumn
+_mesh.explore_section(cfg, result)  # per-device memory and collectives, on a mesh
 st.subheader("Per-dot table")
 st.caption("Every dot_general of the forward pass: what the policy says, what the backward jaxpr "
            "does, and whether the compiled program still recomputes it.")

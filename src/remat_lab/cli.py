@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes
@@ -81,6 +82,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offload-names", type=_names_arg, default=(), metavar="A,B",
                    help="policy custom: checkpoint names offloaded to pinned host memory")
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
+    _add_mesh_args(p)
     p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats)
     p.add_argument("--warmup", type=_int_arg("warmup"), default=d.warmup)
     p.add_argument("--seed", type=_int_arg("seed"), default=d.seed)
@@ -110,6 +112,46 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats,
                    help="at most this many interleaved timing rounds (fewer when steps are slow)")
     p.add_argument("--seed", type=_int_arg("seed"), default=d.seed)
+
+
+def _add_mesh_args(p: argparse.ArgumentParser) -> None:
+    """The device mesh and where its devices come from (sharding.py, distributed.py)."""
+    p.add_argument("--mesh", default="", metavar="data=D,fsdp=F,tensor=T",
+                   help="shard the step over a device mesh (any subset of the axes; default: one device)")
+    p.add_argument("--host-devices", type=_count_arg("host devices", 512), default=None, metavar="N",
+                   help="emulate N CPU devices (default: $REMAT_LAB_HOST_DEVICES); GPU/TPU use their own")
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="multi-process run: jax.distributed coordinator (process 0's address)")
+    p.add_argument("--num-processes", type=_count_arg("num processes", 1024), default=None, metavar="P")
+    p.add_argument("--process-id", type=_count_arg("process id", 1023, lo=0), default=None, metavar="I",
+                   help="this process's index, 0..P-1; process 0 prints the result")
+
+
+def _count_arg(name: str, hi: int, lo: int = 1):
+    def parse(text: str) -> int:
+        value = int(text) if text.isascii() and text.isdigit() and len(text) < 7 else -1
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number from {lo} to {hi}, "
+                                             f"not {text[:40]!r}")
+        return value
+    return parse
+
+
+def _setup_devices(args: argparse.Namespace) -> None:
+    """Apply --host-devices and join jax.distributed before JAX starts (raises ConfigError)."""
+    from .distributed import setup
+
+    setup(getattr(args, "host_devices", None), getattr(args, "coordinator", None),
+          getattr(args, "num_processes", None), getattr(args, "process_id", None))
+
+
+def _quiet_if_distributed(args: argparse.Namespace):
+    """In a multi-process run, native code's stdout lines go to stderr (stdout stays JSON)."""
+    from contextlib import nullcontext
+
+    from .distributed import native_stdout_to_stderr
+
+    return native_stdout_to_stderr() if getattr(args, "coordinator", None) else nullcontext()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,7 +202,8 @@ def _config_from(args: argparse.Namespace) -> RunConfig:
     keys = ("model", "width", "batch", "seq", "depth", "stack", "dtype", "policy", "objective",
             "repeats", "warmup", "seed")
     return RunConfig(**{k: getattr(args, k) for k in keys}, heads=args.heads,
-                     save_names=args.save_names, offload_names=args.offload_names)
+                     save_names=args.save_names, offload_names=args.offload_names,
+                     mesh=getattr(args, "mesh", ""))
 
 
 def _fmt_time(s: float | None) -> str:
@@ -282,7 +325,23 @@ def format_run(result: dict) -> str:
             + (" (on CPU it leaves out temp)" if env["backend"] == "cpu" else ""))
     else:
         lines.append("memory: this backend gives no compiled memory analysis")
+    if result.get("sharding"):
+        lines += ["", *format_sharding(result["sharding"])]
     return "\n".join(lines) + "\n\n" + format_tables(result)
+
+
+def format_sharding(sh: dict) -> list[str]:
+    """The ``sharding`` section as lines: mesh, per-device memory and collectives by phase."""
+    mem = sh["per_device"] or {}
+    mesh = ",".join(f"{k}={v}" for k, v in sh["mesh"].items())
+    lines = [f"mesh {mesh}: {sh['devices']} devices in {sh['processes']} process(es); per device: "
+             f"peak {human_bytes(mem.get('peak_bytes', 0))}, parameters "
+             f"{human_bytes(sh['param_bytes_per_device'])} of {human_bytes(sh['param_bytes_total'])}"]
+    rows = [{"collective": k, **{p: f"{c['count']} ({human_bytes(c['bytes'])})" for p, c in ph.items()},
+             "vs no_remat": "-" if sh["vs_no_remat"] is None else f"{sh['vs_no_remat'][k]:+d}"}
+            for k, ph in sh["collectives"].items() if any(c["count"] for c in ph.values())]
+    lines.append(format_table(rows, ["collective", "forward", "recomputed", "backward", "vs no_remat"]))
+    return lines
 
 
 COMPARE_COLUMNS = ["policy", "median", "95% interval", "peak", "same program as", "fastest", "pareto",
@@ -441,6 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "policies":
         print(_policies_text(args.model))
         return 0
+    try:  # before anything starts JAX: emulated devices, jax.distributed
+        _setup_devices(args)
+    except ConfigError as err:
+        print(f"remat_lab: error: {err}", file=sys.stderr)
+        return 2
+    if getattr(args, "process_id", None):  # a multi-process run: only process 0 prints results
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of this process)
     from .experiment import ExecutionError, enable_compilation_cache, run_experiment
 
     if args.command == "calibrate":
@@ -461,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.no_cache:
             enable_compilation_cache()
-        result = run_experiment(config, budget=args.memory_budget, timing=args.command == "run")
+        with _quiet_if_distributed(args):
+            result = run_experiment(config, budget=args.memory_budget, timing=args.command == "run")
     except ConfigError as err:
         print(f"remat_lab: error: {err}", file=sys.stderr)
         return 2

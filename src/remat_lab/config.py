@@ -16,6 +16,8 @@ from .stacks import STACKS
 DTYPES = ("float32", "bfloat16")
 OBJECTIVES = ("value_and_grad", "grad")
 BUDGET_ENV = "REMAT_LAB_MEMORY_BUDGET"
+MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in mesh order (sharding.py)
+MAX_MESH_DEVICES = 4096
 
 # name -> (lowest, highest) for the integer fields.
 LIMITS = {
@@ -92,12 +94,13 @@ class RunConfig:
     repeats: int = 20
     warmup: int = 3
     seed: int = 0
+    mesh: str = ""  # "" = one device; else e.g. "data=2,tensor=2" (see parse_mesh, sharding.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in NAME_FIELDS:
-                continue  # checked below, once model and policy are known
+            if f.name in NAME_FIELDS or f.name == "mesh":
+                continue  # checked below, once model, policy and sizes are known
             if f.name in LIMITS:
                 lo, hi = LIMITS[f.name]
                 if isinstance(value, bool) or not isinstance(value, int):
@@ -117,6 +120,24 @@ class RunConfig:
             raise ConfigError(f"width {self.width} is not divisible by heads {self.heads}; the "
                               "transformer splits width into heads of equal size.")
         self._check_names()
+        self._check_mesh()
+
+    def _check_mesh(self) -> None:
+        """``mesh``: known axes whose sizes divide what they shard; stored canonically
+        (``parse_mesh``), so equal meshes make equal configurations."""
+        sizes = parse_mesh(self.mesh)
+        object.__setattr__(self, "mesh", format_mesh(sizes))
+        rows = sizes.get("data", 1) * sizes.get("fsdp", 1)
+        if rows > 1 and (self.batch == 0 or self.batch % rows):
+            raise ConfigError(f"batch {self.batch} cannot be split over data x fsdp = {rows} devices; "
+                              f"use a batch that is a multiple of {rows}.")
+        tensor, fsdp = sizes.get("tensor", 1), sizes.get("fsdp", 1)
+        if self.width % (tensor * fsdp):
+            raise ConfigError(f"width {self.width} cannot be split over fsdp x tensor = {fsdp * tensor} "
+                              f"devices; use a width that is a multiple of {fsdp * tensor}.")
+        if self.model == "transformer" and self.heads % tensor:
+            raise ConfigError(f"heads {self.heads} cannot be split over tensor = {tensor} devices; "
+                              f"use a number of heads that is a multiple of {tensor}.")
 
     def _check_names(self) -> None:
         """``save_names``/``offload_names``: names of this model, only for policy custom, disjoint;
@@ -155,6 +176,47 @@ class RunConfig:
         if self.model in SEQ_MODELS:
             return (self.batch, self.seq, self.width)
         return (self.width,) if self.batch == 0 else (self.batch, self.width)
+
+
+def parse_mesh(text: object) -> dict[str, int]:
+    """``'data=2,tensor=2'`` -> ``{'data': 2, 'tensor': 2}`` in ``MESH_AXES`` order; size-1 axes
+    dropped, ``''`` (one device) -> ``{}``. No JAX: whether the devices exist is checked when the
+    mesh is built (``sharding.build_mesh``)."""
+    if not isinstance(text, str):
+        raise ConfigError(f"mesh must be text like data=2,fsdp=2, not {_show(text)}.")
+    sizes: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, eq, size = (s.strip() for s in part.partition("="))
+        if name not in MESH_AXES:
+            raise ConfigError(f"unknown mesh axis {_show(name)}; use {', '.join(MESH_AXES)} "
+                              "as axis=size, e.g. data=2,tensor=2.")
+        if not eq or not (size.isascii() and size.isdigit()) or len(size) > 5 or int(size) < 1:
+            raise ConfigError(f"mesh axis {name} needs a whole number of devices, e.g. {name}=2; "
+                              f"got {_show(part)}.")
+        if name in sizes:
+            raise ConfigError(f"mesh axis {name} is given twice.")
+        sizes[name] = int(size)
+    total = 1
+    for n in sizes.values():
+        total *= n
+    if total > MAX_MESH_DEVICES:
+        raise ConfigError(f"mesh {_show(text)} asks for {total} devices; at most {MAX_MESH_DEVICES}.")
+    return {a: sizes[a] for a in MESH_AXES if sizes.get(a, 1) > 1}
+
+
+def format_mesh(sizes: dict[str, int]) -> str:
+    """``{'data': 2, 'tensor': 2}`` -> ``'data=2,tensor=2'`` (the canonical ``RunConfig.mesh``)."""
+    return ",".join(f"{a}={sizes[a]}" for a in MESH_AXES if sizes.get(a, 1) > 1)
+
+
+def mesh_devices(mesh: str) -> int:
+    """How many devices ``mesh`` uses (1 for ``''``)."""
+    total = 1
+    for n in parse_mesh(mesh).values():
+        total *= n
+    return total
 
 
 def coerce_config(raw: dict) -> RunConfig:

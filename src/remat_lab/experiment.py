@@ -24,7 +24,7 @@ from .dissect import Dissection, dissect
 from .gradcheck import check_gradients
 from .models import names_of
 from .roofline import roofline_report
-from .step import build_problem, make_step
+from .step import build_problem, jit_step
 from .timeline import compile_dumped, memory_timeline
 
 MEMORY_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
@@ -64,7 +64,7 @@ def environment() -> dict:
 
 def device_memory_limit() -> int | None:
     """Bytes the default device may use, when the backend says (GPU/TPU); None on CPU."""
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get("bytes_limit")
 
 
@@ -161,7 +161,7 @@ def baseline_program(config: RunConfig) -> dict:
 @functools.lru_cache(maxsize=16)
 def _baseline(ref_cfg: RunConfig) -> dict:
     problem = build_problem(ref_cfg)
-    compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
+    compiled = jit_step(problem).trace(*problem.args).lower().compile()
     text = compiled.as_text()
     return {"text": text, "flops": step_flops(cost_of(compiled)["flops"], text),
             "memory": memory_report(compiled)}
@@ -190,6 +190,20 @@ def _xla_error(stage: str, err: Exception) -> ExecutionError:
     return ExecutionError(f"XLA failed while {stage}: {text}. {hint.capitalize()}.")
 
 
+def _check_sharded(problem, grads, loss, jaxpr) -> tuple[dict, float]:
+    """The gradient check of a step on a mesh: its loss and gradients, gathered whole into this
+    process, against the same single-device reference (on the same values, gathered too); and
+    the gradients' global L2 norm."""
+    from dataclasses import replace
+
+    from .sharding import to_host
+
+    leaves, x, grads = to_host((problem.leaves, problem.x, grads))
+    check = check_gradients(replace(problem, leaves=list(leaves), x=x, mesh=None, specs=None),
+                            list(grads), loss, jaxpr)
+    return check, float(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in grads)))
+
+
 def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing: bool = True,
                    progress: Progress | None = None) -> dict:
     """Everything about one configuration, as the JSON document of ``remat_lab run --json``.
@@ -202,7 +216,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
 
     progress("building")
     problem = build_problem(config)
-    step = jax.jit(make_step(problem))
+    step = jit_step(problem)  # on a mesh: explicit shardings (sharding.py)
     progress("lowering")
     t0 = time.perf_counter()
     try:
@@ -249,7 +263,10 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
                           else None)
     # Against an independent plain-jax.numpy implementation of the model, and structurally: the
     # step's jaxpr has remat equations exactly when the policy asks for remat.
-    check = check_gradients(problem, grads, loss, traced.jaxpr)
+    if problem.mesh is None:
+        check = check_gradients(problem, grads, loss, traced.jaxpr)
+    else:
+        check, grad_norm = _check_sharded(problem, grads, loss, traced.jaxpr)
     result["loss"] = loss  # None for objective grad: the step returns no loss
     result["memory"] = memory_report(compiled)
     # What holds the peak (timeline.py): from the dump above, or an uncached copy after a cache hit.
@@ -269,6 +286,10 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     result["baseline"] = {"policy": "no_remat", "flops": base["flops"],
                           "peak_bytes": (base["memory"] or {}).get("peak_bytes")}
     result["gradient_check"] = check
+    if problem.mesh is not None:
+        from . import sharding
+        result["sharding"] = {**sharding.report(problem, text, result["memory"], base["text"]),
+                              "grad_norm": grad_norm}
     result["residuals"] = dis.residuals
     result["dots"] = dis.dots
     result["totals"] = dis.totals

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .models import build_model
 from .policies import build_policy, get_policy
 from .stacks import run_stack
@@ -35,18 +35,22 @@ class Problem:
     paths: list[str]
     x: jax.Array
     loss: Callable[[list[jax.Array], jax.Array], jax.Array]
+    mesh: jax.sharding.Mesh | None = None  # config.mesh built (sharding.py); None on one device
+    specs: tuple | None = None  # each leaf's PartitionSpec on the mesh
 
     @property
     def args(self) -> tuple[list[jax.Array], jax.Array]:
         return self.leaves, self.x
 
 
-def _block_fn(config: RunConfig) -> Callable[[nnx.Module, jax.Array], jax.Array]:
-    """How one block is called: directly (no_remat) or through ``nnx.remat(policy=...)``."""
+def _block_fn(config: RunConfig, gather: Callable | None = None
+              ) -> Callable[[nnx.Module, jax.Array], jax.Array]:
+    """How one block is called: directly (no_remat) or through ``nnx.remat(policy=...)``.
+    ``gather``: on a mesh with fsdp, lays the block's parameters out for use inside the remat."""
     policy = get_policy(config.policy)
 
     def call(block: nnx.Module, x: jax.Array) -> jax.Array:
-        return block(x)
+        return (block if gather is None else gather(block))(x)
 
     if not policy.remat:
         return call
@@ -106,8 +110,8 @@ def _abstract_parameters(model_name: str, width: int, depth: int, dtype_name: st
             tuple(_path_name(p) for p, _ in flat))
 
 
-def _loss_fn(config: RunConfig, graphdef, treedef) -> Callable:
-    block_fn = _block_fn(config)
+def _loss_fn(config: RunConfig, graphdef, treedef, gather: Callable | None = None) -> Callable:
+    block_fn = _block_fn(config, gather)
 
     def loss(leaves: list[jax.Array], x: jax.Array) -> jax.Array:
         """Sum of the model output, accumulated in float32."""
@@ -124,12 +128,26 @@ def build_problem(config: RunConfig) -> Problem:
                                                    config.heads)
     leaves, paths = list(leaves), list(paths)
     x = _input(config.input_shape, config.seed, config.dtype)
-    return Problem(config, graphdef, treedef, leaves, paths, x, _loss_fn(config, graphdef, treedef))
+    mesh = specs = gather = None
+    if config.mesh:  # the sharded path (sharding.py): the same values, laid out on the mesh
+        from . import sharding
+
+        mesh = sharding.build_mesh(config.mesh)
+        specs = tuple(sharding.param_specs(jax.tree_util.tree_unflatten(treedef, leaves), config))
+        leaves = sharding.place(leaves, list(specs), mesh)
+        x = sharding.place([x], [sharding.input_spec(config)], mesh)[0]
+        gather = sharding.gathered(config, mesh) if "fsdp" in config.mesh else None
+    loss = _loss_fn(config, graphdef, treedef, gather)
+    return Problem(config, graphdef, treedef, leaves, paths, x, loss, mesh, specs)
 
 
 def abstract_problem(config: RunConfig) -> Problem:
     """``build_problem`` with ``jax.ShapeDtypeStruct`` leaves and input: for compile-only probes
-    (lower and compile, never run), so nothing of the configuration's size is allocated."""
+    (lower and compile, never run), so nothing of the configuration's size is allocated. One
+    device only (the advisor sizes batches per device program)."""
+    if config.mesh:
+        raise ConfigError("compile-only probes run on one device; leave the mesh out (mesh "
+                          f"{config.mesh!r} given).")
     graphdef, treedef, leaves, paths = _abstract_parameters(config.model, config.width, config.depth,
                                                             config.dtype, config.stack, config.heads)
     x = jax.ShapeDtypeStruct(config.input_shape, DTYPES[config.dtype])
@@ -142,3 +160,12 @@ def make_step(problem: Problem) -> Callable:
     if problem.config.objective == "grad":
         return jax.grad(problem.loss)
     return jax.value_and_grad(problem.loss)
+
+
+def jit_step(problem: Problem) -> Callable:
+    """The jitted step: plain ``jax.jit`` on one device, explicit shardings on a mesh."""
+    if problem.mesh is None:
+        return jax.jit(make_step(problem))
+    from .sharding import jit_step as sharded
+
+    return sharded(problem, make_step(problem))

@@ -1,0 +1,168 @@
+"""The device mesh in the app: emulated devices at start, sidebar controls, Explore and Compare sections.
+
+Shown only when the process has more than one device (a multi-GPU host, or the app started with
+``REMAT_LAB_HOST_DEVICES=N`` to emulate N CPU devices). The engine is ``remat_lab.sharding``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from remat_lab import reproduce, sharding
+from remat_lab.config import MESH_AXES, ConfigError, RunConfig, format_mesh, human_bytes, parse_mesh
+from remat_lab.distributed import HOST_DEVICES_ENV, apply_env
+
+
+@st.cache_resource(show_spinner=False)
+def _started() -> str | None:
+    """Apply ``$REMAT_LAB_HOST_DEVICES`` once per server process, before JAX starts; the error
+    sentence when it cannot be applied."""
+    try:
+        apply_env()
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def start_devices() -> None:
+    """Call from app.py before anything touches a device."""
+    error = _started()
+    if error:
+        st.error(f"{HOST_DEVICES_ENV}: {error}")
+
+
+@st.cache_resource(show_spinner=False)
+def device_count() -> int:
+    import jax
+
+    return jax.device_count()
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def apply(cfg: RunConfig) -> RunConfig:
+    """The sidebar's mesh controls (only with more than one device): ``cfg`` on the chosen mesh,
+    or ``cfg`` unchanged (one device) with a warning when the mesh does not fit it."""
+    n = device_count()
+    if n < 2:
+        return cfg
+    ss, sb = st.session_state, st.sidebar
+    if "_mesh_loaded" not in ss:  # a shared link's mesh, once per session
+        ss["_mesh_loaded"] = True
+        try:
+            sizes = parse_mesh(st.query_params.get("mesh", ""))
+        except ConfigError as err:
+            st.warning(f"URL parameter `mesh` is not valid ({err}) Using one device.")
+            sizes = {}
+        for axis in MESH_AXES:
+            ss[f"mesh_{axis}"] = sizes.get(axis, 1) if sizes.get(axis, 1) in _divisors(n) else 1
+    sb.subheader("Device mesh")
+    sb.caption(f"{n} devices. `data` and `fsdp` split the batch, `fsdp` also the parameters, "
+               "`tensor` the width (see the Guide). All 1: one device.")
+    cols = sb.columns(len(MESH_AXES))
+    for col, axis in zip(cols, MESH_AXES):
+        col.selectbox(axis, _divisors(n), key=f"mesh_{axis}")
+    sizes = {a: int(ss[f"mesh_{a}"]) for a in MESH_AXES}
+    used = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+    if n % used:
+        sb.warning(f"The mesh uses {used} devices, which does not divide the {n} present: "
+                   "running on one device.")
+        return cfg
+    try:
+        return cfg.replace(mesh=format_mesh(sizes))
+    except ConfigError as err:
+        sb.warning(f"{err} Running on one device.")
+        return cfg
+
+
+def url_params(cfg: RunConfig) -> dict[str, str]:
+    """The mesh's URL parameter (none on one device)."""
+    return {"mesh": cfg.mesh} if cfg.mesh else {}
+
+
+def _collectives_frame(sh: dict) -> pd.DataFrame:
+    rows = []
+    for kind, phases in sh["collectives"].items():
+        if not any(c["count"] for c in phases.values()):
+            continue
+        row = {"collective": kind}
+        for phase, c in phases.items():
+            row[f"{phase} (count)"] = c["count"]
+            row[f"{phase} (bytes)"] = human_bytes(c["bytes"])
+        row["vs no_remat (count)"] = None if sh["vs_no_remat"] is None else sh["vs_no_remat"][kind]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def explore_section(cfg: RunConfig, result: dict) -> None:
+    """Explore: per-device memory and the collectives by phase, when the run used a mesh."""
+    sh = result.get("sharding")
+    if not sh:
+        return
+    mem = sh["per_device"] or {}
+    st.subheader("On the device mesh")
+    mesh = ", ".join(f"{a}={s}" for a, s in sh["mesh"].items())
+    a, b, c = st.columns(3)
+    a.metric("Peak per device", human_bytes(mem.get("peak_bytes", 0)),
+             help="memory_analysis() of the partitioned program: it describes one device's program")
+    a.caption(f"temp {human_bytes(mem.get('temp_bytes', 0))} · mesh {mesh} · {sh['devices']} devices, "
+              f"{sh['processes']} process(es)")
+    b.metric("Parameters per device", human_bytes(sh["param_bytes_per_device"]))
+    b.caption(f"of {human_bytes(sh['param_bytes_total'])} in all")
+    c.metric("Gradient norm", f"{sh['grad_norm']:.6g}")
+    frame = _collectives_frame(sh)
+    if frame.empty:
+        st.caption("The compiled program has no collectives.")
+    else:
+        st.dataframe(frame, hide_index=True, width="stretch")
+    st.caption("Collectives in the compiled per-device program, times the runs of their loop (a scanned "
+               "body runs depth times), by phase from op_name (recomputed: under the remat; XLA CPU "
+               "may merge a recomputation back into the forward). vs no_remat: the same count minus "
+               "the no_remat compile on the same mesh, whatever the names say. On emulated CPU "
+               "devices there is no interconnect: step times are not a cluster's; memory per device is.")
+    n = device_count()
+    st.code(f"{reproduce.cli_command(cfg)} --mesh {cfg.mesh}"
+            + (f" --host-devices {n}" if sh["devices"] and _cpu() else ""), language="bash")
+
+
+def _cpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+@st.cache_data(show_spinner="Compiling every policy on the mesh…", max_entries=16)
+def _mesh_rows(items: tuple, policies: tuple) -> list[dict]:
+    return sharding.compare_on_mesh(RunConfig(**dict(items)), list(policies))
+
+
+def compare_section(cfg: RunConfig, policies: list[str]) -> None:
+    """Compare: per policy, the per-device peak and the collectives recomputation brings back."""
+    if not cfg.mesh:
+        return
+    st.subheader(f"On the device mesh ({cfg.mesh})")
+    try:
+        rows = _mesh_rows(tuple(sorted(cfg.as_dict().items())), tuple(policies))
+    except ConfigError as err:
+        st.error(str(err))
+        return
+    frame = pd.DataFrame([{
+        "policy": r["policy"], "peak per device": human_bytes(r["peak_bytes"] or 0),
+        "temp per device": human_bytes(r["temp_bytes"] or 0),
+        "all-gathers recomputed": r["all-gather_recomputed"],
+        "all-gathers vs no_remat": r["all-gather_vs_no_remat"],
+        "all-reduces recomputed": r["all-reduce_recomputed"],
+        "all-reduces vs no_remat": r["all-reduce_vs_no_remat"],
+        "reduce-scatters vs no_remat": r["reduce-scatter_vs_no_remat"]} for r in rows])
+    st.dataframe(frame, hide_index=True, width="stretch")
+    st.caption("Compiled on the mesh, not timed. Under fsdp a policy that does not keep the gathered "
+               "parameters gathers them again in the backward pass (all-gathers vs no_remat > 0); "
+               "under tensor a recomputed row-parallel product brings its all-reduce back.")
+
+
+def guide_text() -> str:
+    """The sharding rules, for the Guide."""
+    return sharding.RULES_TEXT

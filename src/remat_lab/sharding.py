@@ -1,0 +1,272 @@
+"""Meshes and collectives: a configuration's device mesh, sharding rules and what the step communicates.
+
+**Rules** (stated in the Guide): ``data`` and ``fsdp`` shard the batch; ``fsdp`` also shards every
+parameter along one axis (the model width) and each block gathers its parameters for use, inside
+its ``nnx.remat`` (``gathered``), so a policy decides whether the backward pass gathers them again;
+``tensor`` shards, Megatron style, the output features of the first projection (``l1``; the
+transformer's q/k/v heads, ``wi_0``, ``wi_1``) and the input features of the second (``l2``;
+``o_proj``'s heads, ``wo``). The rules are written on the parameters as Flax NNX sharding metadata
+(``out_sharding``, what ``nnx.with_partitioning`` sets) and read back with
+``nnx.get_partition_spec``; the step is jitted with explicit ``NamedSharding`` in and out.
+
+**Collectives** are counted in the compiled (SPMD-partitioned, per-device) HLO: every all-gather,
+reduce-scatter, all-reduce, all-to-all and collective-permute, times the runs of its computation
+(a scanned body runs ``depth`` times), with its result bytes, by phase from its ``op_name`` (as the
+memory timeline: ``rematted_computation`` = recomputed, ``transpose(`` = backward, else forward).
+``op_name`` is not a witness of what XLA did (XLA CPU removes the remat barrier, CSE keeps either
+copy's name), so the report also gives each kind's count against the ``no_remat`` compile of the
+same mesh (``vs_no_remat``): the collectives the policy adds or removes, whatever their names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from . import hlo
+from .config import ConfigError, RunConfig, mesh_devices, parse_mesh
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+PHASES = ("forward", "recomputed", "backward")
+
+# Per in-block parameter name: the mesh role of each of its axes (a scan stack adds a leading
+# layer axis, never sharded). "fsdp" = where fsdp shards the stored parameter, "tensor" = the
+# Megatron split; a tuple shards one axis over both.
+RULES: dict[str, dict[str, tuple]] = {
+    "mlp": {"l1.kernel": ("fsdp", "tensor"), "l1.bias": (("fsdp", "tensor"),),
+            "l2.kernel": ("tensor", "fsdp"), "l2.bias": ("fsdp",)},
+    "transformer": {
+        "attn_norm.scale": ("fsdp",), "mlp_norm.scale": ("fsdp",),
+        "q_proj.kernel": ("fsdp", "tensor", None), "k_proj.kernel": ("fsdp", "tensor", None),
+        "v_proj.kernel": ("fsdp", "tensor", None), "o_proj.kernel": ("tensor", None, "fsdp"),
+        "wi_0.kernel": ("fsdp", "tensor"), "wi_1.kernel": ("fsdp", "tensor"),
+        "wo.kernel": ("tensor", "fsdp")},
+}
+RULES["seq_mixer"] = RULES["mlp"]
+
+RULES_TEXT = (
+    "`data` and `fsdp` shard the batch. `fsdp` shards every parameter along its width axis; each "
+    "block gathers its parameters for use inside its remat, so the policy decides whether the "
+    "backward pass gathers them again. `tensor` shards the output features of the first projection "
+    "(mlp `l1`; transformer q/k/v heads, `wi_0`, `wi_1`) and the input features of the second "
+    "(`l2`; `o_proj`'s heads, `wo`), Megatron style. A scan stack's layer axis is never sharded.")
+
+
+def _axis(role, sizes: dict[str, int], use: bool):
+    """A rule's role -> the PartitionSpec entry on this mesh (``use``: fsdp gathered away)."""
+    names = role if isinstance(role, tuple) else (role,)
+    names = tuple(n for n in names if n is not None and n in sizes and not (use and n == "fsdp"))
+    return None if not names else names[0] if len(names) == 1 else names
+
+
+def block_spec(model: str, name: str, sizes: dict[str, int], *, use: bool = False) -> PartitionSpec:
+    """The spec of block parameter ``name`` (e.g. ``'l1.kernel'``) on a mesh of ``sizes``; with
+    ``use`` the layout a block computes with (fsdp gathered, tensor kept)."""
+    return PartitionSpec(*(_axis(r, sizes, use) for r in RULES[model][name]))
+
+
+def _in_block(path: str) -> str:
+    """``'blocks.3.l1.kernel'`` / ``'blocks.l1.kernel'`` / ``'l1.kernel'`` -> ``'l1.kernel'``."""
+    return ".".join(path.split(".")[-2:])
+
+
+def _path(keys) -> str:
+    parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in keys]
+    return ".".join(p for p in parts if p not in ("value", ""))
+
+
+def annotate(state, config: RunConfig):
+    """``state`` (an NNX State of Params) with each Variable's ``out_sharding`` metadata set by
+    the rules, as ``nnx.with_partitioning`` would have set it at initialisation."""
+    sizes = parse_mesh(config.mesh)
+
+    def one(keys, var):
+        spec = tuple(block_spec(config.model, _in_block(_path(keys)), sizes))
+        lead = (None,) * (len(var.shape) - len(spec))  # a scan stack's layer axis
+        return var.replace(out_sharding=lead + spec)
+
+    return jax.tree.map_with_path(one, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+
+def param_specs(state, config: RunConfig) -> list[PartitionSpec]:
+    """Every parameter leaf's spec, in ``jax.tree.leaves(state)`` order, read from NNX metadata."""
+    specs = nnx.get_partition_spec(annotate(state, config))
+    return jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
+
+
+def input_spec(config: RunConfig) -> PartitionSpec:
+    """The input's batch axis over ``data`` and ``fsdp`` (those present); the rest replicated."""
+    rows = tuple(a for a in ("data", "fsdp") if a in parse_mesh(config.mesh))
+    lead = None if not rows else rows[0] if len(rows) == 1 else rows
+    return PartitionSpec(lead, *(None,) * (len(config.input_shape) - 1))
+
+
+def build_mesh(mesh: str) -> Mesh:
+    """The ``Mesh`` of ``mesh`` (``'fsdp=4'``) over the first devices; ``ConfigError`` when the
+    devices are too few or the mesh does not divide them."""
+    sizes = parse_mesh(mesh)
+    need, have = mesh_devices(mesh), jax.device_count()
+    if need > have or have % need:
+        hint = ("start with --host-devices N (or REMAT_LAB_HOST_DEVICES=N) to emulate N CPU devices"
+                if jax.default_backend() == "cpu" else "choose a mesh that fits the devices")
+        what = "needs" if need > have else "does not divide"
+        raise ConfigError(f"mesh {mesh} {what} {need} devices; this run has {have} "
+                          f"{jax.default_backend()} device{'s' * (have != 1)}: {hint}.")
+    devices = np.array(jax.devices()[:need]).reshape(tuple(sizes.values()))
+    return Mesh(devices, tuple(sizes))
+
+
+def place(values: list[jax.Array], specs: list[PartitionSpec], mesh: Mesh) -> list[jax.Array]:
+    """Global arrays of ``values`` laid out by ``specs``; each process fills only the shards its
+    own devices hold (the values are generated from the seed in every process)."""
+    out = []
+    for value, spec in zip(values, specs):
+        host = np.asarray(value)
+        out.append(jax.make_array_from_callback(host.shape, NamedSharding(mesh, spec),
+                                                lambda idx, host=host: host[idx]))
+    return out
+
+
+def gathered(config: RunConfig, mesh: Mesh) -> Callable[[nnx.Module], nnx.Module]:
+    """``block -> a copy of it whose parameters are laid out for use`` (fsdp gathered): called
+    inside the block's remat, so the all-gathers belong to the rematerialised computation."""
+    sizes = parse_mesh(config.mesh)
+
+    def gather(block: nnx.Module) -> nnx.Module:
+        graphdef, state = nnx.split(block)
+
+        def one(keys, value):
+            spec = block_spec(config.model, _in_block(_path(keys)), sizes, use=True)
+            return jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec))
+
+        return nnx.merge(graphdef, jax.tree.map_with_path(one, state))
+
+    return gather
+
+
+def jit_step(problem, step: Callable) -> Callable:
+    """``jax.jit(step)`` with explicit shardings: parameters and gradients by the rules, the
+    input by ``input_spec``, the loss replicated."""
+    mesh, specs = problem.mesh, problem.specs
+    params = [NamedSharding(mesh, s) for s in specs]
+    x = NamedSharding(mesh, input_spec(problem.config))
+    out = params if problem.config.objective == "grad" else (NamedSharding(mesh, PartitionSpec()), params)
+    return jax.jit(step, in_shardings=(params, x), out_shardings=out)
+
+
+def to_host(tree):
+    """Every array of ``tree`` as a whole NumPy array in this process (gathered from all
+    processes when the run spans several)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        return multihost_utils.process_allgather(tree, tiled=True)
+    return jax.tree.map(np.asarray, tree)
+
+
+# --- collectives in the compiled program -----------------------------------------------------
+
+_COLLECTIVE = re.compile(r"^\s*(?:ROOT\s+)?%[\w.\-]+\s*=\s*(.*?)\s("
+                         + "|".join(KINDS) + r")(-start)?\(")
+_ARRAY = re.compile(r"\b(pred|[a-z]+\d+)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+          "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_SIGNATURE = re.compile(r"^(?:ENTRY )?(%[\w.\-]+).*\) -> .*\{$")
+
+
+def _phase(op_name: str) -> str:
+    if "rematted_computation" in op_name:
+        return "recomputed"
+    return "backward" if "transpose(" in op_name else "forward"
+
+
+def _result_bytes(types: str, kind: str, start: bool) -> int:
+    """Bytes of a collective's result type text: a tuple (several operands combined) sums its
+    arrays. An asynchronous all-gather or collective-permute start returns (operands, results,
+    scalar contexts): only the results count."""
+    found = [(t, [int(d) for d in dims.split(",") if d]) for t, dims in _ARRAY.findall(types)]
+    if start and kind in ("all-gather", "collective-permute"):
+        found = [(t, dims) for t, dims in found if dims]  # drop the scalar contexts
+        found = found[len(found) // 2:]
+    return sum(_BYTES.get(t, 4) * int(np.prod(dims)) for t, dims in found)
+
+
+def collectives(text: str) -> dict:
+    """``{kind: {phase: {"count", "bytes"}}}`` of compiled HLO ``text``: instructions times the
+    runs of their computation (``hlo.executions``), result bytes per device."""
+    runs, _ = hlo.executions(text)
+    out = {k: {p: {"count": 0, "bytes": 0} for p in PHASES} for k in KINDS}
+    comp = None
+    for line in text.splitlines():
+        sig = _SIGNATURE.match(line)
+        if sig:
+            comp = sig.group(1)
+            continue
+        m = _COLLECTIVE.match(line)
+        if not m or "-done(" in line:
+            continue
+        op = _OP_NAME.search(line)
+        cell = out[m.group(2)][_phase(op.group(1) if op else "")]
+        times = max(runs.get(comp, 1), 1)
+        cell["count"] += times
+        cell["bytes"] += times * _result_bytes(m.group(1), m.group(2), bool(m.group(3)))
+    return out
+
+
+def totals(counts: dict) -> dict[str, int]:
+    """``{kind: count}`` over all phases."""
+    return {k: sum(c["count"] for c in phases.values()) for k, phases in counts.items()}
+
+
+def report(problem, compiled_text: str, memory: dict | None, baseline_text: str | None) -> dict:
+    """The ``sharding`` section of ``run --json`` for a compiled sharded step."""
+    config, mesh = problem.config, problem.mesh
+    counts = collectives(compiled_text)
+    mine = totals(counts)
+    base = totals(collectives(baseline_text)) if baseline_text is not None else None
+    per_device = sum(int(np.prod(shard_shape(leaf))) * leaf.dtype.itemsize for leaf in problem.leaves)
+    total = sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in problem.leaves)
+    return {
+        "mesh": parse_mesh(config.mesh), "devices": int(mesh.devices.size),
+        "processes": jax.process_count(), "process_index": jax.process_index(), "rules": RULES_TEXT,
+        "per_device": memory, "param_bytes_per_device": per_device, "param_bytes_total": total,
+        "input_spec": str(input_spec(config)),
+        "param_specs": {p: str(s) for p, s in zip(problem.paths, problem.specs)},
+        "collectives": counts, "collective_counts": mine,
+        "vs_no_remat": None if base is None else {k: mine[k] - base[k] for k in KINDS},
+        "method": ("static instructions of the compiled per-device HLO times their computation's "
+                   "runs; phase from op_name (rematted_computation = recomputed, transpose = "
+                   "backward); vs_no_remat: the same count minus the no_remat compile's on the "
+                   "same mesh (op_name is not trusted to say what XLA recomputed)"),
+    }
+
+
+def shard_shape(leaf: jax.Array) -> tuple[int, ...]:
+    """The shape of one device's shard of ``leaf``."""
+    return tuple(leaf.sharding.shard_shape(leaf.shape))
+
+
+
+def compare_on_mesh(config: RunConfig, policies: list[str]) -> list[dict]:
+    """Per policy on ``config``'s mesh, compiled, not run: the per-device peak and temp, and the
+    collectives in each phase and against ``no_remat`` (the Compare page's mesh table)."""
+    from .experiment import baseline_program, memory_report
+    from .step import build_problem, jit_step
+
+    base = totals(collectives(baseline_program(config)["text"]))
+    rows = []
+    for policy in policies:
+        problem = build_problem(config.replace(policy=policy))
+        compiled = jit_step(problem).trace(*problem.args).lower().compile()
+        counts = collectives(compiled.as_text())
+        mine, mem = totals(counts), memory_report(compiled) or {}
+        rows.append({"policy": policy, "peak_bytes": mem.get("peak_bytes"),
+                     "temp_bytes": mem.get("temp_bytes"),
+                     **{f"{k}_{p}": counts[k][p]["count"] for k in KINDS for p in PHASES},
+                     **{f"{k}_vs_no_remat": mine[k] - base[k] for k in KINDS}})
+    return rows
