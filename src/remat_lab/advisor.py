@@ -307,8 +307,13 @@ def _recommend(rows: list[dict], timed: bool) -> tuple[str | None, list[str], st
                     f"({runner['policy']} at batch {runner['max_batch']})")
     others = [p for p in ties if p != best["policy"]]
     if others:
-        why += (f"; within the timing spread of {_names(others)}, so "
-                f"{'that is' if len(others) == 1 else 'those are'} as good (a near-tie)")
+        why += (f"; {_names(others)} {'is' if len(others) == 1 else 'are'} within its timing spread "
+                "(a near-tie)")
+        group = [r for r in fits if r["policy"] in ties]
+        roomiest = max(group, key=lambda r: r["max_batch"])
+        if roomiest["max_batch"] > best["max_batch"]:
+            why += (f"; of those, {roomiest['policy']} fits the largest batch "
+                    f"({roomiest['max_batch']})")
     return best["policy"], ties, why
 
 
@@ -333,8 +338,11 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     budget_bytes, budget_source = advice_budget(budget)
     if not 1 <= max_batch <= MAX_BATCH:
         raise ConfigError(f"max_batch must be from 1 to {MAX_BATCH}; got {max_batch!r}.")
-    base_cfg = config.replace(batch=max(config.batch, 1), repeats=max(config.repeats, 1))
-    configs = {p: base_cfg.replace(policy=p) for p in chosen}  # validated before anything compiles
+    names = {"save_names": config.save_names, "offload_names": config.offload_names}
+    base_cfg = config.replace(batch=max(config.batch, 1), repeats=max(config.repeats, 1),
+                              policy="no_remat", save_names=(), offload_names=())
+    # Validated before anything compiles; custom keeps the configuration's per-name choices.
+    configs = {p: base_cfg.replace(policy=p, **(names if p == "custom" else {})) for p in chosen}
 
     t0 = time.perf_counter()
     rows, guess = [], None
@@ -354,7 +362,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         at = configs[r["policy"]].replace(batch=r["max_batch"])
         say(f"counting model flops at batch {r['max_batch']}")
         r["hardware_flops"] = probe(at)["flops"]
-        r["model_flops"] = probe(at.replace(policy="no_remat", save_names=(), offload_names=()))["flops"]
+        r["model_flops"] = probe(base_cfg.replace(batch=r["max_batch"]))["flops"]
         r["fingerprint"] = probe(at)["fingerprint"]
     search_s = time.perf_counter() - t0
 
@@ -385,7 +393,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     return {
         "budget_bytes": budget_bytes,
         "budget_source": budget_source,
-        "config": {k: v for k, v in base_cfg.as_dict().items() if k not in ("batch", "policy")},
+        "config": {**{k: v for k, v in base_cfg.as_dict().items() if k not in ("batch", "policy")},
+                   **({k: list(v) for k, v in names.items()} if "custom" in chosen else {})},
         "policies": chosen,
         "rows": rows,
         "recommended": recommended,

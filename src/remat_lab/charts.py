@@ -417,3 +417,64 @@ def make_timeline_overlay_figure(df: pd.DataFrame) -> go.Figure:
     fig.update_layout(legend=dict(orientation="h", x=0, xanchor="left", y=-0.2, yanchor="top"),
                       height=460, margin=dict(l=60, r=20, t=60, b=40))
     return fig
+
+
+def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
+    """Compiled peak vs batch per policy, the budget as a line: the advisor's probes.
+
+    ``df`` columns policy, batch, peak_mib, fits, answer (``tables.advice_probes_frame``). Each
+    probe is a point (hollow where it did not fit); each policy's answer, its largest batch that
+    fits, is a larger diamond. The batch axis is logarithmic when the probes span a wide range.
+    """
+    fig = _figure("Compiled peak memory vs batch (each point: one compile)", "batch",
+                  "compiled peak (MiB)")
+    if df is None or df.empty:
+        return _empty(fig)
+    for policy, part in df.sort_values("batch").groupby("policy", sort=False):
+        color = policy_color(policy)
+        fig.add_trace(go.Scatter(
+            x=part["batch"], y=part["peak_mib"], mode="lines+markers", name=str(policy),
+            legendgroup=str(policy), line=dict(color=color, width=1.5),
+            marker=dict(size=8, color=[color if f else "white" for f in part["fits"]],
+                        line=dict(width=1.5, color=color)),
+            customdata=np.where(part["fits"], "fits", "over the budget"),
+            hovertemplate="batch %{x}: %{y:.3f} MiB, %{customdata}<extra>%{fullData.name}</extra>"))
+        best = part[part["answer"]]
+        if not best.empty:
+            fig.add_trace(go.Scatter(
+                x=best["batch"], y=best["peak_mib"], mode="markers", legendgroup=str(policy),
+                showlegend=False, name=f"{policy}: largest batch",
+                marker=dict(symbol="diamond", size=14, color=color, line=dict(width=1, color="#222")),
+                hovertemplate="largest batch %{x}: %{y:.3f} MiB<extra>%{fullData.name}</extra>"))
+    fig.add_hline(y=budget_mib, line=dict(color="#B91C1C", dash="dash", width=2),
+                  annotation_text=f"budget {budget_mib:,.1f} MiB", annotation_position="top left",
+                  annotation_font=dict(color="#B91C1C"))
+    if df["batch"].max() > 16 * max(df["batch"].min(), 1):
+        fig.update_xaxes(type="log")
+    return fig
+
+
+def make_advice_throughput_figure(df: pd.DataFrame, recommended: str | None = None) -> go.Figure:
+    """Examples per second at each policy's largest batch, with the 95 % interval as error bars.
+
+    ``df`` columns policy, max_batch, examples_per_s, examples_per_s_low, examples_per_s_high
+    (``tables.advice_frame``); rows without a rate are left out. The recommended policy's bar is
+    outlined and every bar is labelled with its batch.
+    """
+    fig = _figure("Examples per second at each policy's largest batch", "policy", "examples / s")
+    if df is None or df.empty or df["examples_per_s"].isna().all():
+        return _empty(fig)
+    for _, row in df.dropna(subset=["examples_per_s"]).iterrows():
+        fig.add_trace(go.Bar(
+            x=[row["policy"]], y=[row["examples_per_s"]], name=str(row["policy"]),
+            marker=dict(color=policy_color(row["policy"]),
+                        line=dict(width=3 if row["policy"] == recommended else 0, color="#111")),
+            error_y=dict(type="data", symmetric=False,
+                         array=[row["examples_per_s_high"] - row["examples_per_s"]],
+                         arrayminus=[row["examples_per_s"] - row["examples_per_s_low"]]),
+            text=[f"batch {int(row['max_batch'])}"], textposition="inside", insidetextanchor="start",
+            customdata=[[row["examples_per_s_low"], row["examples_per_s_high"], row["max_batch"]]],
+            hovertemplate="%{y:,.0f} examples/s (95 %: %{customdata[0]:,.0f} to %{customdata[1]:,.0f}) "
+                          "at batch %{customdata[2]}<extra>%{x}</extra>"))
+    fig.update_layout(showlegend=False)
+    return fig

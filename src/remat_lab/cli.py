@@ -112,6 +112,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats,
                    help="at most this many interleaved timing rounds (fewer when steps are slow)")
     p.add_argument("--seed", type=_int_arg("seed"), default=d.seed)
+    p.add_argument("--save-names", type=_names_arg, default=(), metavar="A,B",
+                   help="policy custom (in --policies): checkpoint names saved on the device")
+    p.add_argument("--offload-names", type=_names_arg, default=(), metavar="A,B",
+                   help="policy custom (in --policies): checkpoint names offloaded to the host")
 
 
 def _add_mesh_args(p: argparse.ArgumentParser) -> None:
@@ -464,7 +468,9 @@ def _advise(args: argparse.Namespace) -> int:
         config = RunConfig(model=args.model, width=args.width, seq=args.seq, heads=args.heads,
                            depth=args.depth, stack=args.stack, dtype=args.dtype,
                            objective=args.objective, repeats=args.repeats, seed=args.seed,
-                           batch=1, policy="no_remat")
+                           batch=1, policy="custom" if args.save_names or args.offload_names
+                           else "no_remat", save_names=args.save_names,
+                           offload_names=args.offload_names)
         if not args.no_cache:
             enable_compilation_cache()
         doc = advise(config, args.budget, policies=args.policies, timing=not args.no_time,

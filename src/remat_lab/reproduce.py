@@ -33,6 +33,25 @@ def cli_command(cfg: RunConfig) -> str:
     return " ".join(parts)
 
 
+def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: bool = True) -> str:
+    """The ``python -m remat_lab advise ... --json`` call behind the Advisor page's answer."""
+    parts = ["python -m remat_lab advise", f"--model {cfg.model}", f"--width {cfg.width}"]
+    if cfg.model in SEQ_MODELS:
+        parts.append(f"--seq {cfg.seq}")
+    if cfg.model == "transformer":
+        parts.append(f"--heads {cfg.heads}")
+    parts.append(f"--depth {cfg.depth}")
+    if cfg.depth > 1:
+        parts.append(f"--stack {cfg.stack}")
+    parts += [f"--dtype {cfg.dtype}", f"--objective {cfg.objective}", f"--repeats {cfg.repeats}",
+              f"--budget {budget}", f"--policies {','.join(policies)}"]
+    if "custom" in policies:
+        parts += [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS
+                  if getattr(cfg, k)]
+    parts += ([] if timing else ["--no-time"]) + ["--json"]
+    return " ".join(parts)
+
+
 def reproduce_code(cfg: RunConfig) -> str:
     """Self-contained code for the configuration: the model, the remat'd block and the step."""
     block = {"mlp": models.MLP, "seq_mixer": models.SeqMixer, "transformer": models.Transformer}[cfg.model]

@@ -1,0 +1,172 @@
+"""Advisor: per policy, the largest batch whose compiled peak fits a memory budget, and the fastest."""
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
+    sys.path.insert(0, _root)
+
+import streamlit as st  # noqa: E402
+
+from pages import _running, _shared, _sidebar  # noqa: E402
+from remat_lab import advisor, charts, reproduce, tables  # noqa: E402
+from remat_lab.config import ConfigError, RunConfig, human_bytes, parse_bytes  # noqa: E402
+from remat_lab.experiment import ExecutionError  # noqa: E402
+from remat_lab.policies import POLICIES  # noqa: E402
+
+_PROGRESS = threading.local()  # this script run's progress callback, read by the cached function
+
+
+def _say(message: str) -> None:
+    (getattr(_PROGRESS, "say", None) or (lambda m: None))(message)
+
+
+# An advice is a few KB (probes and rates per policy): 32 are well under a MiB.
+@st.cache_data(show_spinner=False, max_entries=32)
+def _cached_advice(items: tuple, budget: int, policies: tuple, timing: bool) -> dict:
+    return advisor.advise(RunConfig(**dict(items)), budget, policies=list(policies), timing=timing,
+                          progress=_say)
+
+
+@st.cache_resource(show_spinner=False)
+def _default_budget() -> tuple[int, str]:
+    return advisor.advice_budget(None)
+
+
+def _size_text(n: int) -> str:
+    """A budget as the user would type it: ``64M``, ``1.5G``."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
+    return str(n)
+
+
+cfg = _shared.page_start(
+    "Advisor", "The largest batch each policy fits in a memory budget, and which policy trains the "
+               "most examples per second there. The model comes from the sidebar (its batch and "
+               "policy are what the advisor searches, so they are ignored here).")
+default_bytes, default_source = _default_budget()
+left, right = st.columns([1, 2])
+budget_text = left.text_input("Device memory budget", value=_size_text(default_bytes), max_chars=64,
+                              key="advisor_budget",
+                              help="The memory one device has for this step: e.g. 512M, 16G, 80G.")
+left.caption(f"Default {human_bytes(default_bytes)}: {default_source}.")
+default = [p for p, entry in POLICIES.items()
+           if entry.group == "jax" or (entry.group == "maxtext" and cfg.model == "transformer")]
+chosen = right.multiselect("Policies", list(POLICIES), default=default, key="advisor_policies",
+                           format_func=_sidebar.policy_label)
+timing = right.toggle("Time each policy at its largest batch (examples/s, MFU, HFU)", value=True,
+                      key="advisor_timing",
+                      help="Off: sizes only. The search compiles and never allocates; timing runs "
+                           "the step at each policy's largest batch, on this server.")
+try:
+    budget = parse_bytes(budget_text)
+except ConfigError as err:
+    st.error("**Budget not understood.** Write a size such as 512M, 16G or 80G, or a number of bytes.")
+    st.text(str(err))  # plain text: the message quotes what was typed
+    st.stop()
+if not chosen:
+    st.info("Pick at least one policy.")
+    st.stop()
+if cfg.mesh:
+    st.info("The advisor sizes the one-device program: the sidebar's mesh is left out here.")
+    cfg = cfg.replace(mesh="")
+model = cfg.replace(batch=1, policy="no_remat", save_names=(), offload_names=())
+if "custom" in chosen:
+    model = cfg.replace(batch=1)
+key = (model, budget, tuple(chosen), timing)
+clicked = st.button("Find the largest batches", key="advisor_run", type="primary")
+if not (clicked or st.session_state.get("_advisor_done") == key):
+    st.info("Each policy's batch is found by compiling only (nothing is allocated): a few seconds "
+            "per policy. With timing on, every policy then runs at its largest batch.")
+    st.stop()
+
+with st.status(f"Advising on {len(chosen)} policies…", expanded=False) as status:
+    _PROGRESS.say = lambda message: status.update(label=f"{message}…", state="running")
+    try:
+        doc = _cached_advice(tuple(sorted(model.as_dict().items())), budget, tuple(chosen), timing)
+    except (ConfigError, ExecutionError) as err:
+        status.update(label="The advisor failed", state="error")
+        doc, error = None, err
+    else:
+        error = None
+        status.update(label=f"Done: {len(doc['rows'])} policies sized in {doc['search_s']:.1f} s of "
+                            "compiling" + (", then timed" if doc["timed"] else ""), state="complete")
+    finally:
+        _PROGRESS.say = None
+if error is not None:
+    _running.show_error(error)
+    st.stop()
+st.session_state["_advisor_done"] = key
+
+# ---------------------------------------------------------------- the answer
+frame = tables.advice_frame(doc)
+if doc["recommended"]:
+    st.success(f"**Recommended: {doc['recommended']}.** {doc['reason']}.", icon=":material/recommend:")
+else:
+    st.warning(doc["reason"] + ".")
+notes = []
+if any(r["not_timed"] for r in doc["rows"]):
+    notes.append("Some policies were sized but not timed: their largest batch is over what this "
+                 "server may allocate (the table says which).")
+env = doc["environment"]
+if env["backend"] == "cpu":
+    notes.append("On XLA CPU, offloading to host memory is a no-op (offload policies compile like "
+                 "their device twins) and bfloat16 products are computed in float32: on a GPU or TPU "
+                 "the same advice can differ. Run the CLI command below there.")
+for note in notes:
+    st.caption(note)
+
+left, right = st.columns(2)
+left.plotly_chart(charts.make_advice_peak_figure(tables.advice_probes_frame(doc),
+                                                 doc["budget_bytes"] / tables.MIB), width="stretch")
+left.caption("Each point is one compile-only probe of a policy at a batch (hollow: over the budget); "
+             "the diamond is the policy's largest batch that fits. Peak = XLA's compiled memory "
+             "analysis (generated code + arguments + outputs − aliases + temp) of the device program.")
+if doc["timed"]:
+    right.plotly_chart(charts.make_advice_throughput_figure(frame, doc["recommended"]), width="stretch")
+    peak = doc.get("peak_flops_per_s")
+    right.caption("Bars: the 95 % bootstrap interval of each policy's examples per second, timed "
+                  "interleaved at its largest batch; the outlined bar is the recommendation."
+                  + (f" MFU and HFU below are over this machine's peak of {peak / 1e9:,.0f} GFLOP/s "
+                     f"({doc['peak_source']})." if peak else ""))
+else:
+    right.info("Not timed: turn timing on for examples per second, MFU and HFU.")
+
+# ---------------------------------------------------------------- table
+st.subheader("Policy table")
+shown = frame.assign(
+    peak=frame["peak_bytes"].map(lambda v: "-" if v is None or v != v else f"{v / (1 << 20):,.2f} MiB"),
+    next_over=[("-" if n is None or n != n else f"{int(n)} (+{human_bytes(p - doc['budget_bytes'])})")
+               for n, p in zip(frame["next_batch"], frame["next_peak_bytes"])])
+cols = ["policy", "max_batch", "peak", "next_over", "probes", "step_time_ms", "examples_per_s", "mfu",
+        "hfu", "recompute_overhead", "model_flops", "hardware_flops", "same_program_as", "note"]
+NUM = st.column_config.NumberColumn
+st.dataframe(shown[cols], hide_index=True, width="stretch", column_config={
+    "max_batch": NUM("largest batch", format="%d"),
+    "peak": st.column_config.TextColumn("peak at it"),
+    "next_over": st.column_config.TextColumn("next batch (over the budget by)"),
+    "probes": NUM("compiles", format="%d"),
+    "step_time_ms": NUM("step (ms)", format="%.3f"),
+    "examples_per_s": NUM("examples/s", format="%.0f"),
+    "mfu": NUM("MFU", format="percent", help="model flops (the no_remat program's) / step time / peak"),
+    "hfu": NUM("HFU", format="percent", help="hardware flops (this program's, recomputation "
+                                              "included) / step time / peak"),
+    "recompute_overhead": NUM("HFU − MFU", format="percent"),
+    "model_flops": NUM("model flops", format="%.4g"),
+    "hardware_flops": NUM("hardware flops", format="%.4g"),
+    "same_program_as": st.column_config.TextColumn("same program as"),
+    "note": st.column_config.TextColumn("note", width="large")})
+st.caption(f"Budget {human_bytes(doc['budget_bytes'])} ({doc['budget_source']}). The search: "
+           f"{doc['method']['search']}. Sizes in binary units; the downloads have exact bytes.")
+st.markdown("The same advice from the command line:")
+exact = _size_text(budget) if parse_bytes(_size_text(budget)) == budget else str(budget)
+st.code(reproduce.advise_command(model, exact, chosen, timing), language="bash")
+a, b = st.columns(2)
+a.download_button("Download CSV", frame.to_csv(index=False), "remat_lab_advice.csv", "text/csv",
+                  key="advisor_csv")
+b.download_button("Download JSON", json.dumps(doc, indent=1), "remat_lab_advice.json",
+                  "application/json", key="advisor_json")
