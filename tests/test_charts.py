@@ -259,3 +259,23 @@ def test_timeline_overlay_names_a_line_by_its_label_and_starts_at_zero():
     assert fig.data[0].name == "dots_saveable (= dots_with_no_batch_dims_saveable)"
     assert fig.data[0].line.color == charts.policy_color("dots_saveable")
     assert fig.layout.yaxis.rangemode == "tozero"
+
+
+def test_advice_figures():
+    probes = pd.DataFrame({"policy": ["a", "a", "a", "b"], "batch": [1, 64, 65, 64],
+                           "peak_mib": [1.0, 3.0, 3.1, 2.0], "fits": [True, True, False, True],
+                           "answer": [False, True, False, True]})
+    fig = charts.make_advice_peak_figure(probes, 3.05)
+    names = [t.name for t in fig.data]
+    assert names.count("a") == 1 and "a: largest batch" in names and "b: largest batch" in names
+    line = next(t for t in fig.data if t.name == "a")
+    assert list(line.x) == [1, 64, 65] and list(line.marker.color)[-1] == "white"  # over: hollow
+    assert any(s.y0 == 3.05 for s in fig.layout.shapes)  # the budget line
+    assert fig.layout.xaxis.type == "log"
+    rates = pd.DataFrame({"policy": ["a", "b"], "max_batch": [64, 64],
+                          "examples_per_s": [100.0, None], "examples_per_s_low": [90.0, None],
+                          "examples_per_s_high": [120.0, None]})
+    bars = charts.make_advice_throughput_figure(rates, recommended="a")
+    assert [t.name for t in bars.data] == ["a"] and bars.data[0].marker.line.width == 3
+    assert list(bars.data[0].error_y.array) == [20.0] and list(bars.data[0].error_y.arrayminus) == [10.0]
+    assert charts.make_advice_peak_figure(probes.iloc[:0], 1.0).layout.annotations

@@ -210,3 +210,32 @@ def test_overlay_and_holdings_one_entry_per_policy():
     assert held.loc["nothing_saveable", "recomputed_bytes"] == 0
     assert held.loc["nothing_saveable", "largest"] == ("240.0 KiB forward (blocks_0 relu); "
                                                        "1.0 KiB parameter (blocks w1)")
+
+
+def test_advice_frames_from_a_document():
+    doc = {"rows": [
+        {"policy": "no_remat", "max_batch": 10, "peak_bytes": 1 << 20, "next_batch": 11,
+         "next_peak_bytes": (1 << 20) + 5,
+         "probes": [{"batch": 1, "peak_bytes": 100, "fits": True},
+                    {"batch": 10, "peak_bytes": 1 << 20, "fits": True},
+                    {"batch": 11, "peak_bytes": (1 << 20) + 5, "fits": False}],
+         "step_time_s": 0.002, "step_time_ci_s": [0.001, 0.003], "examples_per_s": 5000.0,
+         "examples_per_s_ci": [3333.0, 10000.0], "model_flops": 1e6, "hardware_flops": 1e6,
+         "mfu": 0.5, "hfu": 0.5, "recompute_overhead": 0.0, "not_timed": None, "reason": "r"},
+        {"policy": "nothing_saveable", "max_batch": 0, "peak_bytes": None, "next_batch": 1,
+         "next_peak_bytes": 200, "probes": [{"batch": 1, "peak_bytes": 200, "fits": False}],
+         "step_time_s": None, "step_time_ci_s": None, "examples_per_s": None,
+         "examples_per_s_ci": None, "model_flops": None, "hardware_flops": None, "mfu": None,
+         "hfu": None, "recompute_overhead": None, "not_timed": None, "reason": "does not fit batch 1"},
+    ]}
+    frame = tables.advice_frame(doc)
+    assert list(frame.columns) == tables.ADVICE_COLUMNS and len(frame) == 2
+    first = frame.iloc[0]
+    assert first["peak_mib"] == 1.0 and first["probes"] == 3 and first["step_time_ms"] == 2.0
+    assert (first["examples_per_s_low"], first["examples_per_s_high"]) == (3333.0, 10000.0)
+    assert frame.iloc[1]["note"] == "does not fit batch 1"
+    probes = tables.advice_probes_frame(doc)
+    assert list(probes.columns) == tables.PROBE_COLUMNS and len(probes) == 4
+    assert probes["answer"].tolist() == [False, True, False, False]
+    assert probes["fits"].tolist() == [True, True, False, False]
+    assert tables.advice_frame(None).empty and tables.advice_probes_frame({}).empty
