@@ -123,9 +123,7 @@ def explore_section(cfg: RunConfig, result: dict) -> None:
                "may merge a recomputation back into the forward). vs no_remat: the same count minus "
                "the no_remat compile on the same mesh, whatever the names say. On emulated CPU "
                "devices there is no interconnect: step times are not a cluster's; memory per device is.")
-    n = device_count()
-    st.code(f"{reproduce.cli_command(cfg)} --mesh {cfg.mesh}"
-            + (f" --host-devices {n}" if sh["devices"] and _cpu() else ""), language="bash")
+    st.code(reproduce.cli_command(cfg), language="bash")
 
 
 def _cpu() -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 
 from . import models
-from .config import NAME_FIELDS, RunConfig
+from .config import NAME_FIELDS, RunConfig, mesh_devices
 from .models import SEQ_MODELS
 from .policies import policy_code
 
@@ -29,8 +29,10 @@ def cli_command(cfg: RunConfig) -> str:
     parts += [f"--dtype {cfg.dtype}", f"--policy {cfg.policy}"]
     parts += [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS
               if getattr(cfg, k)]
-    parts += [f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", "--json"]
-    return " ".join(parts)
+    parts += [f"--objective {cfg.objective}", f"--repeats {cfg.repeats}"]
+    if cfg.mesh:  # emulated CPU devices where there are no accelerators (ignored on GPU/TPU)
+        parts += [f"--mesh {cfg.mesh}", f"--host-devices {mesh_devices(cfg.mesh)}"]
+    return " ".join(parts + ["--json"])
 
 
 def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: bool = True) -> str:
