@@ -108,15 +108,7 @@ if doc["recommended"]:
     st.success(f"**Recommended: {doc['recommended']}.** {doc['reason']}.", icon=":material/recommend:")
 else:
     st.warning(doc["reason"] + ".")
-notes = []
-if any(r["not_timed"] for r in doc["rows"]):
-    notes.append("Some policies were sized but not timed: their largest batch is over what this "
-                 "server may allocate (the table says which).")
-env = doc["environment"]
-if env["backend"] == "cpu":
-    notes.append("On XLA CPU, offloading to host memory is a no-op (offload policies compile like "
-                 "their device twins) and bfloat16 products are computed in float32: on a GPU or TPU "
-                 "the same advice can differ. Run the CLI command below there.")
+notes = doc.get("notes", [])
 for note in notes:
     st.caption(note)
 

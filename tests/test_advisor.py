@@ -161,3 +161,14 @@ def test_cli_json_document(capsys):
             "step_time_s", "examples_per_s", "model_flops", "hardware_flops", "mfu", "hfu"}
     assert {"budget_bytes", "config", "rows", "recommended", "reason", "search_s"} <= set(doc)
     assert all(keys <= set(r) for r in doc["rows"]) and doc["budget_bytes"] == 2 << 20
+
+
+def test_notes_say_what_the_cpu_cannot_show():
+    cfg = RunConfig(width=16, depth=1, batch=1, dtype="bfloat16")
+    doc = advisor.advise(cfg, 1 << 20, timing=False, policies=["no_remat", "offload_dot_with_no_batch_dims"])
+    if jax.default_backend() != "cpu":
+        pytest.skip("the notes are about XLA CPU")
+    assert any("offload_dot_with_no_batch_dims offload nothing" in n for n in doc["notes"])
+    assert any("bfloat16 products in float32" in n for n in doc["notes"])
+    plain = advisor.advise(cfg.replace(dtype="float32"), 1 << 20, timing=False, policies=["no_remat"])
+    assert plain["notes"] == []

@@ -388,6 +388,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
                 if r["mfu"] is not None and r["hfu"] is not None:
                     r["recompute_overhead"] = r["hfu"] - r["mfu"]
     recommended, ties, reason = _recommend(rows, timed)
+    notes = _notes(configs, rows)
     for r in rows:
         r.pop("fingerprint", None)
     return {
@@ -401,6 +402,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         "near_ties": [p for p in ties if p != recommended],
         "reason": reason,
         "search_s": search_s,
+        "notes": notes,
         "timed": timed,
         "peak_flops_per_s": peak,
         "peak_source": peak_source,
@@ -420,6 +422,25 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         },
         "environment": environment(),
     }
+
+
+def _notes(configs: dict[str, RunConfig], rows: list[dict]) -> list[str]:
+    """What this backend cannot show, and rows that were sized but not timed."""
+    notes = []
+    if jax.default_backend() == "cpu":
+        offload = [p for p, c in configs.items()
+                   if POLICIES[p].offloads or p.startswith("offload") or c.offload_names]
+        if offload:
+            notes.append(f"XLA CPU has no separate host memory: {', '.join(offload)} offload nothing "
+                         "here (the compiled peak keeps those tensors on the device); on a GPU or "
+                         "TPU they can fit a larger batch.")
+        if next(iter(configs.values())).dtype == "bfloat16":
+            notes.append("XLA CPU computes bfloat16 products in float32: step times, MFU and HFU are "
+                         "against the float32 peak; on a GPU or TPU bfloat16 runs at its own rate.")
+    if any(r.get("not_timed") for r in rows):
+        notes.append("Some policies were sized but not timed: their largest batch is estimated over "
+                     "what this machine may allocate (see each row).")
+    return notes
 
 
 def _time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, time_budget_s: float,

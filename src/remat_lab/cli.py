@@ -456,6 +456,7 @@ def format_advice(doc: dict) -> str:
     if doc["timed"] and doc.get("peak_flops_per_s"):
         lines.append(f"MFU / HFU: model (no_remat) / hardware flops per second over the peak of "
                      f"{doc['peak_flops_per_s'] / 1e9:.0f} GFLOP/s ({doc['peak_source']})")
+    lines += [f"note: {n}" for n in doc.get("notes", [])]
     lines.append(("Recommended: " if doc["recommended"] else "") + doc["reason"] + ".")
     return "\n".join(lines)
 
