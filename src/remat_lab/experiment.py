@@ -217,7 +217,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     except Exception as err:  # XlaRuntimeError and friends
         raise _xla_error("compiling", err) from err
 
-    result = {"config": config.as_dict(), "environment": environment(),
+    result = {"schema": 1, "config": config.as_dict(), "environment": environment(),
               "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1}}
     cost = cost_of(compiled)
     text = compiled.as_text()
