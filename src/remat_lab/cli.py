@@ -136,7 +136,8 @@ def _list_arg(kind):
 def _choice(name: str, allowed) -> object:
     def parse(text: str) -> str:
         if text not in allowed:
-            raise argparse.ArgumentTypeError(f"unknown {name} {text[:40]!r}; choose from: {', '.join(allowed)}")
+            raise argparse.ArgumentTypeError(f"unknown {name} {text[:40]!r}; choose from: "
+                                             f"{', '.join(allowed)}")
         return text
     return parse
 
