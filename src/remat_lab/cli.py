@@ -436,7 +436,7 @@ def _sweep(args: argparse.Namespace) -> int:
     out = open(args.out, "a", encoding="utf-8") if args.out else sys.stdout
     if not args.no_cache:
         enable_compilation_cache()
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # one line per message, also in logs
     console.print(f"sweep: {len(grid)} configurations, {len(grid) - todo} already in "
                   f"{args.out or 'the output'}, {todo} to run")
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

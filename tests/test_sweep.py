@@ -1,0 +1,137 @@
+"""Sweeps: the grid, error rows, the JSON-lines file, and ``python -m remat_lab sweep`` killed and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from remat_lab import sweep
+from remat_lab.config import ConfigError, RunConfig
+from remat_lab.experiment import ExecutionError
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = ["--widths", "8,16", "--batches", "2,4", "--policies", "no_remat,nothing_saveable",
+        "--repeats", "2", "--warmup", "0"]
+
+
+def _cli(tmp_path: Path, *args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "REMAT_LAB_HOME": str(tmp_path / "home"),
+           "REMAT_LAB_CACHE_DIR": str(tmp_path / "cache")}
+    return subprocess.Popen([sys.executable, "-m", "remat_lab", "sweep", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _rows(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]  # every line a whole document
+
+
+def _keys(rows: list[dict]) -> list[str]:
+    return [sweep.config_key(r["config"]) for r in rows]
+
+
+def test_grid_is_the_product_without_duplicates():
+    base = RunConfig(width=8, batch=2, seq=16)
+    grid = sweep.build_grid(base, width=[8, 16], batch=[2, 4], policy=["no_remat", "nothing_saveable"])
+    assert len(grid) == 8 and len(set(map(sweep.config_key, grid))) == 8
+    # the mlp ignores seq: two seqs must not double the runs
+    assert len(sweep.build_grid(base, width=[8], seq=[16, 32], model=["mlp", "seq_mixer"])) == 3
+    with pytest.raises(ValueError, match="unknown sweep axis"):
+        sweep.build_grid(base, widths=[8])
+
+
+def test_refused_and_failed_configurations_become_rows_and_the_sweep_goes_on(tmp_path):
+    grid = sweep.build_grid(RunConfig(width=8, batch=2), width=[8, 16, 24])
+    grid.insert(1, {**grid[0], "model": "transformer", "width": 6, "heads": 4})  # 6 % 4: refused
+
+    def run(cfg: RunConfig) -> dict:
+        if cfg.width == 16:
+            raise ExecutionError("XLA failed while compiling: RESOURCE_EXHAUSTED")
+        if cfg.width == 24:
+            raise ConfigError("over the budget")
+        return {"config": cfg.as_dict(), "environment": {"backend": "cpu"}, "texts": {"hlo": "..."}}
+
+    out = tmp_path / "r.jsonl"
+    with open(out, "a") as f:
+        outcomes = list(sweep.run_grid(grid, run, write=lambda row: sweep.append_row(f, row)))
+    rows = _rows(out)
+    assert [json.loads(json.dumps(o.row)) for o in outcomes] == rows
+    assert [(r.get("error") or {}).get("kind") for r in rows] == [None, "refused", "failed", "refused"]
+    assert "divisible" in rows[1]["error"]["message"] and rows[0]["schema"] == 1
+    assert "texts" not in rows[0]
+    assert sweep.done_keys(rows) == set(_keys(rows))
+    assert sweep.done_keys(rows, retry_failed=True) == {_keys(rows)[0]}
+
+
+def test_a_line_cut_by_a_kill_is_dropped_and_repaired(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"config": {"width": 8}}\n{"config": {"wid')
+    assert len(sweep.read_rows(out)) == 1
+    sweep.repair(out)
+    assert out.read_text() == '{"config": {"width": 8}}\n'
+    assert sweep.read_rows(tmp_path / "missing.jsonl") == []
+
+
+def test_cli_sweep_writes_eight_rows_with_a_progress_bar_and_resumes(tmp_path):
+    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    rows = _rows(tmp_path / "r.jsonl")
+    assert len(rows) == 8 and len(set(_keys(rows))) == 8
+    assert all(r["schema"] == 1 and r["step_time_s"]["median"] > 0 and "error" not in r for r in rows)
+    assert {(r["config"]["width"], r["config"]["batch"], r["config"]["policy"]) for r in rows} == {
+        (w, b, p) for w in (8, 16) for b in (2, 4) for p in ("no_remat", "nothing_saveable")}
+    assert "8/8" in err and "━" in err, err  # rich's bar on stderr
+    assert out == ""
+    before = (tmp_path / "r.jsonl").read_bytes()
+    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "8 already in r.jsonl, 0 to run" in err, err
+    assert (tmp_path / "r.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
+def test_cli_sweep_interrupted_midway_resumes_without_repeating_rows(tmp_path, how):
+    out = tmp_path / "r.jsonl"
+    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_text().count("\n") >= 2:
+            proc.send_signal(how)
+            break
+        time.sleep(0.01)
+    _, err = proc.communicate(timeout=60)
+    first = _rows(out) if how == signal.SIGINT else sweep.read_rows(out)
+    assert 2 <= len(first) < 8, f"the sweep was not stopped midway ({len(first)} rows): {err}"
+    if how == signal.SIGINT:  # Ctrl-C: whole rows only, and says how to resume
+        assert proc.returncode == 130 and "run the same command again to resume" in err, err
+    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    rows = _rows(out)
+    assert len(rows) == 8 and len(set(_keys(rows))) == 8  # nothing run twice
+    assert rows[: len(first)] == first  # the finished rows were kept, not redone
+    assert f"{len(first)} already in r.jsonl, {8 - len(first)} to run" in err
+
+
+def test_cli_sweep_records_refusals_and_its_runs_in_the_history(tmp_path):
+    proc = _cli(tmp_path, "--widths", "8,16", "--batches", "2", "--memory-budget", "1", "--out", "r.jsonl")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    rows = _rows(tmp_path / "r.jsonl")
+    assert [r["error"]["kind"] for r in rows] == ["refused", "refused"]
+    assert "budget" in rows[0]["error"]["message"] and rows[0]["environment"]["backend"]
+    assert "2 refused or failed" in err
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "REMAT_LAB_HOME": str(tmp_path / "home")}
+    listed = subprocess.run([sys.executable, "-m", "remat_lab", "history", "--json"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["runs"] == []  # refusals are rows of the file, not runs
