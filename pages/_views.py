@@ -112,7 +112,7 @@ def run_view(doc: dict, key: str) -> None:
         try:
             fig = charts.make_timeline_figure(tables.timeline_frame(doc), timeline.get("peak_index"),
                                               timeline.get("peak_live_bytes"))
-        except (KeyError, TypeError, ValueError):
+        except Exception:  # noqa: BLE001 - an uploaded timeline is nested data of any shape
             st.caption("The memory timeline in this document could not be read; the rest is shown.")
         else:
             st.plotly_chart(fig, width="stretch", key=f"{key}_timeline")

@@ -83,10 +83,12 @@ ENV = {"backend": str, "device_kind": str, "device_count": int, "jax": str}
 STEP = {"median": NUM, "p25": NUM, "p75": NUM, "min": NUM, "max": NUM, "repeats": int, "warmup": int,
         "samples": (OPT, list)}
 MEMORY = {f"{p}_bytes": NUM for p in ("argument", "output", "alias", "temp", "generated_code", "peak")}
-TOTALS = {k: NUM for k in ("residual_bytes", "activation_residual_bytes", "parameter_residual_bytes",
-                           "dots_saved", "dots_recomputed")}
+TOTALS = {**{k: NUM for k in ("residual_bytes", "activation_residual_bytes", "parameter_residual_bytes",
+                              "dots_saved", "dots_recomputed")}, "recompute_flops": (OPT, NUM)}
+HLO = {"dot_count": (OPT, NUM), "excess_dots_vs_no_remat": (OPT, NUM),
+       "excess_flops_vs_no_remat": (OPT, NUM), "identical_to": (OPT, str)}
 RUN = {"config": dict, "environment": ENV, "step_time_s": (OPT, STEP), "memory": (OPT, MEMORY),
-       "totals": (OPT, TOTALS), "hlo": (OPT, dict), "compile": (OPT, {"compile_s": NUM}),
+       "totals": (OPT, TOTALS), "hlo": (OPT, HLO), "compile": (OPT, {"compile_s": NUM}),
        "gradient_check": (OPT, {"ok": bool}), "dots": (OPT, list), "residuals": (OPT, list),
        "memory_timeline": (OPT, dict), "notes": (OPT, list), "flops": (OPT, NUM)}
 COMPARE_ROW = {"policy": str, "median_s": NUM, "ci_low_s": NUM, "ci_high_s": NUM, "samples_s": list,
@@ -94,11 +96,15 @@ COMPARE_ROW = {"policy": str, "median_s": NUM, "ci_low_s": NUM, "ci_high_s": NUM
 COMPARE = {"config": dict, "environment": ENV, "policies": list, "rows": list, "fastest_reason": str,
            "pareto": list, "programs": list, "failed": list,
            "method": {"rounds": int, "calls_per_round": int, "interval": str}}
+CONFIG_KEYS = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective")  # what views read
 ERROR_ROW = {"config": dict, "error": {"kind": str, "message": str}, "environment": (OPT, ENV)}
 
 
 def _config(raw: dict, *, policy_optional: bool = False) -> None:
     """The configuration must be one this version can run (names and ranges of ``RunConfig``)."""
+    needed = [k for k in CONFIG_KEYS if k not in raw and not (policy_optional and k == "policy")]
+    if needed:
+        raise Invalid(f"config.{needed[0]} is missing")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     if policy_optional and "policy" not in values:
         values["policy"] = "custom" if values.get("save_names") or values.get("offload_names") else "no_remat"
@@ -148,7 +154,7 @@ def classify(doc) -> str:
     for key in ("median", "p25", "p75"):
         _finite((doc.get("step_time_s") or {}).get(key), f"step_time_s.{key}")
     for key, value in (doc.get("step_time_s") or {}).items():
-        if key == "samples" and not all(_is(s, NUM) for s in value):
+        if key == "samples" and not all(_is(s, NUM) for s in value or []):
             raise Invalid("step_time_s.samples must hold numbers only")
     for key in ("dots", "residuals"):
         if not all(isinstance(r, dict) for r in doc.get(key) or []):
