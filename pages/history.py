@@ -70,9 +70,12 @@ a, b = st.columns([1, 4])
 a.download_button(f"Download {len(ids)} as JSON lines", _views.json_lines(
     [{k: v for k, v in docs[i].items() if k != "_history"} for i in ids if i in docs]),
     "remat_lab_history.jsonl", "application/jsonl", key="history_download")
-if not public and b.button(f"Delete {len(ids)} run{'' if len(ids) == 1 else 's'}", key="history_delete"):
-    history.delete(ids)
-    st.rerun()
+if not public:
+    with b.popover(f"Delete {len(ids)} run{'' if len(ids) == 1 else 's'}"):
+        st.caption("Removes them from the history file for good.")
+        if st.button("Delete permanently", key="history_delete", type="primary"):
+            history.delete(ids)
+            st.rerun()
 
 envs = {describe_environment(d.get("environment")) for d in singles}
 if len(envs) > 1:

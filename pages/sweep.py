@@ -73,6 +73,11 @@ if start:
             bar.progress((done + i) / len(grid), text=f"{done + i} of {len(grid)} runs done · about "
                                                       f"{spent / i * (len(todo) - i):.0f} s left")
         status.update(label=f"Done: sweep of {len(grid)} configurations", state="complete")
+    ss["sweep_note"] = f"Swept {len(todo)} configurations in {time.perf_counter() - t0:.1f} s."
+    st.rerun()  # the button and the rows as they are now
+
+if note := ss.pop("sweep_note", None):
+    st.success(note, icon=":material/check:")
 
 docs = [rows[k] for k in keys if k in rows]
 for doc in docs:

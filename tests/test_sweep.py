@@ -135,3 +135,52 @@ def test_cli_sweep_records_refusals_and_its_runs_in_the_history(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["runs"] == []  # refusals are rows of the file, not runs
+
+
+def test_sweep_page_selections_survive_leaving_the_page():
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.query_params.update(width="8", batch="2", repeats="2", warmup="0", depth="1")
+    at.run()  # Explore, tiny
+    at.switch_page("pages/sweep.py").run()
+    at.multiselect(key="sweep_widths").set_value([8, 32])
+    at.multiselect(key="sweep_batches").set_value([1])
+    at.multiselect(key="sweep_policies").set_value(["no_remat"]).run()
+    at.switch_page("pages/guide.py").run()
+    assert "sweep_widths" not in at.session_state  # Streamlit dropped the widget's own state ...
+    at.switch_page("pages/sweep.py").run()
+    assert not at.exception
+    assert at.multiselect(key="sweep_widths").value == [8, 32]  # ... and the page restored it
+    assert at.multiselect(key="sweep_batches").value == [1]
+    assert at.multiselect(key="sweep_policies").value == ["no_remat"]
+    assert at.button(key="sweep_run").label == "Run sweep (2 runs)"
+
+
+def test_sweep_page_resumes_from_its_rows_without_running_them_again(monkeypatch):
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from remat_lab import experiment
+
+    calls = []
+    real = experiment.run_experiment
+    monkeypatch.setattr(experiment, "run_experiment",
+                        lambda cfg, **kw: calls.append(cfg.width) or real(cfg, **kw))
+    at = AppTest.from_file(str(ROOT / "pages/sweep.py"), default_timeout=120)
+    at.query_params.update(repeats="2", warmup="0", seed="16", depth="1")  # a seed no other test caches
+    at.run()
+    at.multiselect(key="sweep_widths").set_value([8])
+    at.multiselect(key="sweep_batches").set_value([1])
+    at.multiselect(key="sweep_policies").set_value(["no_remat"]).run()
+    at.button(key="sweep_run").click().run()
+    assert not at.exception and calls == [8]
+    assert at.button(key="sweep_run").label == "Sweep done (1 runs)"
+    at.multiselect(key="sweep_widths").set_value([8, 16]).run()  # as if a sweep of two was cut short
+    assert at.button(key="sweep_run").label == "Resume sweep (1 of 2 left)"
+    assert any("Partial sweep: 1 of 2" in w.value for w in at.warning)
+    at.button(key="sweep_run").click().run()
+    assert not at.exception and calls == [8, 16]  # the finished row was not run again
+    rows = next(df.value for df in at.dataframe if "median_ms" in df.value.columns)
+    assert sorted(rows["width"]) == [8, 16]
