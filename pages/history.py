@@ -23,6 +23,7 @@ st.caption("Every run this app or `python -m remat_lab run|compare|sweep` comple
            + ("This is a shared server: you see the runs of your own session and those the operator "
               "shared, and nothing can be deleted here." if public else
               "Pick runs to compare them or download them; delete what you no longer need."))
+st.sidebar.caption("The settings above are not used on this page: it shows the recorded runs' own.")
 if not history.enabled():
     st.info(f"History is off (`{history.OFF_ENV}=off`): runs are not recorded.")
     st.stop()

@@ -37,48 +37,53 @@ for item in loaded:
                                               f"{item.count} shown below.")
             + f"\n\n{text}" + (f"\n- … and {more} more" if more > 0 else ""))
 
-# One view per (kind, environment): numbers from different machines never share a chart.
-runs: dict[str, list[dict]] = {}
+# One view per file and machine: numbers from different machines never share a chart.
+runs: dict[tuple[str, str], list[dict]] = {}
 for item in loaded:
     for doc in item.runs + item.errors:
-        runs.setdefault(describe_environment(doc.get("environment")), []).append(doc)
+        runs.setdefault((item.name, describe_environment(doc.get("environment"))), []).append(doc)
 compares = [doc for item in loaded for doc in item.compares]
 if not runs and not compares:
     st.stop()
-if len(runs) + len({describe_environment(d["environment"]) for d in compares}) > 1:
-    st.info("These files come from more than one machine: each is shown on its own.",
-            icon=":material/devices:")
+machines = {env for _, env in runs} | {describe_environment(d["environment"]) for d in compares}
+if len(machines) > 1:
+    st.info(f"These results come from {len(machines)} machines ({_views.md('; '.join(sorted(machines)))}): "
+            "each is shown on its own, never in one chart.", icon=":material/devices:")
+st.sidebar.caption("The settings above are not used on this page: it shows the files' own.")
 
 
-
-def _show_runs(docs: list[dict], n: int) -> None:
+def _show_runs(docs: list[dict], n: int, name: str) -> None:
     done = [d for d in docs if "error" not in d]
     env = next((d.get("environment") for d in docs if d.get("environment")), None)
     if len(done) == 1 and len(docs) == 1:
         c = done[0]["config"]
         st.subheader(f"Run: {_views.md(c['policy'])} · {_views.md(c['model'])} width {c['width']} "
                      f"batch {c['batch']}")
+        st.caption(f"From {_views.md(name)}")
         _views.environment_line(env)
         _views.run_view(done[0], key=f"run{n}")
         return
-    st.subheader(f"Sweep: {len(docs)} configurations")
+    st.subheader(f"Sweep: {len(docs)} configuration{'' if len(docs) == 1 else 's'}")
+    st.caption(f"From {_views.md(name)}")
     _views.environment_line(env)
     _views.error_rows([d for d in docs if "error" in d])
     if done:
         _views.sweep_view(tables.summary_frame(done), key=f"sweep{n}")
 
 
-def _show_compare(doc: dict, n: int) -> None:
+def _show_compare(doc: dict, n: int, name: str) -> None:
     st.subheader(f"Comparison: {len(doc['rows'])} policies at {_views.md(doc['config'].get('model'))} "
                  f"width {doc['config'].get('width')} batch {doc['config'].get('batch')}")
+    st.caption(f"From {_views.md(name)}")
     _views.environment_line(doc["environment"])
     _views.compare_view(doc, key=f"compare{n}")
 
 
-views = [(_show_runs, docs) for docs in runs.values()] + [(_show_compare, doc) for doc in compares]
-for n, (show, what) in enumerate(views):
+views = ([(_show_runs, docs, name) for (name, _), docs in runs.items()]
+         + [(_show_compare, doc, item.name) for item in loaded for doc in item.compares])
+for n, (show, what, name) in enumerate(views):
     try:
-        show(what, n)
+        show(what, n, name)
     except Exception as err:  # noqa: BLE001 - a valid-looking document we still cannot draw
         st.error(f"This part of the upload passed the checks but could not be drawn "
                  f"({type(err).__name__}); the other parts are shown.")

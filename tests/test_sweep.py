@@ -129,7 +129,7 @@ def test_cli_sweep_records_refusals_and_its_runs_in_the_history(tmp_path):
     rows = _rows(tmp_path / "r.jsonl")
     assert [r["error"]["kind"] for r in rows] == ["refused", "refused"]
     assert "budget" in rows[0]["error"]["message"] and rows[0]["environment"]["backend"]
-    assert "2 refused or failed" in err
+    assert "ran 2, of which 2 refused or failed" in err
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "REMAT_LAB_HOME": str(tmp_path / "home")}
     listed = subprocess.run([sys.executable, "-m", "remat_lab", "history", "--json"], env=env,
                             capture_output=True, text=True, timeout=120)

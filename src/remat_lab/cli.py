@@ -440,7 +440,7 @@ def _sweep(args: argparse.Namespace) -> int:
     console.print(f"sweep: {len(grid)} configurations, {len(grid) - todo} already in "
                   f"{args.out or 'the output'}, {todo} to run")
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn(), console=console)
+                   TimeRemainingColumn(), console=console, disable=not todo)
     failed = done = 0
     try:
         with bar:
@@ -464,8 +464,8 @@ def _sweep(args: argparse.Namespace) -> int:
     finally:
         if out is not sys.stdout:
             out.close()
-    console.print(f"sweep: done, {done} run, {failed} refused or failed"
-                  + (f"; {args.out} holds {len(grid)} configurations" if args.out else ""))
+    console.print(f"sweep: done: ran {done}, of which {failed} refused or failed"
+                  + (f"; {args.out} holds all {len(grid)} configurations" if args.out else ""))
     return 0
 
 
