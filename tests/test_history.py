@@ -49,6 +49,12 @@ def test_record_list_filter_documents_and_delete(home):
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # several sessions write safely
     con.close()
     assert history.delete([a]) == 1 and [r["id"] for r in history.list_runs()] == [b]
+    compared = {"config": {"model": "mlp", "width": 8}, "policies": ["no_remat", "nothing_saveable"],
+                "rows": [{"peak_bytes": 300}, {"peak_bytes": 200}], "environment": {"backend": "cpu"}}
+    c = history.record(compared, kind="compare")
+    row = history.list_runs(limit=1)[0]
+    assert (row["id"], row["kind"], row["policy"], row["peak_bytes"]) == (
+        c, "compare", "no_remat,nothing_saveable", 200)
 
 
 def test_a_public_deployment_shows_a_visitor_their_session_and_shared_runs(home, monkeypatch):

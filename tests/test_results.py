@@ -45,6 +45,11 @@ def test_run_compare_and_sweep_files_load(run_doc, compare_doc):
     old = {k: v for k, v in run_doc.items() if k != "schema"}  # written before the schema field
     assert len(results.load("old.json", json.dumps(old).encode()).runs) == 1
     assert len(results.load("list.json", json.dumps([run_doc, compare_doc]).encode()).runs) == 1
+    pytest.importorskip("streamlit")
+    from pages import _views  # the Sweep and History pages' JSON-lines downloads open here too
+
+    again = results.load("remat_lab_sweep.jsonl", _views.json_lines([run_doc, run_doc]).encode())
+    assert len(again.runs) == 2 and not again.problems
 
 
 @pytest.mark.parametrize("data, name, message", [
