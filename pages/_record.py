@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
@@ -21,6 +23,13 @@ def record(result: dict, kind: str = "run") -> None:
     """
     if st.session_state.get("_history_off"):
         return
+    # A page reruns on every widget change with the same (cached) result: store it once per session.
+    mark = (kind, json.dumps(result.get("config"), sort_keys=True, default=str),
+            repr((result.get("step_time_s") or {}).get("median")), repr(result.get("fastest_reason")))
+    seen = st.session_state.setdefault("_recorded", set())
+    if mark in seen:
+        return
+    seen.add(mark)
     problem = history.try_record(result, kind=kind, source="app", session_id=session_id())
     if problem:
         st.session_state["_history_off"] = problem

@@ -158,11 +158,13 @@ def test_sweep_page_selections_survive_leaving_the_page():
     assert at.button(key="sweep_run").label == "Run sweep (2 runs)"
 
 
-def test_sweep_page_resumes_from_its_rows_without_running_them_again(monkeypatch):
+def test_sweep_page_resumes_from_its_rows_without_running_them_again(monkeypatch, tmp_path):
     pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
 
-    from remat_lab import experiment
+    from remat_lab import experiment, history
+
+    monkeypatch.setenv("REMAT_LAB_HOME", str(tmp_path))
 
     calls = []
     real = experiment.run_experiment
@@ -184,3 +186,6 @@ def test_sweep_page_resumes_from_its_rows_without_running_them_again(monkeypatch
     assert not at.exception and calls == [8, 16]  # the finished row was not run again
     rows = next(df.value for df in at.dataframe if "median_ms" in df.value.columns)
     assert sorted(rows["width"]) == [8, 16]
+    recorded = history.list_runs()  # each row once in the run history, with this browser session
+    assert sorted(r["width"] for r in recorded) == [8, 16]
+    assert {(r["source"], r["kind"]) for r in recorded} == {("app", "sweep")} and recorded[0]["session_id"]
