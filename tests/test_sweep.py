@@ -80,46 +80,52 @@ def test_a_line_cut_by_a_kill_is_dropped_and_repaired(tmp_path):
     assert sweep.read_rows(tmp_path / "missing.jsonl") == []
 
 
-def test_cli_sweep_writes_eight_rows_with_a_progress_bar_and_resumes(tmp_path):
-    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    rows = _rows(tmp_path / "r.jsonl")
-    assert len(rows) == 8 and len(set(_keys(rows))) == 8
-    assert all(r["schema"] == 1 and r["step_time_s"]["median"] > 0 and "error" not in r for r in rows)
-    assert {(r["config"]["width"], r["config"]["batch"], r["config"]["policy"]) for r in rows} == {
-        (w, b, p) for w in (8, 16) for b in (2, 4) for p in ("no_remat", "nothing_saveable")}
-    assert "8/8" in err and "━" in err, err  # rich's bar on stderr
-    assert out == ""
-    before = (tmp_path / "r.jsonl").read_bytes()
-    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "8 already in r.jsonl, 0 to run" in err, err
-    assert (tmp_path / "r.jsonl").read_bytes() == before
-
-
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
-def test_cli_sweep_interrupted_midway_resumes_without_repeating_rows(tmp_path, how):
-    out = tmp_path / "r.jsonl"
-    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
+def _stop_after(proc: subprocess.Popen, out: Path, rows: int, how: signal.Signals) -> str:
+    """Send ``how`` once ``out`` holds ``rows`` lines; the process's stderr."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and out.read_text().count("\n") >= 2:
+        if out.exists() and out.read_text().count("\n") >= rows:
             proc.send_signal(how)
             break
         time.sleep(0.01)
-    _, err = proc.communicate(timeout=60)
-    first = _rows(out) if how == signal.SIGINT else sweep.read_rows(out)
-    assert 2 <= len(first) < 8, f"the sweep was not stopped midway ({len(first)} rows): {err}"
-    if how == signal.SIGINT:  # Ctrl-C: whole rows only, and says how to resume
-        assert proc.returncode == 130 and "run the same command again to resume" in err, err
+    return proc.communicate(timeout=60)[1]
+
+
+def test_cli_sweep_killed_then_interrupted_resumes_to_eight_rows_without_repeats(tmp_path):
+    """2 x 2 x 2 grid: SIGKILL after 2 rows, rerun and Ctrl-C after 2 more, rerun to the end (8 rows,
+    none twice, the finished ones untouched, a progress bar on stderr), and once more: nothing to run."""
+    out = tmp_path / "r.jsonl"
+    err = _stop_after(_cli(tmp_path, *GRID, "--out", "r.jsonl"), out, 2, signal.SIGKILL)
+    killed = sweep.read_rows(out)  # whole rows (a kill may leave a cut last line: dropped on resume)
+    assert 2 <= len(killed) < 8, f"the sweep was not stopped midway ({len(killed)} rows): {err}"
+
     proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
-    _, err = proc.communicate(timeout=300)
+    err = _stop_after(proc, out, len(killed) + 2, signal.SIGINT)
+    interrupted = _rows(out)  # Ctrl-C: every line a whole row
+    assert proc.returncode == 130 and "run the same command again to resume" in err, err
+    assert f"{len(killed)} already in r.jsonl" in err
+    assert len(killed) + 2 <= len(interrupted) < 8, err
+    assert interrupted[: len(killed)] == killed
+
+    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
+    out_text, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     rows = _rows(out)
+    left = 8 - len(interrupted)
+    assert f"{len(interrupted)} already in r.jsonl, {left} to run" in err
+    assert f"{left}/{left}" in err and "━" in err, err  # rich's bar on stderr; stdout stays empty
+    assert out_text == ""
     assert len(rows) == 8 and len(set(_keys(rows))) == 8  # nothing run twice
-    assert rows[: len(first)] == first  # the finished rows were kept, not redone
-    assert f"{len(first)} already in r.jsonl, {8 - len(first)} to run" in err
+    assert rows[: len(interrupted)] == interrupted  # the finished rows were kept, not redone
+    assert all(r["schema"] == 1 and r["step_time_s"]["median"] > 0 and "error" not in r for r in rows)
+    assert {(r["config"]["width"], r["config"]["batch"], r["config"]["policy"]) for r in rows} == {
+        (w, b, p) for w in (8, 16) for b in (2, 4) for p in ("no_remat", "nothing_saveable")}
+
+    before = out.read_bytes()
+    proc = _cli(tmp_path, *GRID, "--out", "r.jsonl")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "8 already in r.jsonl, 0 to run" in err, err
+    assert out.read_bytes() == before
 
 
 def test_cli_sweep_records_refusals_and_its_runs_in_the_history(tmp_path):
