@@ -53,12 +53,14 @@ rows = ss.setdefault("sweep_docs", {})
 keys = [sweep.config_key(c.as_dict()) for c in grid]
 todo = [c for c, k in zip(grid, keys) if "error" in rows.get(k, {"error": None})]
 done = len(grid) - len(todo)
-label = (f"Run sweep ({len(grid)} run{'' if len(grid) == 1 else 's'})" if not done else
-         f"Resume sweep ({len(todo)} of {len(grid)} left)" if todo else f"Sweep done ({len(grid)} runs)")
+runs = f"{len(grid)} run{'' if len(grid) == 1 else 's'}"
+label = (f"Run sweep ({runs})" if not done else
+         f"Resume sweep ({len(todo)} of {len(grid)} left)" if todo else f"Sweep done ({runs})")
 a, b = st.columns([1, 4])
 start = a.button(label, key="sweep_run", type="primary", disabled=not todo)
 if b.button("Clear results", key="sweep_clear"):
     rows.clear()
+    st.rerun()
 
 if start:
     bar = st.progress(done / len(grid), text=f"{done} of {len(grid)} runs done")

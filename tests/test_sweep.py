@@ -184,7 +184,7 @@ def test_sweep_page_resumes_from_its_rows_without_running_them_again(monkeypatch
     at.multiselect(key="sweep_policies").set_value(["no_remat"]).run()
     at.button(key="sweep_run").click().run()
     assert not at.exception and calls == [8]
-    assert at.button(key="sweep_run").label == "Sweep done (1 runs)"
+    assert at.button(key="sweep_run").label == "Sweep done (1 run)"
     at.multiselect(key="sweep_widths").set_value([8, 16]).run()  # as if a sweep of two was cut short
     assert at.button(key="sweep_run").label == "Resume sweep (1 of 2 left)"
     assert any("Partial sweep: 1 of 2" in w.value for w in at.warning)
