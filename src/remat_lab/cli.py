@@ -1,4 +1,4 @@
-"""Headless runs: ``python -m remat_lab run|explain|compare|sweep|history|policies`` (and ``bench``).
+"""Headless runs: ``python -m remat_lab run|explain|compare|policies`` (and ``bench``).
 
 Bad input exits with status 2 and one line on stderr; an XLA failure exits with status 1.
 """
@@ -121,61 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="a smaller run (under 2 min on 2 cores)")
     bench.add_argument("--json", action="store_true")
     return parser
-
-
-def _list_arg(kind):
-    """Comma-separated values of one sweep axis, each parsed by ``kind``."""
-    def parse(text: str) -> list:
-        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
-        if not values:
-            raise argparse.ArgumentTypeError("give at least one value")
-        return list(dict.fromkeys(values))
-    return parse
-
-
-def _choice(name: str, allowed) -> object:
-    def parse(text: str) -> str:
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(f"unknown {name} {text[:40]!r}; choose from: "
-                                             f"{', '.join(allowed)}")
-        return text
-    return parse
-
-
-def _add_sweep_args(p: argparse.ArgumentParser) -> None:
-    d = RunConfig()
-    axes = {"models": (_choice("model", MODELS), d.model), "widths": (_int_arg("width"), d.width),
-            "batches": (_int_arg("batch"), d.batch), "seqs": (_int_arg("seq"), d.seq),
-            "depths": (_int_arg("depth"), d.depth), "stacks": (_choice("stack", STACKS), d.stack),
-            "dtypes": (_choice("dtype", DTYPES), d.dtype),
-            "policies": (_choice("policy", list(POLICIES)), DEFAULT_POLICY)}
-    for flag, (kind, default) in axes.items():
-        p.add_argument(f"--{flag}", type=_list_arg(kind), default=[default], metavar="A,B",
-                       help=f"comma-separated (default: {default})")
-    p.add_argument("--heads", type=_int_arg("heads"), default=d.heads)
-    p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
-    p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats)
-    p.add_argument("--warmup", type=_int_arg("warmup"), default=d.warmup)
-    p.add_argument("--seed", type=_int_arg("seed"), default=d.seed)
-    p.add_argument("--memory-budget", default=None, help="refuse configurations estimated above this")
-    p.add_argument("--out", default=None, metavar="FILE.jsonl",
-                   help="append one JSON line per configuration here (default: stdout); rerunning "
-                        "with the same file skips the configurations it holds")
-    p.add_argument("--retry-failed", action="store_true",
-                   help="run again the configurations the file records as refused or failed")
-    p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
-
-
-def _add_history_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="one JSON document: the runs, newest first")
-    p.add_argument("--limit", type=_rounds_arg, default=50, help="at most this many runs (1..1000)")
-    p.add_argument("--model", choices=MODELS, default=None)
-    p.add_argument("--policy", default=None)
-    p.add_argument("--backend", default=None)
-    p.add_argument("--share", type=_list_arg(int), default=None, metavar="ID,ID",
-                   help="mark runs shared: a public deployment shows them to every visitor")
-    p.add_argument("--unshare", type=_list_arg(int), default=None, metavar="ID,ID")
-    p.add_argument("--delete", type=_list_arg(int), default=None, metavar="ID,ID")
 
 
 def _config_from(args: argparse.Namespace) -> RunConfig:
@@ -394,6 +339,61 @@ def _calibrate(args: argparse.Namespace) -> int:
               f"{roofs['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s ({roofs['peak_source']}; "
               f"{roofs.get('peak_note', '')}); stored in {roofline.calibration_path()}")
     return 0
+
+
+def _list_arg(kind):
+    """Comma-separated values of one sweep axis, each parsed by ``kind``."""
+    def parse(text: str) -> list:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return list(dict.fromkeys(values))
+    return parse
+
+
+def _choice(name: str, allowed) -> object:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown {name} {text[:40]!r}; choose from: "
+                                             f"{', '.join(allowed)}")
+        return text
+    return parse
+
+
+def _add_sweep_args(p: argparse.ArgumentParser) -> None:
+    d = RunConfig()
+    axes = {"models": (_choice("model", MODELS), d.model), "widths": (_int_arg("width"), d.width),
+            "batches": (_int_arg("batch"), d.batch), "seqs": (_int_arg("seq"), d.seq),
+            "depths": (_int_arg("depth"), d.depth), "stacks": (_choice("stack", STACKS), d.stack),
+            "dtypes": (_choice("dtype", DTYPES), d.dtype),
+            "policies": (_choice("policy", list(POLICIES)), DEFAULT_POLICY)}
+    for flag, (kind, default) in axes.items():
+        p.add_argument(f"--{flag}", type=_list_arg(kind), default=[default], metavar="A,B",
+                       help=f"comma-separated (default: {default})")
+    p.add_argument("--heads", type=_int_arg("heads"), default=d.heads)
+    p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
+    p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats)
+    p.add_argument("--warmup", type=_int_arg("warmup"), default=d.warmup)
+    p.add_argument("--seed", type=_int_arg("seed"), default=d.seed)
+    p.add_argument("--memory-budget", default=None, help="refuse configurations estimated above this")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl",
+                   help="append one JSON line per configuration here (default: stdout); rerunning "
+                        "with the same file skips the configurations it holds")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again the configurations the file records as refused or failed")
+    p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
+
+
+def _add_history_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="one JSON document: the runs, newest first")
+    p.add_argument("--limit", type=_rounds_arg, default=50, help="at most this many runs (1..1000)")
+    p.add_argument("--model", choices=MODELS, default=None)
+    p.add_argument("--policy", default=None)
+    p.add_argument("--backend", default=None)
+    p.add_argument("--share", type=_list_arg(int), default=None, metavar="ID,ID",
+                   help="mark runs shared: a public deployment shows them to every visitor")
+    p.add_argument("--unshare", type=_list_arg(int), default=None, metavar="ID,ID")
+    p.add_argument("--delete", type=_list_arg(int), default=None, metavar="ID,ID")
 
 
 def _record(doc: dict, kind: str) -> None:
