@@ -27,12 +27,18 @@ st.sidebar.caption("The settings above are not used on this page: it shows the r
 if not history.enabled():
     st.info(f"History is off (`{history.OFF_ENV}=off`): runs are not recorded.")
     st.stop()
-try:
-    runs = history.list_runs(limit=1000, session_id=session, public=public)
-except history.HistoryError as err:
+
+
+def _off(err: history.HistoryError) -> None:
     st.warning(f"**History is off.** {_views.md(err)} The rest of the app keeps working.",
                icon=":material/history_toggle_off:")
     st.stop()
+
+
+try:
+    runs = history.list_runs(limit=1000, session_id=session, public=public)
+except history.HistoryError as err:
+    _off(err)
 if not runs:
     st.info("No runs recorded yet: run a configuration on Explore, Compare or Sweep, or from the CLI.")
     st.stop()
@@ -65,7 +71,10 @@ if rows.empty:
     st.stop()
 
 ids = [int(i) for i in rows["id"]]
-docs = history.documents(ids, session_id=session, public=public)
+try:
+    docs = history.documents(ids, session_id=session, public=public)
+except history.HistoryError as err:  # the file went bad since the list was read
+    _off(err)
 singles = [docs[i] for i in ids if i in docs and docs[i]["_history"]["kind"] != "compare"]
 a, b = st.columns([1, 4])
 a.download_button(f"Download {len(ids)} as JSON lines", _views.json_lines(
@@ -75,7 +84,10 @@ if not public:
     with b.popover(f"Delete {len(ids)} run{'' if len(ids) == 1 else 's'}"):
         st.caption("Removes them from the history file for good.")
         if st.button("Delete permanently", key="history_delete", type="primary"):
-            history.delete(ids)
+            try:
+                history.delete(ids)
+            except history.HistoryError as err:
+                _off(err)
             st.rerun()
 
 envs = {describe_environment(d.get("environment")) for d in singles}
