@@ -156,3 +156,14 @@ def test_environment_in_words():
     assert results.describe_environment({"backend": "cpu", "device_kind": "cpu", "device_count": 1,
                                          "jax": "0.10.2"}) == "CPU × 1, jax 0.10.2"
     assert results.describe_environment(None) == "unknown environment"
+
+
+def test_open_results_page_without_files_asks_for_them():
+    pytest.importorskip("streamlit")
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "pages/results.py")).run()
+    assert not at.exception and not at.error
+    assert any("Upload one or more results files" in i.value for i in at.info)
