@@ -71,6 +71,24 @@ def test_refused_and_failed_configurations_become_rows_and_the_sweep_goes_on(tmp
     assert sweep.done_keys(rows, retry_failed=True) == {_keys(rows)[0]}
 
 
+@pytest.mark.parametrize("content, args, message", [
+    ("name,width\n1,2\n", [], "line 1 is not a sweep row"),
+    (None, ["--memory-budget", "lots"], "memory budget 'lots' is not a size"),
+], ids=["not-a-sweep-file", "bad-budget"])
+def test_cli_sweep_refuses_a_foreign_out_file_and_a_bad_budget(tmp_path, capsys, content, args, message):
+    from remat_lab.cli import main
+
+    out = tmp_path / "r.csv"
+    if content is not None:
+        out.write_text(content)
+    assert main(["sweep", "--widths", "8", "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert out.read_text() == (content or "") if content else not out.exists()
+    assert main(["sweep", "--widths", "8", "--out", str(tmp_path / "no" / "dir.jsonl")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
 def test_a_line_cut_by_a_kill_is_dropped_and_repaired(tmp_path):
     out = tmp_path / "r.jsonl"
     out.write_text('{"config": {"width": 8}}\n{"config": {"wid')

@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes
+from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes, resolve_budget
 from .models import MODELS, SEQ_MODELS, names_of
 from .policies import DEFAULT_POLICY, GROUPS, POLICIES
 from .stacks import STACKS
@@ -429,11 +429,19 @@ def _sweep(args: argparse.Namespace) -> int:
                             seq=args.seqs, depth=args.depths, stack=args.stacks, dtype=args.dtypes,
                             policy=args.policies)
     skip: set[str] = set()
-    if args.out:
-        sweep.repair(args.out)
-        skip = {k for k in sweep.done_keys(sweep.read_rows(args.out), args.retry_failed)}
+    try:
+        resolve_budget(args.memory_budget)  # a bad --memory-budget is one error, not a row each
+        if args.out:
+            skip = sweep.done_keys(sweep.read_rows(args.out), args.retry_failed)
+            sweep.repair(args.out)
+        out = open(args.out, "a", encoding="utf-8") if args.out else sys.stdout
+    except (ConfigError, sweep.SweepFileError) as err:
+        print(f"remat_lab: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"remat_lab: error: cannot write {args.out}: {err.strerror}", file=sys.stderr)
+        return 2
     todo = sum(sweep.config_key(c) not in skip for c in grid)
-    out = open(args.out, "a", encoding="utf-8") if args.out else sys.stdout
     if not args.no_cache:
         enable_compilation_cache()
     console = Console(stderr=True, soft_wrap=True)  # one line per message, also in logs

@@ -64,22 +64,31 @@ def error_row(config: dict, kind: str, message: str, environment: dict | None = 
             "environment": environment, "error": {"kind": kind, "message": message}}
 
 
+class SweepFileError(ValueError):
+    """The ``--out`` file cannot be a sweep file to resume; the message says why."""
+
+
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """The whole rows of a sweep file (a missing file has none; a cut or unreadable line is skipped)."""
+    """The rows of a sweep file (none when it does not exist). A last line cut by a kill is not a
+    row; any other line that is not a row means the file is something else: ``SweepFileError``."""
     rows = []
     try:
         with open(path, encoding="utf-8") as f:
-            for line in f:
+            for n, line in enumerate(f, 1):
                 if not line.endswith("\n"):
                     break  # the last line, cut by a kill: not a row
                 try:
                     doc = json.loads(line)
                 except ValueError:
-                    continue
-                if isinstance(doc, dict) and isinstance(doc.get("config"), dict):
-                    rows.append(doc)
+                    doc = None
+                if not (isinstance(doc, dict) and isinstance(doc.get("config"), dict)):
+                    raise SweepFileError(f"{path} line {n} is not a sweep row: is it the right file? "
+                                         "Choose another --out to start a new sweep.")
+                rows.append(doc)
     except FileNotFoundError:
         pass
+    except (OSError, UnicodeDecodeError) as err:
+        raise SweepFileError(f"{path} cannot be read as a sweep file ({err}).") from None
     return rows
 
 
