@@ -1,6 +1,5 @@
-"""Sweep: a grid of widths x batches x policies at the sidebar's other settings."""
+"""Sweep: a grid of widths x batches x policies at the sidebar's other settings; kept and resumable."""
 
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -8,28 +7,38 @@ from pathlib import Path
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
     sys.path.insert(0, _root)
 
-import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _running, _shared, _sidebar  # noqa: E402
-from remat_lab import charts, tables  # noqa: E402
-from remat_lab.config import ConfigError, human_bytes  # noqa: E402
-from remat_lab.experiment import ExecutionError  # noqa: E402
+from pages import _record, _running, _shared, _sidebar, _views  # noqa: E402
+from remat_lab import sweep, tables  # noqa: E402
+from remat_lab.config import human_bytes  # noqa: E402
 from remat_lab.policies import POLICIES  # noqa: E402
+
+ss = st.session_state
+
+
+def _kept(key: str, default: list, options: list) -> None:
+    """Seed a widget with what it held when the user left the page (Streamlit drops the state of
+    widgets not on the page), else ``default``; values no longer offered are dropped."""
+    value = ss[key] if key in ss else ss.get(f"_kept_{key}", default)
+    ss[key] = [v for v in value if v in options]
+
 
 cfg = _shared.page_start("Sweep", "Widths × batches × policies; model, seq, depth, dtype, objective "
                                   "and repeats come from the sidebar.")
-ss = st.session_state
 c1, c2 = st.columns(2)
-widths = c1.multiselect("Widths", _sidebar.POW2_WIDTHS, default=[64, 256], key="sweep_widths")
 batch_opts = ([0] if cfg.model == "mlp" else []) + _sidebar.POW2_BATCHES
-batches = c2.multiselect("Batches", batch_opts, default=[16, 64], key="sweep_batches",
+_kept("sweep_widths", [64, 256], _sidebar.POW2_WIDTHS)
+_kept("sweep_batches", [16, 64], batch_opts)
+_kept("sweep_policies", ["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"], list(POLICIES))
+widths = c1.multiselect("Widths", _sidebar.POW2_WIDTHS, key="sweep_widths")
+batches = c2.multiselect("Batches", batch_opts, key="sweep_batches",
                          format_func=lambda b: "single vector" if b == 0 else str(b))
-policies = st.multiselect("Policies", list(POLICIES), key="sweep_policies",
-                          default=["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"],
-                          format_func=_sidebar.policy_label)
-grid = [cfg.replace(width=w, batch=b, policy=p)
-        for w, b, p in itertools.product(sorted(widths), sorted(batches), policies)]
+policies = st.multiselect("Policies", list(POLICIES), key="sweep_policies", format_func=_sidebar.policy_label)
+for key, value in (("sweep_widths", widths), ("sweep_batches", batches), ("sweep_policies", policies)):
+    ss[f"_kept_{key}"] = value
+axes = {"width": sorted(widths), "batch": sorted(batches), "policy": policies}
+grid = [cfg.replace(**c) for c in sweep.build_grid(cfg, **axes)] if all(axes.values()) else []
 too_big = {(c.width, c.batch): over for c in grid if (over := _sidebar.over_budget(c))}
 if too_big:  # refused before the button, so a click never ends in an error
     budget = human_bytes(next(iter(too_big.values()))[1])
@@ -38,86 +47,60 @@ if too_big:  # refused before the button, so a click never ends in an error
                "server. Choose smaller widths or batches (or a lower seq or depth in the sidebar).",
                icon=":material/memory:")
     grid = [c for c in grid if (c.width, c.batch) not in too_big]
+# Rows are kept per configuration for the session: leaving the page, an interruption or another
+# click never loses them, and a click runs only the configurations that have no row yet.
+rows = ss.setdefault("sweep_docs", {})
+keys = [sweep.config_key(c.as_dict()) for c in grid]
+todo = [c for c, k in zip(grid, keys) if "error" in rows.get(k, {"error": None})]
+done = len(grid) - len(todo)
+runs = f"{len(grid)} run{'' if len(grid) == 1 else 's'}"
+label = (f"Run sweep ({runs})" if not done else
+         f"Resume sweep ({len(todo)} of {len(grid)} left)" if todo else f"Sweep done ({runs})")
 a, b = st.columns([1, 4])
-start = a.button(f"Run sweep ({len(grid)} run{'' if len(grid) == 1 else 's'})", key="sweep_run",
-                 type="primary", disabled=not grid)
+start = a.button(label, key="sweep_run", type="primary", disabled=not todo)
 if b.button("Clear results", key="sweep_clear"):
-    ss["sweep_rows"], ss["sweep_total"] = [], 0
+    rows.clear()
+    st.rerun()
 
 if start:
-    ss["sweep_rows"], ss["sweep_total"], ss["sweep_errors"] = [], len(grid), []
-    bar = st.progress(0.0, text=f"0 of {len(grid)} runs done")
+    bar = st.progress(done / len(grid), text=f"{done} of {len(grid)} runs done")
     t0 = time.perf_counter()
-    with st.status(f"Sweeping {len(grid)} configurations…", expanded=False) as status:
-        for i, c in enumerate(grid, 1):
-            try:
-                result = _running.run_config(c, status, prefix=f"{i}/{len(grid)} w{c.width} "
-                                                               f"b{c.batch} {c.policy}: ")
-                ss["sweep_rows"].append(tables.summary_row(result))  # kept if interrupted
-            except (ConfigError, ExecutionError) as err:
-                ss["sweep_errors"].append(f"width {c.width}, batch {c.batch}, {c.policy}: {err}")
+    with st.status(f"Sweeping {len(todo)} configurations…", expanded=False) as status:
+        run = lambda c: _running.run_config(c, status, prefix=f"w{c.width} b{c.batch} {c.policy}: ")
+        for i, outcome in enumerate(sweep.run_grid([c.as_dict() for c in todo], run), 1):
+            rows[sweep.config_key(outcome.row["config"])] = outcome.row  # kept if interrupted
+            if "error" not in outcome.row:
+                _record.record(outcome.row, kind="sweep")
             spent = time.perf_counter() - t0
-            bar.progress(i / len(grid), text=f"{i} of {len(grid)} runs done · about "
-                                             f"{spent / i * (len(grid) - i):.0f} s left")
+            bar.progress((done + i) / len(grid), text=f"{done + i} of {len(grid)} runs done · about "
+                                                      f"{spent / i * (len(todo) - i):.0f} s left")
         status.update(label=f"Done: sweep of {len(grid)} configurations", state="complete")
+    ss["sweep_note"] = f"Swept {len(todo)} configurations in {time.perf_counter() - t0:.1f} s."
+    st.rerun()  # the button and the rows as they are now
 
-rows = ss.get("sweep_rows", [])
-for text in ss.get("sweep_errors", []):
-    st.error(text)
-if not rows:
-    st.info("Choose the grid and click **Run sweep**. Completed rows appear here and stay "
-            "if the sweep is interrupted.")
+if note := ss.pop("sweep_note", None):
+    st.success(note, icon=":material/check:")
+
+docs = [rows[k] for k in keys if k in rows]
+for doc in docs:
+    if "error" in doc:
+        c = doc["config"]
+        st.error(f"width {c['width']}, batch {c['batch']}, {c['policy']}: "
+                 f"{_views.md(doc['error']['message'])}")
+done_docs = [d for d in docs if "error" not in d]
+others = len(rows) - len(docs)
+if others:
+    st.caption(f"{others} row{'' if others == 1 else 's'} from other selections kept for this session "
+               "(choose them again to see them; **Clear results** drops them).")
+if not done_docs:
+    st.info("Choose the grid and click **Run sweep**. Completed rows appear here and stay if the sweep "
+            "is interrupted or you leave the page; **Resume sweep** runs only the missing ones.")
     st.stop()
-if len(rows) < ss.get("sweep_total", 0):
-    st.warning(f"Partial sweep: {len(rows)} of {ss['sweep_total']} runs completed.")
-df = pd.DataFrame(rows, columns=tables.SUMMARY_COLUMNS)
-
-for x in ("width", "batch"):
-    left, right = st.columns(2)
-    left.plotly_chart(charts.make_sweep_figure(df, x, "median_ms", "step time (ms)"), width="stretch")
-    right.plotly_chart(charts.make_sweep_figure(df, x, "peak_mib", "peak memory (MiB)"),
-                       width="stretch")
-if "no_remat" in set(df["policy"]):
-    st.subheader("Relative to no_remat")
-    st.caption("Each cell: the policy's value divided by no_remat's at the same width and batch. "
-               "Red is more, blue is less. **Grey cells are within the noise**: for step time the "
-               "two p25–p75 ranges of the timed runs overlap; memory is deterministic, so only an "
-               "identical value is grey.")
-    st.plotly_chart(charts.make_relative_heatmap_figure(tables.relative_frame(df, "median_ms"),
-                                                        "Step time relative to no_remat"),
-                    width="stretch")
-    st.plotly_chart(charts.make_relative_heatmap_figure(tables.relative_frame(df, "peak_bytes"),
-                                                        "Peak memory relative to no_remat"),
-                    width="stretch")
-else:
-    st.caption("Add no_remat to the policies to see each policy relative to it.")
-
-st.subheader("Sweep results")
-st.caption("Recomputation, compiled first: the products and GFLOP the compiled program has beyond "
-           "the no_remat compile of the same configuration (what XLA really recomputes); then what "
-           "the backward jaxpr recomputes before XLA optimises it.")
-same = [f"{k} {df[k].iloc[0]}" if k in ("seq", "depth") else str(df[k].iloc[0])
-        for k in ("model", "seq", "depth", "dtype", "objective") if df[k].nunique() == 1
-        and not (k == "seq" and df["model"].iloc[0] == "mlp")]
-if same:
-    st.caption(f"Every row: {', '.join(same)}.")
-MS = st.column_config.NumberColumn
-SHOWN = ["policy", "width", "batch", "model", "seq", "depth", "dtype", "objective",
-         "median_ms", "p25_ms", "p75_ms", "peak_mib", "temp_mib", "residual_mib",
-         "compiled_recomputed_products", "compiled_recomputed_gflop", "dots_recomputed",
-         "recompute_gflop", "dots_saved", "grad_ok", "compile_s"]
-SHOWN = [c for c in SHOWN if c not in ("model", "seq", "depth", "dtype", "objective")
-         or df[c].nunique() > 1]  # the settings every row shares are in the caption above
-st.dataframe(df, hide_index=True, width="stretch", column_order=SHOWN, column_config={
-    "median_ms": MS("median (ms)", format="%.4f"), "p25_ms": MS("p25 (ms)", format="%.4f"),
-    "p75_ms": MS("p75 (ms)", format="%.4f"), "peak_mib": MS("peak (MiB)", format="%.3f"),
-    "temp_mib": MS("temp (MiB)", format="%.3f"), "residual_mib": MS("residuals (MiB)", format="%.3f"),
-    "compiled_recomputed_products": MS("recomputed products (compiled)", format="%d"),
-    "compiled_recomputed_gflop": MS("recomputed GFLOP (compiled)", format="%.4f"),
-    "dots_saved": MS("dots saved (jaxpr)", format="%d"),
-    "dots_recomputed": MS("dots recomputed (jaxpr)", format="%d"),
-    "recompute_gflop": MS("recomputed GFLOP (jaxpr)", format="%.4f"),
-    "grad_ok": st.column_config.CheckboxColumn("grad check"),
-    "compile_s": MS("compile (s)", format="%.2f")})
-st.download_button("Download CSV", tables.export_frame(df).to_csv(index=False), "remat_lab_sweep.csv",
-                   "text/csv", key="sweep_csv")
+if len(done_docs) < len(grid):
+    st.warning(f"Partial sweep: {len(done_docs)} of {len(grid)} runs completed. **Resume sweep** runs "
+               "the others; the completed rows are kept.")
+_views.sweep_view(tables.summary_frame(done_docs), key="sweep")
+st.download_button("Download JSON lines", _views.json_lines(done_docs), "remat_lab_sweep.jsonl",
+                   "application/jsonl", key="sweep_jsonl",
+                   help="The whole documents, as `python -m remat_lab sweep --out` writes them: "
+                        "open them again on the Open results page.")

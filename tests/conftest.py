@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,19 @@ from remat_lab.experiment import run_experiment
 # The app's page modules (``from pages import _running, _shared, _sidebar``) import from the repository root.
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
     sys.path.insert(0, _root)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _history_in_temp(tmp_path_factory):
+    """Runs the tests complete (CLI ``run``, pages) are recorded in a throwaway history, never the
+    developer's (``REMAT_LAB_HOME``; subprocesses and test servers inherit it)."""
+    saved = os.environ.get("REMAT_LAB_HOME")
+    os.environ["REMAT_LAB_HOME"] = str(tmp_path_factory.mktemp("remat_lab_home"))
+    yield
+    if saved is None:
+        os.environ.pop("REMAT_LAB_HOME", None)
+    else:
+        os.environ["REMAT_LAB_HOME"] = saved
 
 
 @functools.lru_cache(maxsize=64)

@@ -203,6 +203,11 @@ ALLOWED_WRITES = {
     "roofline.py": {"makedirs", "write_text", "replace"},
     # the memory timeline: XLA's dump of one compile, into a mkdtemp folder deleted afterwards
     "timeline.py": {"mkdtemp", "rmtree", "makedirs", "open", "replace"},  # + dumps in the cache dir
+    # the run history: its directory ($REMAT_LAB_HOME); sqlite3 writes history.sqlite3 there
+    "history.py": {"mkdir"},
+    # sweep --out FILE.jsonl, the file the user names: rows appended (cli.py), a cut last line cut off
+    "cli.py": {"open"},
+    "sweep.py": {"open"},
 }
 
 

@@ -392,6 +392,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     for r in rows:
         r.pop("fingerprint", None)
     return {
+        "schema": 1,  # the results schema (see results.py)
+        "kind": "advice",
         "budget_bytes": budget_bytes,
         "budget_source": budget_source,
         "config": {**{k: v for k, v in base_cfg.as_dict().items() if k not in ("batch", "policy")},

@@ -1,4 +1,4 @@
-"""Headless runs: ``python -m remat_lab run|explain|compare|advise|policies`` (and ``bench``).
+"""Headless runs: ``python -m remat_lab run|explain|compare|advise|sweep|history|policies`` (and ``bench``).
 
 Bad input exits with status 2 and one line on stderr; an XLA failure exits with status 1.
 """
@@ -9,8 +9,9 @@ import argparse
 import json
 import os
 import sys
+import time
 
-from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes
+from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes, resolve_budget
 from .models import MODELS, SEQ_MODELS, names_of
 from .policies import DEFAULT_POLICY, GROUPS, POLICIES
 from .stacks import STACKS
@@ -196,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "policy whose largest batch is estimated above it is sized, not timed")
     adv.add_argument("--json", action="store_true", help="print one JSON document")
     adv.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
+    _add_sweep_args(sub.add_parser("sweep", help="a grid of configurations, one JSON line each, "
+                                                 "appended to --out and resumed from it"))
+    _add_history_args(sub.add_parser("history", help="the runs recorded by the app and the CLI"))
     bench = sub.add_parser("bench", help="benchmarks: timing fidelity, latency, sweep throughput")
     bench.add_argument("--quick", action="store_true", help="a smaller run (under 2 min on 2 cores)")
     bench.add_argument("--json", action="store_true")
@@ -418,6 +422,7 @@ def _compare(args: argparse.Namespace) -> int:
     except ExecutionError as err:
         print(f"remat_lab: error: {err}", file=sys.stderr)
         return 1
+    _record(result, "compare")
     print(json.dumps(result, indent=2) if args.json else format_compare(result))
     return 0
 
@@ -502,11 +507,177 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _list_arg(kind):
+    """Comma-separated values of one sweep axis, each parsed by ``kind``."""
+    def parse(text: str) -> list:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return list(dict.fromkeys(values))
+    return parse
+
+
+def _choice(name: str, allowed) -> object:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown {name} {text[:40]!r}; choose from: "
+                                             f"{', '.join(allowed)}")
+        return text
+    return parse
+
+
+def _add_sweep_args(p: argparse.ArgumentParser) -> None:
+    d = RunConfig()
+    axes = {"models": (_choice("model", MODELS), d.model), "widths": (_int_arg("width"), d.width),
+            "batches": (_int_arg("batch"), d.batch), "seqs": (_int_arg("seq"), d.seq),
+            "depths": (_int_arg("depth"), d.depth), "stacks": (_choice("stack", STACKS), d.stack),
+            "dtypes": (_choice("dtype", DTYPES), d.dtype),
+            "policies": (_choice("policy", list(POLICIES)), DEFAULT_POLICY)}
+    for flag, (kind, default) in axes.items():
+        p.add_argument(f"--{flag}", type=_list_arg(kind), default=[default], metavar="A,B",
+                       help=f"comma-separated (default: {default})")
+    p.add_argument("--heads", type=_int_arg("heads"), default=d.heads)
+    p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
+    p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats)
+    p.add_argument("--warmup", type=_int_arg("warmup"), default=d.warmup)
+    p.add_argument("--seed", type=_int_arg("seed"), default=d.seed)
+    p.add_argument("--memory-budget", default=None, help="refuse configurations estimated above this")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl",
+                   help="append one JSON line per configuration here (default: stdout); rerunning "
+                        "with the same file skips the configurations it holds")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again the configurations the file records as refused or failed")
+    p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
+
+
+def _add_history_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="one JSON document: the runs, newest first")
+    p.add_argument("--limit", type=_rounds_arg, default=50, help="at most this many runs (1..1000)")
+    p.add_argument("--model", choices=MODELS, default=None)
+    p.add_argument("--policy", default=None)
+    p.add_argument("--backend", default=None)
+    p.add_argument("--share", type=_list_arg(int), default=None, metavar="ID,ID",
+                   help="mark runs shared: a public deployment shows them to every visitor")
+    p.add_argument("--unshare", type=_list_arg(int), default=None, metavar="ID,ID")
+    p.add_argument("--delete", type=_list_arg(int), default=None, metavar="ID,ID")
+
+
+def _record(doc: dict, kind: str) -> None:
+    """Store a finished run in the history; a history that cannot be used is said, not fatal."""
+    from . import history
+
+    problem = history.try_record(doc, kind=kind, source="cli")
+    if problem:
+        print(f"remat_lab: warning: not recorded in the history: {problem}", file=sys.stderr)
+
+
+def _sweep_line(row: dict) -> str:
+    c, err = row["config"], row.get("error")
+    head = f"{c.get('model')} w{c.get('width')} b{c.get('batch')} {c.get('policy')}"
+    if err:
+        return f"{head}: {err['kind']}: {err['message'][:160]}"
+    st, mem = row.get("step_time_s") or {}, row.get("memory") or {}
+    peak = human_bytes(mem["peak_bytes"]) if mem.get("peak_bytes") is not None else "-"
+    return f"{head}: median {_fmt_time(st.get('median'))}, peak {peak}"
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    """The grid, one JSON line per configuration, a progress bar on stderr; Ctrl-C keeps whole rows."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from . import sweep
+    from .experiment import enable_compilation_cache, environment, run_experiment
+
+    base = RunConfig(heads=args.heads, objective=args.objective, repeats=args.repeats,
+                     warmup=args.warmup, seed=args.seed)
+    grid = sweep.build_grid(base, model=args.models, width=args.widths, batch=args.batches,
+                            seq=args.seqs, depth=args.depths, stack=args.stacks, dtype=args.dtypes,
+                            policy=args.policies)
+    skip: set[str] = set()
+    try:
+        resolve_budget(args.memory_budget)  # a bad --memory-budget is one error, not a row each
+        if args.out:
+            skip = sweep.done_keys(sweep.read_rows(args.out), args.retry_failed)
+            sweep.repair(args.out)
+        out = open(args.out, "a", encoding="utf-8") if args.out else sys.stdout
+    except (ConfigError, sweep.SweepFileError) as err:
+        print(f"remat_lab: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"remat_lab: error: cannot write {args.out}: {err.strerror}", file=sys.stderr)
+        return 2
+    todo = sum(sweep.config_key(c) not in skip for c in grid)
+    if not args.no_cache:
+        enable_compilation_cache()
+    console = Console(stderr=True, soft_wrap=True)  # one line per message, also in logs
+    console.print(f"sweep: {len(grid)} configurations, {len(grid) - todo} already in "
+                  f"{args.out or 'the output'}, {todo} to run")
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=console, disable=not todo)
+    failed = done = 0
+    try:
+        with bar:
+            task = bar.add_task("sweep", total=todo)
+            run = lambda cfg: run_experiment(cfg, budget=args.memory_budget)
+            for outcome in sweep.run_grid(grid, run, skip=skip, environment=environment,
+                                          write=lambda row: sweep.append_row(out, row)):
+                if outcome.skipped:
+                    continue
+                done += 1
+                failed += bool(outcome.row.get("error"))
+                if not outcome.row.get("error"):
+                    _record(outcome.row, "sweep")
+                bar.console.print(f"[{done}/{todo}] {_sweep_line(outcome.row)}", markup=False,
+                                  highlight=False)
+                bar.advance(task)
+    except KeyboardInterrupt:
+        console.print(f"sweep: interrupted after {done} of {todo}; every finished row is in "
+                      f"{args.out or 'the output'}; run the same command again to resume")
+        return 130
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    console.print(f"sweep: done: ran {done}, of which {failed} refused or failed"
+                  + (f"; {args.out} holds all {len(grid)} configurations" if args.out else ""))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from . import history
+
+    try:
+        changed = [(what, fn(ids)) for what, ids, fn in (
+            ("shared", args.share, history.share),
+            ("unshared", args.unshare, lambda ids: history.share(ids, False)),
+            ("deleted", args.delete, history.delete)) if ids]
+        runs = history.list_runs(limit=args.limit, model=args.model, policy=args.policy,
+                                 backend=args.backend)
+    except history.HistoryError as err:
+        print(f"remat_lab: error: {err}", file=sys.stderr)
+        return 1
+    for what, n in changed:
+        print(f"{what} {n} run{'' if n == 1 else 's'}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"path": str(history.db_path()), "runs": runs}, indent=2))
+        return 0
+    rows = [{**r, "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
+             "median_ms": "-" if r["median_ms"] is None else f"{r['median_ms']:.4f}",
+             "peak": "-" if r["peak_bytes"] is None else human_bytes(r["peak_bytes"]),
+             "shared": "yes" if r["shared"] else "", "error": (r["error"] or "")[:60]} for r in runs]
+    print(f"{history.db_path()}: {len(rows)} most recent run{'' if len(rows) == 1 else 's'}")
+    print(format_table(rows, ["id", "created", "source", "kind", "model", "policy", "width", "batch",
+                              "depth", "dtype", "backend", "median_ms", "peak", "shared", "error"]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "policies":
         print(_policies_text(args.model))
         return 0
+    if args.command == "history":
+        return _history(args)
     try:  # before anything starts JAX: emulated devices, jax.distributed
         _setup_devices(args)
     except ConfigError as err:
@@ -526,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(args)
     if args.command == "advise":
         return _advise(args)
+    if args.command == "sweep":
+        return _sweep(args)
     try:
         config = _config_from(args)
         if getattr(args, "code", False):
@@ -543,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"remat_lab: error: {err}", file=sys.stderr)
         return 1
     texts = result.pop("texts")
+    if args.command == "run":
+        _record(result, "run")
     if args.command == "explain":
         result.pop("step_time_s")
         if args.json:

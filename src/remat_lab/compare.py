@@ -315,6 +315,7 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
         row["fastest"] = row["policy"] in ranking["fastest_group"]
         row["pareto"] = row["policy"] in ranking["pareto"]
     return {
+        "schema": 1,  # the results schema (see results.py)
         "config": {k: v for k, v in config.as_dict().items() if k != "policy"},
         "policies": chosen,
         "rows": rows,

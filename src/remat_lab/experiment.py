@@ -194,13 +194,12 @@ def _check_sharded(problem, grads, loss, jaxpr) -> tuple[dict, float]:
     """The gradient check of a step on a mesh: its loss and gradients, gathered whole into this
     process, against the same single-device reference (on the same values, gathered too); and
     the gradients' global L2 norm."""
-    from dataclasses import replace
-
     from .sharding import to_host
 
     leaves, x, grads = to_host((problem.leaves, problem.x, grads))
-    check = check_gradients(replace(problem, leaves=list(leaves), x=x, mesh=None, specs=None),
-                            list(grads), loss, jaxpr)
+    gathered = type(problem)(**{**vars(problem), "leaves": list(leaves), "x": x, "mesh": None,
+                                "specs": None})  # the same problem, whole on this host
+    check = check_gradients(gathered, list(grads), loss, jaxpr)
     return check, float(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in grads)))
 
 
@@ -231,7 +230,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     except Exception as err:  # XlaRuntimeError and friends
         raise _xla_error("compiling", err) from err
 
-    result = {"config": config.as_dict(), "environment": environment(),
+    result = {"schema": 1, "config": config.as_dict(), "environment": environment(),
               "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1}}
     cost = cost_of(compiled)
     text = compiled.as_text()

@@ -1,0 +1,238 @@
+"""Reading results files (``run --json``, ``sweep`` JSON lines, comparisons) safely: size, schema, types.
+
+Only ``json.loads`` touches the bytes: nothing is executed or unpickled. A file over ``MAX_BYTES`` is
+refused whole; otherwise every document (a line of a ``.jsonl`` file, or the one document of a
+``.json`` file, or each item of a JSON list) is checked on its own, and a bad one is named with
+the reason while the good ones are kept. Documents without ``schema`` (written before it existed)
+are read as schema 1 when they have its shape; a newer schema is refused with a sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from .config import ConfigError, RunConfig
+
+SCHEMA = 1
+MAX_BYTES = 20 * 1024 * 1024  # matches the upload widget's limit (20 MB)
+MAX_PROBLEMS = 20  # messages kept per file (the count says how many more)
+
+NUM = "number"  # int or float, not bool
+OPT = object()  # marker: the key may be missing or null
+
+
+@dataclass
+class Loaded:
+    """What one file held: valid runs, comparisons and error rows, and a message per bad part."""
+
+    name: str
+    runs: list[dict] = field(default_factory=list)
+    compares: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    bad: int = 0  # documents refused
+
+    def refuse(self, where: str, why: str) -> None:
+        self.bad += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"{where}: {why}")
+
+    @property
+    def count(self) -> int:
+        return len(self.runs) + len(self.compares) + len(self.errors)
+
+
+class Invalid(ValueError):
+    """A document that does not have the documented shape; the message names the field."""
+
+
+def _type_name(value) -> str:
+    return {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _is(value, kind) -> bool:
+    if kind == NUM:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def _check(doc: dict, spec: dict, path: str = "") -> None:
+    """Each key of ``spec``: a kind (NUM, str, bool, int, list, dict), a nested spec, or (OPT, kind)."""
+    for key, kind in spec.items():
+        where = f"{path}{key}"
+        optional = isinstance(kind, tuple) and kind[0] is OPT
+        kind = kind[1] if optional else kind
+        if key not in doc or doc[key] is None:
+            if optional:
+                continue
+            raise Invalid(f"{where} is missing")
+        value = doc[key]
+        if isinstance(kind, dict):
+            if not isinstance(value, dict):
+                raise Invalid(f"{where} must be an object, not {_type_name(value)}")
+            _check(value, kind, where + ".")
+        elif not _is(value, kind):
+            want = "a number" if kind == NUM else _type_name(kind())
+            raise Invalid(f"{where} must be {want}, not {_type_name(value)}")
+
+
+ENV = {"backend": str, "device_kind": str, "device_count": int, "jax": str}
+STEP = {"median": NUM, "p25": NUM, "p75": NUM, "min": NUM, "max": NUM, "repeats": int, "warmup": int,
+        "samples": (OPT, list)}
+MEMORY = {f"{p}_bytes": NUM for p in ("argument", "output", "alias", "temp", "generated_code", "peak")}
+TOTALS = {**{k: NUM for k in ("residual_bytes", "activation_residual_bytes", "parameter_residual_bytes",
+                              "dots_saved", "dots_recomputed")}, "recompute_flops": (OPT, NUM)}
+HLO = {"dot_count": (OPT, NUM), "excess_dots_vs_no_remat": (OPT, NUM),
+       "excess_flops_vs_no_remat": (OPT, NUM), "identical_to": (OPT, str)}
+RUN = {"config": dict, "environment": ENV, "step_time_s": (OPT, STEP), "memory": (OPT, MEMORY),
+       "totals": (OPT, TOTALS), "hlo": (OPT, HLO), "compile": (OPT, {"compile_s": NUM}),
+       "gradient_check": (OPT, {"ok": bool}), "dots": (OPT, list), "residuals": (OPT, list),
+       "memory_timeline": (OPT, dict), "notes": (OPT, list), "flops": (OPT, NUM)}
+COMPARE_ROW = {"policy": str, "median_s": NUM, "ci_low_s": NUM, "ci_high_s": NUM, "samples_s": list,
+               "peak_bytes": (OPT, NUM), "fastest": bool, "pareto": bool, "same_program_as": (OPT, str)}
+COMPARE = {"config": dict, "environment": ENV, "policies": list, "rows": list, "fastest_reason": str,
+           "pareto": list, "programs": list, "failed": list,
+           "method": {"rounds": int, "calls_per_round": int, "interval": str}}
+CONFIG_KEYS = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective")  # what views read
+ERROR_ROW = {"config": dict, "error": {"kind": str, "message": str}, "environment": (OPT, ENV)}
+
+
+def _config(raw: dict, *, policy_optional: bool = False) -> None:
+    """The configuration must be one this version can run (names and ranges of ``RunConfig``)."""
+    needed = [k for k in CONFIG_KEYS if k not in raw and not (policy_optional and k == "policy")]
+    if needed:
+        raise Invalid(f"config.{needed[0]} is missing")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    if policy_optional and "policy" not in values:
+        values["policy"] = "custom" if values.get("save_names") or values.get("offload_names") else "no_remat"
+    try:
+        RunConfig(**values)
+    except TypeError as err:
+        raise Invalid(f"config has a field this version does not know ({str(err).split(' ')[-1]})") from None
+    except ConfigError as err:
+        raise Invalid(f"config: {err}") from None
+
+
+def _finite(value, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise Invalid(f"{where} is not a finite number")
+
+
+def classify(doc) -> str:
+    """The kind of one valid document: run, compare or error. Raises ``Invalid`` with the reason."""
+    if not isinstance(doc, dict):
+        raise Invalid(f"a document must be a JSON object, not {_type_name(doc)}")
+    schema = doc.get("schema", SCHEMA)  # no schema: written before it existed, read as 1
+    if not _is(schema, int):
+        raise Invalid(f"schema must be a whole number, not {_type_name(schema)}")
+    if schema > SCHEMA:
+        raise Invalid(f"written with results schema {schema}; this version reads schema {SCHEMA}: "
+                      "open it with a newer Remat Lab")
+    if schema < 1:
+        raise Invalid(f"results schema {schema} is not one this version reads (1)")
+    if "error" in doc:
+        _check(doc, ERROR_ROW)
+        return "error"
+    if "rows" in doc and "policies" in doc:
+        _check(doc, COMPARE)
+        _config(doc["config"], policy_optional=True)
+        for i, row in enumerate(doc["rows"]):
+            if not isinstance(row, dict):
+                raise Invalid(f"rows[{i}] must be an object, not {_type_name(row)}")
+            _check(row, COMPARE_ROW, f"rows[{i}].")
+            if not all(_is(s, NUM) for s in row["samples_s"]):
+                raise Invalid(f"rows[{i}].samples_s must hold numbers only")
+        return "compare"
+    if "config" not in doc:
+        raise Invalid("not a Remat Lab result: no config (expected the output of run --json, "
+                      "sweep or compare --json)")
+    _check(doc, RUN)
+    _config(doc["config"])
+    for key in ("median", "p25", "p75"):
+        _finite((doc.get("step_time_s") or {}).get(key), f"step_time_s.{key}")
+    for key, value in (doc.get("step_time_s") or {}).items():
+        if key == "samples" and not all(_is(s, NUM) for s in value or []):
+            raise Invalid("step_time_s.samples must hold numbers only")
+    for key in ("dots", "residuals"):
+        if not all(isinstance(r, dict) for r in doc.get(key) or []):
+            raise Invalid(f"{key} must be a list of objects")
+    return "run"
+
+
+def _why(err: Exception, text: str, last: bool = True) -> str:
+    """A parse failure in words: cut off when JSON ran out before the document ended."""
+    if isinstance(err, RecursionError):
+        return "nested too deeply to read"
+    if isinstance(err, json.JSONDecodeError) and last and (
+            err.pos >= len(text.rstrip()) - 1 or err.msg.startswith("Unterminated string")):
+        return "cut off (the file ends in the middle of a document)"
+    return f"not valid JSON ({str(err).split(':')[0][:80]})"
+
+
+def _documents(text: str, name: str, loaded: Loaded) -> list[tuple[str, object]]:
+    """(where, parsed value) for each document of the file; parse failures go to ``loaded``."""
+    stripped = text.strip()
+    if not stripped:
+        loaded.refuse(name, "the file is empty")
+        return []
+    lines = text.splitlines()
+    if not name.lower().endswith(".jsonl"):
+        try:
+            value = json.loads(stripped)
+        except (ValueError, RecursionError) as err:
+            if sum(bool(line.strip()) for line in lines) < 2:  # one document: not JSON lines either
+                loaded.refuse(name, _why(err, stripped))
+                return []
+        else:
+            if isinstance(value, list):
+                return [(f"item {i + 1}", v) for i, v in enumerate(value)]
+            return [("the document", value)]
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"line {i}", json.loads(line)))
+        except (ValueError, RecursionError) as err:
+            loaded.refuse(f"line {i}", _why(err, line, last=i == len(lines)))
+    return out
+
+
+def load(name: str, data: bytes) -> Loaded:
+    """Every valid document of one uploaded file, and a message for each part that is not."""
+    loaded = Loaded(name)
+    if len(data) > MAX_BYTES:
+        loaded.refuse(name, f"{len(data) / 2**20:.1f} MiB is over the {MAX_BYTES // 2**20} MiB limit "
+                            "for a results file; split it (JSON lines can be cut at any line)")
+        return loaded
+    if b"\x00" in data[:4096]:
+        loaded.refuse(name, "not a text file (binary data); expected .json or .jsonl")
+        return loaded
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        loaded.refuse(name, "not UTF-8 text; expected .json or .jsonl")
+        return loaded
+    for where, doc in _documents(text, name, loaded):
+        try:
+            kind = classify(doc)
+        except Invalid as err:
+            loaded.refuse(where, str(err))
+            continue
+        {"run": loaded.runs, "compare": loaded.compares, "error": loaded.errors}[kind].append(doc)
+    if loaded.count == 0 and not loaded.problems:
+        loaded.refuse(name, "no documents")
+    return loaded
+
+
+def describe_environment(env: dict | None) -> str:
+    """``env`` in words: "NVIDIA H100 × 8, jax 0.10.2", "CPU × 1, jax 0.10.2"."""
+    if not env:
+        return "unknown environment"
+    kind = str(env.get("device_kind") or env.get("backend") or "unknown device")
+    if kind.lower() == "cpu":
+        kind = "CPU"
+    return f"{kind} × {env.get('device_count', '?')}, jax {env.get('jax', '?')}"
