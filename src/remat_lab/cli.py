@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -616,6 +617,16 @@ def _sweep(args: argparse.Namespace) -> int:
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeRemainingColumn(), console=console, disable=not todo)
     failed = done = 0
+    # Ctrl-C: stop after the configuration in progress (a KeyboardInterrupt raised inside JAX can
+    # be swallowed, e.g. in its garbage-collection callback); a second Ctrl-C stops at once.
+    stop = []
+
+    def on_interrupt(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(signum)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         with bar:
             task = bar.add_task("sweep", total=todo)
@@ -631,11 +642,14 @@ def _sweep(args: argparse.Namespace) -> int:
                 bar.console.print(f"[{done}/{todo}] {_sweep_line(outcome.row)}", markup=False,
                                   highlight=False)
                 bar.advance(task)
+                if stop:
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         console.print(f"sweep: interrupted after {done} of {todo}; every finished row is in "
                       f"{args.out or 'the output'}; run the same command again to resume")
         return 130
     finally:
+        signal.signal(signal.SIGINT, previous)
         if out is not sys.stdout:
             out.close()
     console.print(f"sweep: done: ran {done}, of which {failed} refused or failed"
