@@ -1,4 +1,5 @@
-"""Views of finished results shared by Sweep, History and Open results: sweep, one run, a comparison."""
+"""Views of finished results shared by Sweep, History, Advisor and Open results: sweep, one run, a
+comparison, an advice."""
 
 from __future__ import annotations
 
@@ -163,3 +164,59 @@ def compare_view(doc: dict, key: str) -> None:
 def json_lines(docs: list[dict]) -> str:
     """Documents as a JSON-lines file (what ``sweep --out`` writes; Open results reads it)."""
     return "".join(json.dumps(d) + "\n" for d in docs)
+
+
+def advice_view(doc: dict, key: str) -> None:
+    """An advice as on the Advisor page: the recommendation, the notes, the probes against the budget,
+    examples per second at each largest batch, and the policy table."""
+    frame = tables.advice_frame(doc)
+    if doc.get("recommended"):
+        st.success(f"**Recommended: {md(doc['recommended'])}.** {md(doc['reason'])}.",
+                   icon=":material/recommend:")
+    else:
+        st.warning(md(doc["reason"]) + ".")
+    for note in doc.get("notes") or []:
+        st.caption(md(note))
+    budget = doc["budget_bytes"]
+    left, right = st.columns(2)
+    left.plotly_chart(charts.make_advice_peak_figure(tables.advice_probes_frame(doc), budget / tables.MIB),
+                      width="stretch", key=f"{key}_peaks")
+    left.caption("Each point is one compile-only probe of a policy at a batch (hollow: over the budget); "
+                 "the diamond is the policy's largest batch that fits. Peak = XLA's compiled memory "
+                 "analysis (generated code + arguments + outputs − aliases + temp) of the device program.")
+    if doc.get("timed"):
+        right.plotly_chart(charts.make_advice_throughput_figure(frame, doc.get("recommended")),
+                           width="stretch", key=f"{key}_rates")
+        peak = doc.get("peak_flops_per_s")
+        right.caption("Bars: the 95 % bootstrap interval of each policy's examples per second, timed "
+                      "interleaved at its largest batch; the outlined bar is the recommendation."
+                      + (f" MFU and HFU below are over this machine's peak of {peak / 1e9:,.0f} GFLOP/s "
+                         f"({md(doc.get('peak_source'))})." if peak else ""))
+    else:
+        right.info("Not timed: sizes only (examples per second, MFU and HFU need timing).")
+    st.subheader("Policy table")
+    shown = frame.assign(
+        peak=frame["peak_bytes"].map(lambda v: "-" if v is None or v != v else f"{v / tables.MIB:,.2f} MiB"),
+        next_over=[("-" if n is None or n != n else f"{int(n)} (+{human_bytes(p - budget)})")
+                   for n, p in zip(frame["next_batch"], frame["next_peak_bytes"])])
+    cols = ["policy", "max_batch", "peak", "next_over", "probes", "step_time_ms", "examples_per_s",
+            "mfu", "hfu", "recompute_overhead", "model_flops", "hardware_flops", "same_program_as", "note"]
+    st.dataframe(shown[cols], hide_index=True, width="stretch", key=f"{key}_table", column_config={
+        "max_batch": MS("largest batch", format="%d"),
+        "peak": st.column_config.TextColumn("peak at it"),
+        "next_over": st.column_config.TextColumn("next batch (over the budget by)"),
+        "probes": MS("compiles", format="%d"),
+        "step_time_ms": MS("step (ms)", format="%.3f"),
+        "examples_per_s": MS("examples/s", format="%.0f"),
+        "mfu": MS("MFU", format="percent", help="model flops (the no_remat program's) / step time / peak"),
+        "hfu": MS("HFU", format="percent", help="hardware flops (this program's, recomputation "
+                                                 "included) / step time / peak"),
+        "recompute_overhead": MS("HFU − MFU", format="percent"),
+        "model_flops": MS("model flops", format="%.4g"),
+        "hardware_flops": MS("hardware flops", format="%.4g"),
+        "same_program_as": st.column_config.TextColumn("same program as"),
+        "note": st.column_config.TextColumn("note", width="large")})
+    search = (doc.get("method") or {}).get("search")
+    st.caption(f"Budget {human_bytes(budget)} ({md(doc.get('budget_source', 'given'))})."
+               + (f" The search: {md(search)}." if search else "")
+               + " Sizes in binary units; the downloads have exact bytes.")

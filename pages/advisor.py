@@ -10,8 +10,8 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _running, _shared, _sidebar  # noqa: E402
-from remat_lab import advisor, charts, reproduce, tables  # noqa: E402
+from pages import _running, _shared, _sidebar, _views  # noqa: E402
+from remat_lab import advisor, reproduce, tables  # noqa: E402
 from remat_lab.config import ConfigError, RunConfig, human_bytes, parse_bytes  # noqa: E402
 from remat_lab.experiment import ExecutionError  # noqa: E402
 from remat_lab.policies import POLICIES  # noqa: E402
@@ -103,62 +103,12 @@ if error is not None:
 st.session_state["_advisor_done"] = key
 
 # ---------------------------------------------------------------- the answer
-frame = tables.advice_frame(doc)
-if doc["recommended"]:
-    st.success(f"**Recommended: {doc['recommended']}.** {doc['reason']}.", icon=":material/recommend:")
-else:
-    st.warning(doc["reason"] + ".")
-notes = doc.get("notes", [])
-for note in notes:
-    st.caption(note)
-
-left, right = st.columns(2)
-left.plotly_chart(charts.make_advice_peak_figure(tables.advice_probes_frame(doc),
-                                                 doc["budget_bytes"] / tables.MIB), width="stretch")
-left.caption("Each point is one compile-only probe of a policy at a batch (hollow: over the budget); "
-             "the diamond is the policy's largest batch that fits. Peak = XLA's compiled memory "
-             "analysis (generated code + arguments + outputs − aliases + temp) of the device program.")
-if doc["timed"]:
-    right.plotly_chart(charts.make_advice_throughput_figure(frame, doc["recommended"]), width="stretch")
-    peak = doc.get("peak_flops_per_s")
-    right.caption("Bars: the 95 % bootstrap interval of each policy's examples per second, timed "
-                  "interleaved at its largest batch; the outlined bar is the recommendation."
-                  + (f" MFU and HFU below are over this machine's peak of {peak / 1e9:,.0f} GFLOP/s "
-                     f"({doc['peak_source']})." if peak else ""))
-else:
-    right.info("Not timed: turn timing on for examples per second, MFU and HFU.")
-
-# ---------------------------------------------------------------- table
-st.subheader("Policy table")
-shown = frame.assign(
-    peak=frame["peak_bytes"].map(lambda v: "-" if v is None or v != v else f"{v / (1 << 20):,.2f} MiB"),
-    next_over=[("-" if n is None or n != n else f"{int(n)} (+{human_bytes(p - doc['budget_bytes'])})")
-               for n, p in zip(frame["next_batch"], frame["next_peak_bytes"])])
-cols = ["policy", "max_batch", "peak", "next_over", "probes", "step_time_ms", "examples_per_s", "mfu",
-        "hfu", "recompute_overhead", "model_flops", "hardware_flops", "same_program_as", "note"]
-NUM = st.column_config.NumberColumn
-st.dataframe(shown[cols], hide_index=True, width="stretch", column_config={
-    "max_batch": NUM("largest batch", format="%d"),
-    "peak": st.column_config.TextColumn("peak at it"),
-    "next_over": st.column_config.TextColumn("next batch (over the budget by)"),
-    "probes": NUM("compiles", format="%d"),
-    "step_time_ms": NUM("step (ms)", format="%.3f"),
-    "examples_per_s": NUM("examples/s", format="%.0f"),
-    "mfu": NUM("MFU", format="percent", help="model flops (the no_remat program's) / step time / peak"),
-    "hfu": NUM("HFU", format="percent", help="hardware flops (this program's, recomputation "
-                                              "included) / step time / peak"),
-    "recompute_overhead": NUM("HFU − MFU", format="percent"),
-    "model_flops": NUM("model flops", format="%.4g"),
-    "hardware_flops": NUM("hardware flops", format="%.4g"),
-    "same_program_as": st.column_config.TextColumn("same program as"),
-    "note": st.column_config.TextColumn("note", width="large")})
-st.caption(f"Budget {human_bytes(doc['budget_bytes'])} ({doc['budget_source']}). The search: "
-           f"{doc['method']['search']}. Sizes in binary units; the downloads have exact bytes.")
+_views.advice_view(doc, key="advisor")
 st.markdown("The same advice from the command line:")
 exact = _size_text(budget) if parse_bytes(_size_text(budget)) == budget else str(budget)
 st.code(reproduce.advise_command(model, exact, chosen, timing), language="bash")
 a, b = st.columns(2)
-a.download_button("Download CSV", frame.to_csv(index=False), "remat_lab_advice.csv", "text/csv",
-                  key="advisor_csv")
+a.download_button("Download CSV", tables.advice_frame(doc).to_csv(index=False), "remat_lab_advice.csv",
+                  "text/csv", key="advisor_csv")
 b.download_button("Download JSON", json.dumps(doc, indent=1), "remat_lab_advice.json",
                   "application/json", key="advisor_json")

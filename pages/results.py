@@ -10,13 +10,14 @@ import streamlit as st  # noqa: E402
 
 from pages import _views  # noqa: E402
 from remat_lab import results, tables  # noqa: E402
+from remat_lab.config import human_bytes  # noqa: E402
 from remat_lab.results import describe_environment  # noqa: E402
 
 st.header("Open results")
 st.caption("Files written elsewhere — `python -m remat_lab run --json`, `sweep --out`, `compare "
-           "--json`, or this app's JSON downloads — shown with the same charts and tables, without "
-           "computing anything. Each view names the machine that measured it, so numbers from "
-           "different machines are never mixed.")
+           "--json`, `advise --json`, or this app's JSON downloads — shown with the same charts and "
+           "tables, without computing anything. Each view names the machine that measured it, so "
+           "numbers from different machines are never mixed.")
 files = st.file_uploader("Results files (.json, .jsonl)", type=["json", "jsonl"],
                          accept_multiple_files=True, key="results_files",
                          max_upload_size=results.MAX_BYTES // 2**20,
@@ -43,9 +44,11 @@ for item in loaded:
     for doc in item.runs + item.errors:
         runs.setdefault((item.name, describe_environment(doc.get("environment"))), []).append(doc)
 compares = [doc for item in loaded for doc in item.compares]
-if not runs and not compares:
+advice = [doc for item in loaded for doc in item.advice]
+if not runs and not compares and not advice:
     st.stop()
-machines = {env for _, env in runs} | {describe_environment(d["environment"]) for d in compares}
+machines = ({env for _, env in runs}
+            | {describe_environment(d["environment"]) for d in compares + advice})
 if len(machines) > 1:
     st.info(f"These results come from {len(machines)} machines ({_views.md('; '.join(sorted(machines)))}): "
             "each is shown on its own, never in one chart.", icon=":material/devices:")
@@ -79,8 +82,18 @@ def _show_compare(doc: dict, n: int, name: str) -> None:
     _views.compare_view(doc, key=f"compare{n}")
 
 
+def _show_advice(doc: dict, n: int, name: str) -> None:
+    c = doc["config"]
+    st.subheader(f"Advice: {len(doc['rows'])} policies at {_views.md(c.get('model'))} width "
+                 f"{c.get('width')} depth {c.get('depth')} in {human_bytes(doc['budget_bytes'])}")
+    st.caption(f"From {_views.md(name)}")
+    _views.environment_line(doc["environment"])
+    _views.advice_view(doc, key=f"advice{n}")
+
+
 views = ([(_show_runs, docs, name) for (name, _), docs in runs.items()]
-         + [(_show_compare, doc, item.name) for item in loaded for doc in item.compares])
+         + [(_show_compare, doc, item.name) for item in loaded for doc in item.compares]
+         + [(_show_advice, doc, item.name) for item in loaded for doc in item.advice])
 for n, (show, what, name) in enumerate(views):
     try:
         show(what, n, name)

@@ -28,6 +28,24 @@ def compare_doc() -> dict:
     return json.loads(json.dumps(compare_policies(TINY, ["no_remat", "nothing_saveable"], rounds=2)))
 
 
+@pytest.fixture(scope="module")
+def advice_doc() -> dict:
+    from remat_lab.advisor import advise
+
+    doc = advise(TINY.replace(depth=2), 1 << 18, policies=["no_remat", "nothing_saveable"],
+                 time_budget_s=0.5)
+    return json.loads(json.dumps(doc))
+
+
+def test_an_advice_file_loads_as_advice(advice_doc):
+    loaded = results.load("a.json", json.dumps(advice_doc).encode())
+    assert loaded.advice == [advice_doc] and not loaded.problems and loaded.count == 1
+    bad = copy.deepcopy(advice_doc)
+    bad["rows"][0]["probes"][0]["peak_bytes"] = "big"
+    refused = results.load("a.json", json.dumps(bad).encode())
+    assert refused.count == 0 and "rows[0].probes[0].peak_bytes" in refused.problems[0]
+
+
 def _lines(*docs) -> bytes:
     return "".join(json.dumps(d) + "\n" for d in docs).encode()
 
@@ -113,7 +131,7 @@ def test_many_bad_rows_give_a_bounded_list_of_messages(run_doc):
     assert len(loaded.runs) == 1 and loaded.bad == 500 and len(loaded.problems) == results.MAX_PROBLEMS
 
 
-def test_every_accepted_mutation_can_be_drawn(run_doc, compare_doc, monkeypatch):
+def test_every_accepted_mutation_can_be_drawn(run_doc, compare_doc, advice_doc, monkeypatch):
     """Documents that pass the checks never break the views (each field set to a wrong value)."""
     pytest.importorskip("streamlit")
     import logging
@@ -129,9 +147,11 @@ def test_every_accepted_mutation_can_be_drawn(run_doc, compare_doc, monkeypatch)
     monkeypatch.setitem(charts.PAGE_LAYOUT, "template", "none")  # building the theme is most of the time
     logging.getLogger("streamlit").setLevel(logging.ERROR)  # bare mode: no script run to draw into
     read = {"config", "environment", "step_time_s", "memory", "totals", "hlo", "gradient_check",
-            "memory_timeline", "dots", "residuals", "rows", "pareto", "fastest_reason", "failed"}
+            "memory_timeline", "dots", "residuals", "rows", "pareto", "fastest_reason", "failed",
+            "budget_bytes", "recommended", "reason", "notes", "timed", "peak_flops_per_s"}
     drawn = 0
-    for doc, view in ((run_doc, _views.run_view), (compare_doc, _views.compare_view)):
+    for doc, view in ((run_doc, _views.run_view), (compare_doc, _views.compare_view),
+                      (advice_doc, _views.advice_view)):
         for key in read & set(doc):
             value = doc[key]
             fields = list(value[0]) if key == "rows" else list(value) if isinstance(value, dict) else []
@@ -142,7 +162,7 @@ def test_every_accepted_mutation_can_be_drawn(run_doc, compare_doc, monkeypatch)
                 else:
                     (mutated["rows"][0] if key == "rows" else mutated[key])[field] = wrong
                 loaded = results.load("m.json", json.dumps(mutated).encode())
-                for ok in loaded.runs + loaded.compares:
+                for ok in loaded.runs + loaded.compares + loaded.advice:
                     view(ok, key=f"k{drawn}")
                     if ok in loaded.runs:
                         tables.summary_frame([ok])

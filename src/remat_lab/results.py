@@ -1,4 +1,5 @@
-"""Reading results files (``run --json``, ``sweep`` JSON lines, comparisons) safely: size, schema, types.
+"""Reading results files (``run --json``, ``sweep`` JSON lines, comparisons, advice) safely: size,
+schema, types.
 
 Only ``json.loads`` touches the bytes: nothing is executed or unpickled. A file over ``MAX_BYTES`` is
 refused whole; otherwise every document (a line of a ``.jsonl`` file, or the one document of a
@@ -31,6 +32,7 @@ class Loaded:
     runs: list[dict] = field(default_factory=list)
     compares: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
+    advice: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     bad: int = 0  # documents refused
 
@@ -41,7 +43,7 @@ class Loaded:
 
     @property
     def count(self) -> int:
-        return len(self.runs) + len(self.compares) + len(self.errors)
+        return len(self.runs) + len(self.compares) + len(self.errors) + len(self.advice)
 
 
 class Invalid(ValueError):
@@ -97,6 +99,18 @@ COMPARE = {"config": dict, "environment": ENV, "policies": list, "rows": list, "
            "pareto": list, "programs": list, "failed": list,
            "method": {"rounds": int, "calls_per_round": int, "interval": str}}
 CONFIG_KEYS = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective")  # what views read
+PROBE = {"batch": int, "peak_bytes": NUM, "fits": bool}
+ADVICE_ROW = {"policy": str, "max_batch": int, "peak_bytes": (OPT, NUM), "next_batch": (OPT, int),
+              "next_peak_bytes": (OPT, NUM), "probes": list, "step_time_s": (OPT, NUM),
+              "step_time_ci_s": (OPT, list), "examples_per_s": (OPT, NUM),
+              "examples_per_s_ci": (OPT, list), "model_flops": (OPT, NUM),
+              "hardware_flops": (OPT, NUM), "mfu": (OPT, NUM), "hfu": (OPT, NUM),
+              "recompute_overhead": (OPT, NUM), "not_timed": (OPT, str), "reason": (OPT, str),
+              "same_program_as": (OPT, str)}
+ADVICE = {"kind": str, "budget_bytes": NUM, "config": dict, "environment": ENV, "policies": list,
+          "rows": list, "recommended": (OPT, str), "reason": str, "search_s": NUM, "timed": bool,
+          "notes": (OPT, list), "peak_flops_per_s": (OPT, NUM), "peak_source": (OPT, str),
+          "budget_source": (OPT, str), "method": (OPT, dict)}
 ERROR_ROW = {"config": dict, "error": {"kind": str, "message": str}, "environment": (OPT, ENV)}
 
 
@@ -122,7 +136,8 @@ def _finite(value, where: str) -> None:
 
 
 def classify(doc) -> str:
-    """The kind of one valid document: run, compare or error. Raises ``Invalid`` with the reason."""
+    """The kind of one valid document: run, compare, advice or error. Raises ``Invalid`` with the
+    reason."""
     if not isinstance(doc, dict):
         raise Invalid(f"a document must be a JSON object, not {_type_name(doc)}")
     schema = doc.get("schema", SCHEMA)  # no schema: written before it existed, read as 1
@@ -136,6 +151,8 @@ def classify(doc) -> str:
     if "error" in doc:
         _check(doc, ERROR_ROW)
         return "error"
+    if doc.get("kind") == "advice":
+        return _advice(doc)
     if "rows" in doc and "policies" in doc:
         _check(doc, COMPARE)
         _config(doc["config"], policy_optional=True)
@@ -160,6 +177,33 @@ def classify(doc) -> str:
         if not all(isinstance(r, dict) for r in doc.get(key) or []):
             raise Invalid(f"{key} must be a list of objects")
     return "run"
+
+
+def _advice(doc: dict) -> str:
+    """An ``advise --json`` document: its model (no batch, no policy: those are searched), rows and
+    probes with the types the Advisor view reads."""
+    _check(doc, ADVICE)
+    if not doc["budget_bytes"] > 0:
+        raise Invalid("budget_bytes must be positive")
+    _config({"batch": 1, "policy": "no_remat", **{k: v for k, v in doc["config"].items()
+                                                   if k not in ("save_names", "offload_names")}})
+    for i, row in enumerate(doc["rows"]):
+        if not isinstance(row, dict):
+            raise Invalid(f"rows[{i}] must be an object, not {_type_name(row)}")
+        _check(row, ADVICE_ROW, f"rows[{i}].")
+        for j, probe in enumerate(row["probes"]):
+            if not isinstance(probe, dict):
+                raise Invalid(f"rows[{i}].probes[{j}] must be an object, not {_type_name(probe)}")
+            _check(probe, PROBE, f"rows[{i}].probes[{j}].")
+        for key in ("step_time_ci_s", "examples_per_s_ci"):
+            ci = row.get(key)
+            if ci is not None and not (len(ci) == 2 and all(_is(v, NUM) for v in ci)):
+                raise Invalid(f"rows[{i}].{key} must be two numbers")
+        for key in ("step_time_s", "examples_per_s", "mfu", "hfu"):
+            _finite(row.get(key), f"rows[{i}].{key}")
+    if not all(isinstance(n, str) for n in doc.get("notes") or []):
+        raise Invalid("notes must be a list of strings")
+    return "advice"
 
 
 def _why(err: Exception, text: str, last: bool = True) -> str:
@@ -222,7 +266,8 @@ def load(name: str, data: bytes) -> Loaded:
         except Invalid as err:
             loaded.refuse(where, str(err))
             continue
-        {"run": loaded.runs, "compare": loaded.compares, "error": loaded.errors}[kind].append(doc)
+        {"run": loaded.runs, "compare": loaded.compares, "error": loaded.errors,
+         "advice": loaded.advice}[kind].append(doc)
     if loaded.count == 0 and not loaded.problems:
         loaded.refuse(name, "no documents")
     return loaded
