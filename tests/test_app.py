@@ -33,7 +33,8 @@ def _frame(at: AppTest, column: str):
 
 
 @pytest.mark.parametrize("page", ["app.py", "pages/explore.py", "pages/compare.py",
-                                  "pages/sweep.py", "pages/inspect.py", "pages/guide.py"])
+                                  "pages/sweep.py", "pages/advisor.py", "pages/inspect.py",
+                                  "pages/guide.py"])
 def test_every_page_runs(page):
     at = _app(page, **SMALL).run()
     assert not at.exception, at.exception

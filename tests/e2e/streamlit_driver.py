@@ -14,7 +14,7 @@ RUN_TIMEOUT_MS = 120_000
 # Small and fast: every scenario's configuration (URL params) stays at width <= 256, repeats 3.
 SMALL = {"width": "64", "batch": "8", "depth": "1", "repeats": "3"}
 PAGES = {"Explore": "explore", "Compare policies": "compare", "Sweep": "sweep", "Advisor": "advisor",
-         "Inspect": "inspect", "Guide": "guide"}
+         "History": "history", "Open results": "results", "Inspect": "inspect", "Guide": "guide"}
 
 QUIET_MS = 400  # after the run: the DOM unchanged this long (lazy element chunks, Plotly, grids)
 
