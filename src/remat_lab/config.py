@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, fields
 
+from .limits import memory_limit
 from .models import MODELS, SEQ_MODELS, names_of
 from .policies import DEFAULT_POLICY, POLICIES
 from .stacks import STACKS
@@ -212,17 +213,8 @@ def estimate_bytes(config: RunConfig) -> int:
 
 
 def _system_memory_bytes() -> int:
-    """Physical memory, or the cgroup limit when a container sets a lower one."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as fh:
-                text = fh.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
+    """Physical memory, or the cgroup limit (v1 or v2, nested) when a container sets a lower one."""
+    return memory_limit()
 
 
 def parse_bytes(text: str) -> int:
