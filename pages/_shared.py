@@ -5,13 +5,14 @@ from __future__ import annotations
 import streamlit as st
 
 from pages._sidebar import controls
-from remat_lab import experiment
+from remat_lab import worker
 from remat_lab.config import RunConfig
 
 
 @st.cache_resource(show_spinner=False)
 def _environment() -> dict:
-    return experiment.environment()
+    """Backend, devices and versions of the worker process, where the runs happen."""
+    return worker.shared_pool().call("environment", {})
 
 
 def page_start(title: str, intro: str | None = None) -> RunConfig:

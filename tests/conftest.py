@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,11 @@ from remat_lab.experiment import run_experiment
 # The app's page modules (``from pages import _running, _shared, _sidebar``) import from the repository root.
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
     sys.path.insert(0, _root)
+
+
+# The app's runs go to a worker process (remat_lab.worker); the AppTest pages run them in-process
+# instead, so tests can patch the engine. tests/test_worker.py and the e2e server use real workers.
+os.environ.setdefault("REMAT_LAB_WORKERS", "0")
 
 
 @functools.lru_cache(maxsize=64)

@@ -107,18 +107,9 @@ def test_over_budget_grid_is_refused_before_tracing(monkeypatch):
 
 def test_default_budget_is_half_a_1gb_container(monkeypatch):
     """A 1 GB cgroup limit (e.g. Streamlit Community Cloud) gives a 512 MiB budget."""
-    import io
+    from remat_lab import config, limits
 
-    from remat_lab import config
-
-    real_open = open
-
-    def fake_open(path, *args, **kwargs):
-        if str(path) in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-            return io.StringIO(f"{1 << 30}\n")
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(config, "open", fake_open, raising=False)
+    monkeypatch.setattr(limits, "cgroup_memory", lambda root="/": {"limit": 1 << 30})
     monkeypatch.delenv(config.BUDGET_ENV, raising=False)
     assert config.resolve_budget(None, None) == 512 << 20
     assert config.resolve_budget(None, 80 << 30) == 40 << 30  # a GPU's bytes_limit wins
