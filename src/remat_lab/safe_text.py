@@ -6,16 +6,20 @@ import re
 
 # CommonMark lets ASCII punctuation be escaped with a backslash. Escaped here: what makes links and
 # images (brackets), HTML and autolinks (angle brackets), code spans (backticks), LaTeX ($), tables
-# (|), the backslash itself, GFM's bare-URL autolinks (the ":" of "://", the "." of "www.") and
-# Streamlit's :material/...: icons (its :color[...] directives need a bracket). Emphasis stays
-# possible (harmless); dots, commas and underscores stay readable in the source.
-_PUNCTUATION = re.compile(r"([\\`\[\]<>$|]|:(?=//|material/)|(?<=www)\.)", re.IGNORECASE)
+# (|), the backslash itself and Streamlit's :material/...: icons (its :color[...] directives need a
+# bracket). Emphasis stays possible (harmless); dots, commas and underscores stay readable.
+_PUNCTUATION = re.compile(r"([\\`\[\]<>$|]|:(?=material/))")
+# GFM's bare-URL and e-mail autolinks are found in the rendered text, after escapes are resolved
+# (Streamlit's renderer links "https\://x" all the same): a zero-width space breaks the pattern.
+_AUTOLINK = re.compile(r"(?<=:)(?=//)|(?<=www)(?=\.)|(?<=@)(?=[\w-])", re.IGNORECASE)
+ZWSP = "\u200b"
 _PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/\"'<>:;,()\[\]{}]+/)+([^\s/\"'<>:;,()\[\]{}]+)")
 
 
 def escape_markdown(text: object) -> str:
-    """``text`` with every Markdown-significant character backslash-escaped; newlines as spaces."""
-    return _PUNCTUATION.sub(r"\\\1", " ".join(str(text).split()))
+    """``text`` with every Markdown-significant character backslash-escaped, autolinks broken by a
+    zero-width space; newlines as spaces."""
+    return _AUTOLINK.sub(ZWSP, _PUNCTUATION.sub(r"\\\1", " ".join(str(text).split())))
 
 
 def code_span(text: object, limit: int = 40) -> str:

@@ -405,10 +405,10 @@ class Pool:
 
     def _death_message(self, code: int | None) -> str:
         if code == -signal.SIGKILL:
-            return (f"this configuration ran out of memory in the worker (limit "
+            return (f"This configuration ran out of memory in the worker (limit "
                     f"{human_bytes(self.limit)}): the worker process was killed; a new one is "
                     "starting. Lower width, batch, seq or depth.")
-        return (f"the worker process died while running this configuration (exit code {code}); "
+        return (f"The worker process died while running this configuration (exit code {code}); "
                 "a new one is starting. Try a smaller or different configuration.")
 
 
