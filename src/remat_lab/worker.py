@@ -96,7 +96,8 @@ def _serve(requests, replies, env: dict) -> None:
     while (msg := requests.get()) is not None:
         job_id, kind, payload = msg
         try:
-            value = execute(kind, payload, lambda stage: replies.put((job_id, "stage", stage, None)))
+            value = execute(kind, payload,
+                            lambda stage, job=job_id: replies.put((job, "stage", stage, None)))
         except Exception as err:
             replies.put((job_id, "error", _error_reply(err), limits.rss_bytes()))
         else:
