@@ -48,8 +48,8 @@ class WorkerLost(ExecutionError):
     """The worker process died while running a job (out of memory, an abort) or was stopped."""
 
 
-class Abandoned(RuntimeError):
-    """Every caller of a job left before it finished; the job was stopped."""
+class Abandoned(ExecutionError):
+    """Every caller of a job left before it finished; the job was stopped (nobody sees this)."""
 
 
 # ---------------------------------------------------------------- inside the worker process
