@@ -42,15 +42,10 @@ PROGRAM_CACHE_BYTES = 16 << 20
 
 
 @st.cache_resource(show_spinner=False)
-def _cached_run() -> ByteCache:
-    """Timed results by configuration (``_cached_run.clear()`` empties it)."""
-    return ByteCache(RUN_CACHE_BYTES, "results")
-
-
-@st.cache_resource(show_spinner=False)
-def _cached_programs() -> ByteCache:
-    """Untimed results with the program texts, absolute paths taken out."""
-    return ByteCache(PROGRAM_CACHE_BYTES, "programs")
+def _caches() -> dict[str, ByteCache]:
+    """The server's result caches, one per job kind, shared by all sessions (read-only results)."""
+    return {"run": ByteCache(RUN_CACHE_BYTES, "results"),
+            "programs": ByteCache(PROGRAM_CACHE_BYTES, "programs")}
 
 
 def pool() -> worker.Pool:
@@ -72,10 +67,11 @@ def _session_alive():
     return lambda: runtime.is_active_session(session)
 
 
-def cached_call(kind: str, cache: ByteCache, key: tuple, payload: dict, progress,
+def cached_call(kind: str, cache: ByteCache, key: tuple, payload: dict, progress=None,
                 need: int = 0, clean=None) -> dict:
     """``kind`` from ``cache``, else from the worker pool; a finished result is cached even when
-    the session that asked for it has left (a run nobody waits for is stopped)."""
+    the session that asked for it has left (a run nobody waits for is stopped). A failure is
+    raised and never cached."""
     found = cache.get(key)
     if found is not None:
         return found
@@ -87,6 +83,26 @@ def cached_call(kind: str, cache: ByteCache, key: tuple, payload: dict, progress
                         alive=_session_alive(), on_done=keep)
     found = cache.get(key)  # None when larger than the whole cache: shown, not kept
     return found if found is not None else (clean(value) if clean else value)
+
+
+class _CachedKind:
+    """``f(items)``: the cached result of one job kind for a configuration's sorted items;
+    ``f.clear()`` empties its cache (the calls the st.cache_data functions here used to have)."""
+
+    def __init__(self, kind: str, clean=None) -> None:
+        self.kind, self.clean = kind, clean
+
+    def __call__(self, items: tuple, progress=None) -> dict:
+        cfg = RunConfig(**dict(items))
+        return cached_call(self.kind, _caches()[self.kind], items, {"config": cfg.as_dict()},
+                           progress, need=estimate_process_bytes(cfg), clean=self.clean)
+
+    def clear(self) -> None:
+        _caches()[self.kind].clear()
+
+
+_cached_run = _CachedKind("run")  # timed results, without program texts
+_cached_programs = _CachedKind("programs", clean=safe_text.strip_paths_in)  # texts, paths cut
 
 
 def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = False) -> dict:
@@ -101,11 +117,7 @@ def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = Fals
     # The budget is checked before the cache too: lowering it refuses cached configurations as well.
     check_budget(cfg, resolve_budget(None, _device_limit()))
     items = tuple(sorted(cfg.as_dict().items()))
-    if keep_texts:
-        return cached_call("programs", _cached_programs(), items, {"config": cfg.as_dict()}, progress,
-                           need=estimate_process_bytes(cfg), clean=safe_text.strip_paths_in)
-    return cached_call("run", _cached_run(), items, {"config": cfg.as_dict()}, progress,
-                       need=estimate_process_bytes(cfg))
+    return (_cached_programs if keep_texts else _cached_run)(items, progress)
 
 
 def is_quick(cfg: RunConfig) -> bool:

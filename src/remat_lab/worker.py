@@ -241,11 +241,13 @@ class Pool:
     # ---- callers
 
     def submit(self, kind: str, payload: dict, key: Any = None, need: int = 0,
-               on_done: Callable[[Any], None] | None = None) -> Job:
+               on_done: Callable[[Any], None] | None = None,
+               progress: Callable[[str], None] | None = None) -> Job:
         """The job for ``key`` (an equal one in flight is shared), with one more waiter.
 
         ``need``: the job's estimated bytes (checked against the limit before it runs);
-        ``on_done``: called with the value when the job succeeds, whoever still waits.
+        ``on_done``: called with the value when the job succeeds, whoever still waits;
+        ``progress``: for a pool of size 0, called with each stage as the job runs here.
         """
         key = (kind, key) if key is not None else None
         with self._lock:
@@ -259,7 +261,7 @@ class Pool:
             with job._lock:
                 job.waiters += 1
         if fresh and self.size == 0:
-            self._inline(job)
+            self._inline(job, progress)
         elif fresh:
             if self._jobs.qsize() or any(self._busy):
                 job.stages.append("waiting")
@@ -270,7 +272,9 @@ class Pool:
              progress: Callable[[str], None] | None = None, alive: Callable[[], bool] | None = None,
              on_done: Callable[[Any], None] | None = None) -> Any:
         """Submit and wait: the job's value, or its error raised here."""
-        return self.submit(kind, payload, key, need, on_done).wait(progress, alive)
+        job = self.submit(kind, payload, key, need, on_done, progress)
+        ran_here = getattr(job, "thread", None) == threading.get_ident()
+        return job.wait(None if ran_here else progress, alive)  # stages already shown if ran here
 
     def warm(self) -> None:
         """Start every worker now (in the background) so the first answer does not wait for it."""
@@ -292,19 +296,21 @@ class Pool:
             if job.key is not None and self._in_flight.get(job.key) is job:
                 del self._in_flight[job.key]
 
-    def _inline(self, job: Job) -> None:
-        lock = self.timing_lock if job.kind in TIMED else None
+    def _inline(self, job: Job, progress: Callable[[str], None] | None) -> None:
+        """Run ``job`` in the caller's thread (the engine's own lock keeps one timing at a time)."""
+        job.thread = threading.get_ident()
+
+        def stage(name: str) -> None:
+            job.stages.append(name)
+            if progress is not None:
+                progress(name)
+
         try:
-            if lock is not None and not lock.acquire(blocking=False):
-                job.stages.append("waiting")
-                lock.acquire()
-            try:
-                job.finish(execute(job.kind, job.payload, job.stages.append))
-            finally:
-                if lock is not None:
-                    lock.release()
-        except Exception as err:
+            job.finish(execute(job.kind, job.payload, stage))
+        except BaseException as err:  # a stopped script run too: others waiting must not hang
             job.finish(error=err)
+            if not isinstance(err, Exception):
+                raise
         finally:
             self._forget(job)
 
