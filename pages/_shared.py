@@ -7,6 +7,8 @@ import streamlit as st
 from pages._sidebar import controls
 from remat_lab import worker
 from remat_lab.config import RunConfig
+from remat_lab.experiment import ExecutionError
+from remat_lab.safe_text import escape_markdown
 
 
 @st.cache_resource(show_spinner=False)
@@ -26,7 +28,11 @@ def page_start(title: str, intro: str | None = None) -> RunConfig:
 
 
 def env_line() -> None:
-    e = _environment()
+    try:
+        e = _environment()
+    except ExecutionError as err:  # no worker could start: say so, the page still renders
+        st.caption(f"Environment: unavailable ({escape_markdown(err)})")
+        return
     st.caption(f"Environment: backend **{e['backend']}** · device {e['device_kind']} × "
                f"{e['device_count']} · {e['cpu_count']} CPU cores · jax {e['jax']} · jaxlib "
                f"{e['jaxlib']} · flax {e['flax']} · streamlit {st.__version__}")

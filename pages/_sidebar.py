@@ -22,6 +22,7 @@ from remat_lab.config import (
     human_bytes,
     resolve_budget,
 )
+from remat_lab.experiment import ExecutionError
 from remat_lab.models import SEQ_MODELS, names_of
 from remat_lab.policies import GROUPS, POLICIES
 from remat_lab.safe_text import code_span, escape_markdown
@@ -199,9 +200,17 @@ def _render_controls() -> RunConfig:
 
 
 @st.cache_resource(show_spinner=False)
-def _device_limit() -> int | None:
-    """The device's memory limit, as the worker process sees it (None on CPU)."""
+def _worker_device_limit() -> int | None:
     return worker.shared_pool().call("device_limit", {})
+
+
+def _device_limit() -> int | None:
+    """The device's memory limit, as the worker process sees it (None on CPU, or while no worker
+    could be started: asked again on the next run, a failure is not cached)."""
+    try:
+        return _worker_device_limit()
+    except ExecutionError:
+        return None
 
 
 def _budget_or_none() -> int | None:

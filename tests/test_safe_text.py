@@ -66,3 +66,17 @@ def test_hostile_url_values_show_as_text_in_the_sidebar_warnings():
     for w in warnings:
         html = _html(w)
         assert "<a " not in html and "<img" not in html and "<b>" not in html, w
+
+
+def test_inspect_shows_programs_without_absolute_paths():
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "pages" / "inspect.py"), default_timeout=120)
+    at.query_params.update(width="16", batch="2", depth="1", repeats="1")
+    at.run()
+    assert not at.exception and not at.error
+    codes = "\n".join(c.value for c in at.code)
+    assert "source_file=" in codes or "dot_general" in codes
+    assert not re.search(r'source_file="/', codes), re.findall(r'source_file="[^"]*"', codes)[:3]
+    assert str(ROOT) not in codes
