@@ -83,6 +83,25 @@ def test_equal_requests_share_one_job(pool):
     assert a.wait() is b.wait()
 
 
+def test_workers_are_recycled_after_max_runs_and_above_max_rss():
+    p = Pool(size=1, max_runs=1, max_rss=1 << 40)
+    try:
+        pids = []
+        for _ in range(2):
+            p.call("environment", {})
+            pids.append(p._ensure(0).process.pid)
+        assert pids[0] != pids[1] and p.recycled >= 1  # one job each: a new worker for the next
+    finally:
+        p.close()
+    p = Pool(size=1, max_runs=100, max_rss=1 << 20)  # 1 MiB: every worker is over it after a job
+    try:
+        first = p._ensure(0).process.pid
+        p.call("environment", {})
+        assert p._ensure(0).process.pid != first and p.recycled == 1
+    finally:
+        p.close()
+
+
 def test_a_run_that_does_not_fit_under_the_limit_is_refused_before_it_starts():
     p = Pool(size=0, limit=1 << 40)  # in-process: the memory check belongs to the worker path
     assert p.call("environment", {})["backend"]
