@@ -1,10 +1,19 @@
 """Remat Lab: the Streamlit router. Run with ``streamlit run app.py``.
 
-Sets the page config, shows the shared controls in the sidebar and runs the selected page.
+Sets the page config, shows the shared controls in the sidebar and runs the selected page. The JAX
+work runs in a worker process (``remat_lab.worker``), started by the first session.
 """
 
 import sys
 from pathlib import Path
+
+from streamlit.runtime.pages_manager import PagesManager
+
+# This app lists its pages with st.navigation. Streamlit's legacy multipage mode (every file in
+# pages/ a page, no router) is on for a server whose first sessions start before any st.navigation
+# call; switch it off for the whole process before anything else runs (see _sidebar.controls for
+# the runs that started before this line).
+PagesManager.uses_pages_directory = False
 
 ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # for "from pages import _sidebar" (never put pages/ itself on the path)
@@ -17,16 +26,9 @@ st.set_page_config(page_title="Remat Lab", page_icon=":material/autorenew:", lay
 from pages import _mesh  # noqa: E402
 
 _mesh.start_devices()  # $REMAT_LAB_HOST_DEVICES, before anything starts JAX
-from pages import _sidebar  # noqa: E402
-from remat_lab.experiment import enable_compilation_cache  # noqa: E402
+from pages import _running, _sidebar  # noqa: E402  (pages/__init__ imports the engine once)
 
-
-@st.cache_resource(show_spinner=False)
-def _compile_cache() -> str:
-    return enable_compilation_cache()
-
-
-_compile_cache()
+_running.pool()  # start (and warm) the worker pool with the server's first session
 EXPLORE = st.Page("pages/explore.py", title="Explore", icon=":material/science:", url_path="start",
                   default=True)  # served at "/": Streamlit ignores a default page's url_path
 
@@ -51,6 +53,6 @@ PAGES = [
 page = st.navigation(PAGES, position="top")
 if page.url_path == "explore":  # switch before the controls, so URL warnings show once, on Explore
     page.run()
-config = _sidebar.controls()
+config = _sidebar.controls(router=True)
 with _sidebar.routed(config):
     page.run()

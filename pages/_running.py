@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import streamlit as st
 
+from pages import _record
 from pages._sidebar import _device_limit, describe, over_budget
-from remat_lab import experiment
+from remat_lab import safe_text, worker
+from remat_lab.bytecache import ByteCache
 from remat_lab.config import (
     ConfigError,
     MemoryBudgetError,
     RunConfig,
     check_budget,
     estimate_bytes,
+    estimate_process_bytes,
     resolve_budget,
 )
 from remat_lab.experiment import STAGES, ExecutionError
@@ -33,27 +35,75 @@ STAGE_TEXT = {
 assert set(STAGE_TEXT) == set(STAGES)
 QUICK_FLOPS = 3e10  # auto-run below this many flops of timed work (a few seconds on 2 cores)
 
-_PROGRESS = threading.local()  # the progress callback of the run in progress
+# Results live in byte-bounded caches on the server (bytecache.py); the JAX work runs in the worker
+# pool (worker.py). A timed result without program texts is up to ~200 KB (depth-16 loop: tables and
+# the memory timeline); a programs result carries the jaxpr and HLO texts (up to a few MiB).
+RUN_CACHE_BYTES = 32 << 20
+PROGRAM_CACHE_BYTES = 16 << 20
 
 
-def _progress(stage: str) -> None:
-    (getattr(_PROGRESS, "callback", None) or (lambda s: None))(stage)
+@st.cache_resource(show_spinner=False)
+def _caches() -> dict[str, ByteCache]:
+    """The server's result caches, one per job kind, shared by all sessions (read-only results)."""
+    return {"run": ByteCache(RUN_CACHE_BYTES, "results"),
+            "programs": ByteCache(PROGRAM_CACHE_BYTES, "programs")}
 
 
-# A result without program texts is up to ~200 KB (depth-16 loop: tables and the memory timeline):
-# 128 entries bound this cache at ~25 MiB.
-@st.cache_data(show_spinner=False, max_entries=128)
-def _cached_run(items: tuple) -> dict:
-    """The engine's timed result for a configuration, without the program texts."""
-    result = experiment.run_experiment(RunConfig(**dict(items)), progress=_progress)
-    result.pop("texts", None)
-    return result
+def pool() -> worker.Pool:
+    """The server's worker pool (started, and warmed, by the first session)."""
+    return worker.shared_pool()
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _cached_programs(items: tuple) -> dict:
-    """The untimed result with the jaxpr and HLO texts (large: few are kept)."""
-    return experiment.run_experiment(RunConfig(**dict(items)), progress=_progress, timing=False)
+def _session_alive():
+    """A callable telling whether this script run's browser session is still connected."""
+    try:
+        from streamlit.runtime import Runtime
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+    except ImportError:  # pragma: no cover - a Streamlit without these
+        return None
+    ctx = get_script_run_ctx()
+    if ctx is None or not Runtime.exists():  # AppTest and bare mode: nobody can leave
+        return None
+    runtime, session = Runtime.instance(), ctx.session_id
+    return lambda: runtime.is_active_session(session)
+
+
+def cached_call(kind: str, cache: ByteCache, key: tuple, payload: dict, progress=None,
+                need: int = 0, clean=None) -> dict:
+    """``kind`` from ``cache``, else from the worker pool; a finished result is cached even when
+    the session that asked for it has left (a run nobody waits for is stopped). A failure is
+    raised and never cached."""
+    found = cache.get(key)
+    if found is not None:
+        return found
+
+    def keep(value):
+        cache.put(key, clean(value) if clean else value)
+
+    value = pool().call(kind, payload, key=key, need=need, progress=progress,
+                        alive=_session_alive(), on_done=keep)
+    found = cache.get(key)  # None when larger than the whole cache: shown, not kept
+    return found if found is not None else (clean(value) if clean else value)
+
+
+class _CachedKind:
+    """``f(items)``: the cached result of one job kind for a configuration's sorted items;
+    ``f.clear()`` empties its cache (the calls the st.cache_data functions here used to have)."""
+
+    def __init__(self, kind: str, clean=None) -> None:
+        self.kind, self.clean = kind, clean
+
+    def __call__(self, items: tuple, progress=None) -> dict:
+        cfg = RunConfig(**dict(items))
+        return cached_call(self.kind, _caches()[self.kind], items, {"config": cfg.as_dict()},
+                           progress, need=estimate_process_bytes(cfg), clean=self.clean)
+
+    def clear(self) -> None:
+        _caches()[self.kind].clear()
+
+
+_cached_run = _CachedKind("run")  # timed results, without program texts
+_cached_programs = _CachedKind("programs", clean=safe_text.strip_paths_in)  # texts, paths cut
 
 
 def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = False) -> dict:
@@ -67,12 +117,8 @@ def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = Fals
 
     # The budget is checked before the cache too: lowering it refuses cached configurations as well.
     check_budget(cfg, resolve_budget(None, _device_limit()))
-    _PROGRESS.callback = progress
-    try:
-        items = tuple(sorted(cfg.as_dict().items()))
-        return _cached_programs(items) if keep_texts else _cached_run(items)
-    finally:
-        _PROGRESS.callback = None
+    items = tuple(sorted(cfg.as_dict().items()))
+    return (_cached_programs if keep_texts else _cached_run)(items, progress)
 
 
 def is_quick(cfg: RunConfig) -> bool:
@@ -120,19 +166,24 @@ def run_one(cfg: RunConfig, keep_texts: bool = True, button_key: str = "run_now"
         show_error(error)
         return None
     ran.add(key)
+    if not keep_texts:  # a finished timed run goes to the run history (History page)
+        _record.record(result)
     return result
 
 
 def show_error(err: Exception) -> None:
-    """ConfigError / ExecutionError as a red box with what to change."""
+    """ConfigError / ExecutionError as a red box with what to change (user values escaped, paths cut)."""
+    text = safe_text.escape_markdown(safe_text.strip_paths(str(err)))
     if isinstance(err, ConfigError):
-        text = str(err)
         if isinstance(err, MemoryBudgetError):  # the engine's advice names a CLI flag: not for the web
-            text = re.sub(r" \(or raise the budget with [^)]*\)", "", text)
+            text = re.sub(r" \\\(or raise the budget with .*?\\\)", "", text)
         st.error(f"**This configuration cannot run.** {text}\n\nChange the settings in the sidebar "
                  "(for example a smaller width, batch, seq or depth); the app keeps serving.")
+    elif isinstance(err, worker.WorkerLost):
+        st.error(f"**The run was lost.** {text}\n\nThe app keeps serving; the next run starts a "
+                 "new worker.")
     elif isinstance(err, ExecutionError):
-        st.error(f"**XLA failed.** {err}\n\nChange the settings in the sidebar and the app will "
+        st.error(f"**XLA failed.** {text}\n\nChange the settings in the sidebar and the app will "
                  "run again.")
     else:
-        st.error(f"Unexpected error: {err}")
+        st.error(f"Unexpected error: {text}")

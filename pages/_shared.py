@@ -5,13 +5,16 @@ from __future__ import annotations
 import streamlit as st
 
 from pages._sidebar import controls
-from remat_lab import experiment
+from remat_lab import worker
 from remat_lab.config import RunConfig
+from remat_lab.experiment import ExecutionError
+from remat_lab.safe_text import escape_markdown
 
 
 @st.cache_resource(show_spinner=False)
 def _environment() -> dict:
-    return experiment.environment()
+    """Backend, devices and versions of the worker process, where the runs happen."""
+    return worker.shared_pool().call("environment", {})
 
 
 def page_start(title: str, intro: str | None = None) -> RunConfig:
@@ -25,7 +28,11 @@ def page_start(title: str, intro: str | None = None) -> RunConfig:
 
 
 def env_line() -> None:
-    e = _environment()
+    try:
+        e = _environment()
+    except ExecutionError as err:  # no worker could start: say so, the page still renders
+        st.caption(f"Environment: unavailable ({escape_markdown(err)})")
+        return
     st.caption(f"Environment: backend **{e['backend']}** · device {e['device_kind']} × "
                f"{e['device_count']} · {e['cpu_count']} CPU cores · jax {e['jax']} · jaxlib "
                f"{e['jaxlib']} · flax {e['flax']} · streamlit {st.__version__}")

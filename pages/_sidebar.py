@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
 import streamlit as st
 
 from pages import _mesh
-from remat_lab import experiment
+from remat_lab import worker
 from remat_lab.config import (
     CHOICES,
     DTYPES,
@@ -22,8 +23,10 @@ from remat_lab.config import (
     human_bytes,
     resolve_budget,
 )
+from remat_lab.experiment import ExecutionError
 from remat_lab.models import SEQ_MODELS, names_of
 from remat_lab.policies import GROUPS, POLICIES
+from remat_lab.safe_text import code_span, escape_markdown
 
 CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy",
                 "objective", "repeats")
@@ -83,8 +86,9 @@ def _read_url_once() -> list[str]:
         except ConfigError as err:
             allowed = (", ".join(CHOICES[key]) if key in CHOICES
                        else "a whole number from {} to {}".format(*LIMITS[key]))
-            warnings.append(f"URL parameter `{key}` = `{str(raw)[:40]}` is not valid ({err}) "
-                            f"Allowed: {allowed}. Using the default, `{getattr(DEFAULT, key)}`.")
+            warnings.append(f"URL parameter `{key}` = {code_span(raw)} is not valid "
+                            f"({escape_markdown(err)}) Allowed: {allowed}. Using the default, "
+                            f"`{getattr(DEFAULT, key)}`.")
     if values.get("batch") == 0 and values.get("model") == "seq_mixer":
         warnings.append("URL parameter `batch` = `0` (a single vector) is only for the mlp model. "
                         f"Using the default, `{DEFAULT.batch}`.")
@@ -97,8 +101,8 @@ def _read_url_once() -> list[str]:
         try:
             names = getattr(coerce_config({"model": model, "policy": "custom", key: raw}), key)
         except ConfigError as err:
-            warnings.append(f"URL parameter `{key}` = `{str(raw)[:40]}` is not valid ({err}) "
-                            "Using none: those tensors are recomputed.")
+            warnings.append(f"URL parameter `{key}` = {code_span(raw)} is not valid "
+                            f"({escape_markdown(err)}) Using none: those tensors are recomputed.")
             continue
         values.update({f"custom_{n}": "save" if key == "save_names" else "offload" for n in names})
     for key, value in values.items():
@@ -178,7 +182,7 @@ def _render_controls() -> RunConfig:
         cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in CONTROL_KEYS},
                         **_custom_names(ss))
     except ConfigError as err:  # should not happen: every control offers valid values only
-        st.warning(f"{err} Using the defaults.")
+        st.warning(f"{escape_markdown(err)} Using the defaults.")
         cfg = DEFAULT
     cfg = _mesh.apply(cfg)  # device mesh controls, only with more than one device
     for text in warnings:
@@ -199,8 +203,17 @@ def _render_controls() -> RunConfig:
 
 
 @st.cache_resource(show_spinner=False)
+def _worker_device_limit() -> int | None:
+    return worker.shared_pool().call("device_limit", {})
+
+
 def _device_limit() -> int | None:
-    return experiment.device_memory_limit()
+    """The device's memory limit, as the worker process sees it (None on CPU, or while no worker
+    could be started: asked again on the next run, a failure is not cached)."""
+    try:
+        return _worker_device_limit()
+    except ExecutionError:
+        return None
 
 
 def _budget_or_none() -> int | None:
@@ -226,24 +239,31 @@ def budget_message(need: int, budget: int, model: str = "seq_mixer") -> str:
 def _leave_legacy_page_mode() -> None:
     """Hand a page run by Streamlit's legacy ``pages/`` discovery back to the router.
 
-    A server's first request that names a page (``/sweep``, a shared link) is served in the old
-    multipage mode because ``pages/`` exists: the page script runs without ``app.py`` and the
-    sidebar lists every file in ``pages/``. That mode ends only when ``st.navigation`` is called,
-    so end it and rerun: the rerun executes ``app.py``, which routes to the same URL path.
+    A server's first requests that name a page (``/sweep``, a shared link) can start before any
+    session has called ``st.navigation``: Streamlit then runs the page script without ``app.py``
+    and lists every file in ``pages/`` in the sidebar. app.py switches that mode off for the
+    process; a run that started before is recognised here (a page script in a server whose main
+    script is app.py, but not routed), and rerun: the rerun executes ``app.py``, which routes to
+    the same URL path. (AppTest runs a page file as its own main script: not a legacy run.)
     """
     from streamlit.runtime.pages_manager import PagesManager  # the flag lives nowhere public
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-    if PagesManager.uses_pages_directory:
-        PagesManager.uses_pages_directory = False
-        st.rerun()
+    ctx = get_script_run_ctx()
+    if ctx is None or Path(ctx.main_script_path).name != "app.py":
+        return
+    PagesManager.uses_pages_directory = False
+    st.rerun()
 
 
-def controls() -> RunConfig:
-    """The sidebar controls' configuration; rendered once per script run (router or page)."""
+def controls(router: bool = False) -> RunConfig:
+    """The sidebar controls' configuration; rendered once per script run (``router=True``: by
+    app.py, before it runs the page; otherwise by a page run on its own)."""
     cfg = getattr(_ROUTED, "config", None)
     if cfg is not None:
         return cfg
-    _leave_legacy_page_mode()
+    if not router:
+        _leave_legacy_page_mode()
     return _render_controls()
 
 

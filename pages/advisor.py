@@ -2,7 +2,6 @@
 
 import json
 import sys
-import threading
 from pathlib import Path
 
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
@@ -12,27 +11,33 @@ import streamlit as st  # noqa: E402
 
 from pages import _running, _shared, _sidebar, _views  # noqa: E402
 from remat_lab import advisor, reproduce, tables  # noqa: E402
-from remat_lab.config import ConfigError, RunConfig, human_bytes, parse_bytes  # noqa: E402
+from remat_lab.bytecache import ByteCache  # noqa: E402
+from remat_lab.config import ConfigError, RunConfig, human_bytes, parse_bytes, resolve_budget  # noqa: E402
 from remat_lab.experiment import ExecutionError  # noqa: E402
 from remat_lab.policies import POLICIES  # noqa: E402
 
-_PROGRESS = threading.local()  # this script run's progress callback, read by the cached function
+
+# An advice is a few KB (probes and rates per policy): 4 MiB keep hundreds.
+@st.cache_resource(show_spinner=False)
+def _advice_cache() -> ByteCache:
+    return ByteCache(4 << 20, "advice")
 
 
-def _say(message: str) -> None:
-    (getattr(_PROGRESS, "say", None) or (lambda m: None))(message)
-
-
-# An advice is a few KB (probes and rates per policy): 32 are well under a MiB.
-@st.cache_data(show_spinner=False, max_entries=32)
-def _cached_advice(items: tuple, budget: int, policies: tuple, timing: bool) -> dict:
-    return advisor.advise(RunConfig(**dict(items)), budget, policies=list(policies), timing=timing,
-                          progress=_say)
+def _advise(model: RunConfig, budget: int, policies: list[str], timing: bool, say) -> dict:
+    """The advice, from the cache or the worker pool. Timing runs each policy at its largest batch,
+    one at a time, within this server's budget: the need is twice that budget (device program and
+    host work) or the user's budget if smaller; sizing only compiles."""
+    allowed = min(budget, resolve_budget(None, _sidebar._device_limit()))
+    need = 2 * allowed + (48 << 20) if timing else 64 << 20
+    key = (tuple(sorted(model.as_dict().items())), budget, tuple(policies), timing)
+    return _running.cached_call("advise" if timing else "advise_sizes", _advice_cache(), key,
+                                {"config": model.as_dict(), "budget": budget, "policies": policies},
+                                say, need=need)
 
 
 @st.cache_resource(show_spinner=False)
 def _default_budget() -> tuple[int, str]:
-    return advisor.advice_budget(None)
+    return advisor.advice_budget(None, _sidebar._device_limit(), ask_device=False)
 
 
 def _size_text(n: int) -> str:
@@ -85,9 +90,9 @@ if not (clicked or st.session_state.get("_advisor_done") == key):
     st.stop()
 
 with st.status(f"Advising on {len(chosen)} policies…", expanded=False) as status:
-    _PROGRESS.say = lambda message: status.update(label=f"{message}…", state="running")
+    say = lambda message: status.update(label=f"{message}…", state="running")  # noqa: E731
     try:
-        doc = _cached_advice(tuple(sorted(model.as_dict().items())), budget, tuple(chosen), timing)
+        doc = _advise(model, budget, list(chosen), timing, say)
     except (ConfigError, ExecutionError) as err:
         status.update(label="The advisor failed", state="error")
         doc, error = None, err
@@ -95,8 +100,6 @@ with st.status(f"Advising on {len(chosen)} policies…", expanded=False) as stat
         error = None
         status.update(label=f"Done: {len(doc['rows'])} policies sized in {doc['search_s']:.1f} s of "
                             "compiling" + (", then timed" if doc["timed"] else ""), state="complete")
-    finally:
-        _PROGRESS.say = None
 if error is not None:
     _running.show_error(error)
     st.stop()

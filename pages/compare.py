@@ -2,7 +2,6 @@
 
 import json
 import sys
-import threading
 from pathlib import Path
 
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
@@ -11,36 +10,44 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _mesh, _running, _shared, _sidebar  # noqa: E402
-from remat_lab import charts, compare, experiment, tables  # noqa: E402
+from pages import _mesh, _record, _running, _shared, _sidebar  # noqa: E402
+from remat_lab import charts, compare, safe_text, tables  # noqa: E402
+from remat_lab.bytecache import ByteCache  # noqa: E402
 from remat_lab.config import (  # noqa: E402
     LIMITS,
     ConfigError,
     RunConfig,
     estimate_bytes,
+    estimate_process_bytes,
     human_bytes,
     resolve_budget,
 )
 from remat_lab.experiment import ExecutionError  # noqa: E402
 from remat_lab.policies import POLICIES  # noqa: E402
 
-_PROGRESS = threading.local()  # this script run's progress callback, read by the cached function
+
+# A comparison carries every policy's memory timeline (up to ~50 KB each, ~1 MiB in all): 16 MiB.
+@st.cache_resource(show_spinner=False)
+def _cached_compare() -> ByteCache:
+    """Comparisons by (configuration, policies), bounded by bytes."""
+    return ByteCache(16 << 20, "comparisons")
 
 
-def _say(message: str) -> None:
-    (getattr(_PROGRESS, "say", None) or (lambda m: None))(message)
+def _compare(cfg: RunConfig, policies: list[str], say) -> dict:
+    """The engine's comparison of ``policies`` at ``cfg``, from the cache or the worker pool.
 
-
-# A comparison carries every policy's memory timeline (up to ~50 KB each): 16 entries, ~15 MiB.
-@st.cache_data(show_spinner=False, max_entries=16)
-def _cached_compare(items: tuple, policies: tuple) -> dict:
-    """The engine's comparison of ``policies`` at a configuration (no program texts: small)."""
-    return compare.compare_policies(RunConfig(**dict(items)), list(policies), progress=_say)
+    Every policy's executable is alive during the interleaved timing: the need counts the
+    device program once per policy on top of one run's process estimate.
+    """
+    need = estimate_process_bytes(cfg) + (len(policies) - 1) * estimate_bytes(cfg)
+    return _running.cached_call("compare", _cached_compare(),
+                                (tuple(sorted(cfg.as_dict().items())), tuple(policies)),
+                                {"config": cfg.as_dict(), "policies": list(policies)}, say, need=need)
 
 
 def _too_large(cfg: RunConfig) -> str | None:
     """Advice a web user can act on when ``cfg`` is over this server's memory budget."""
-    need, budget = estimate_bytes(cfg), resolve_budget(None, experiment.device_memory_limit())
+    need, budget = estimate_bytes(cfg), resolve_budget(None, _sidebar._device_limit())
     if need <= budget:
         return None
     return (f"**This configuration is too large for this server.** It needs about {human_bytes(need)} "
@@ -56,8 +63,14 @@ cfg = _shared.page_start("Compare policies", "Every checkpoint policy at the sid
 # name (on the other models they compile like nothing_saveable and only lengthen the list).
 default = [p for p, entry in POLICIES.items()
            if entry.group == "jax" or (entry.group == "maxtext" and cfg.model == "transformer")]
-chosen = st.multiselect("Policies", list(POLICIES), default=default, key="compare_policies",
+# The choice outlives the page: Streamlit forgets a widget's state once a page without it runs,
+# so it is kept under a key of its own and given back when the page comes back.
+ss = st.session_state
+if "compare_policies" not in ss:
+    ss["compare_policies"] = [p for p in ss.get("_compare_chosen", default) if p in POLICIES]
+chosen = st.multiselect("Policies", list(POLICIES), key="compare_policies",
                         format_func=_sidebar.policy_label)
+ss["_compare_chosen"] = list(chosen)
 if not chosen:
     st.info("Pick at least one policy.")
     st.stop()
@@ -79,9 +92,11 @@ if not (_running.is_quick(timed) or clicked or st.session_state.get("_compare_do
     st.stop()
 
 with st.status(f"Comparing {len(chosen)} policies…", expanded=False) as status:
-    _PROGRESS.say = lambda message: status.update(label=f"{message}…", state="running")
+    def say(message: str) -> None:
+        status.update(label=f"{_running.STAGE_TEXT.get(message, message)}…", state="running")
+
     try:
-        result = _cached_compare(tuple(sorted(cfg.as_dict().items())), tuple(chosen))
+        result = _compare(cfg, chosen, say)
     except (ConfigError, ExecutionError) as err:
         status.update(label="Comparison failed", state="error")
         result, error = None, err
@@ -91,14 +106,15 @@ with st.status(f"Comparing {len(chosen)} policies…", expanded=False) as status
         status.update(label=f"Done: {len(result['rows'])} policies at "
                             f"{_sidebar.describe(cfg).split(', ')[0]}, {m['rounds']} interleaved rounds "
                             f"of {m['calls_per_round']} calls each", state="complete")
-    finally:
-        _PROGRESS.say = None
 if error is not None:
     _running.show_error(error)
     st.stop()
 st.session_state["_compare_done"] = key
+_record.record(result, kind="compare")  # the run history (History page); once per session
 if result["failed"]:
-    st.error("XLA failed for " + "; ".join(f"**{f['policy']}** ({f['error']})" for f in result["failed"])
+    st.error("XLA failed for " + "; ".join(
+        f"**{f['policy']}** ({safe_text.escape_markdown(safe_text.strip_paths(f['error']))})"
+        for f in result["failed"])
              + ". The other policies are compared below.")
 
 rows = result["rows"]

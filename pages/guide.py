@@ -10,7 +10,7 @@ from urllib.parse import urlencode  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
-from pages import _shared  # noqa: E402
+from pages import _mesh, _shared  # noqa: E402
 
 _shared.page_start("Guide", "How to read Remat Lab.")
 
@@ -22,7 +22,7 @@ def _open(text: str, **config) -> str:
 
 STACK = dict(model="mlp", width=256, batch=128, depth=8)
 st.markdown(f"""
-### Four lessons, each one click away
+### Five lessons, each one click away
 Measured here (XLA CPU, jax 0.10.2); each link opens the configuration in Explore. The app opens
 on the first lesson's stack (mlp 256 × 128, depth 8, scan), chosen because the policies' compiled
 peaks differ there: 10.4 MiB for nothing_saveable, 11.7 MiB for no_remat, 12.2 MiB for
@@ -46,6 +46,11 @@ dots_with_no_batch_dims_saveable, one step in about 8 ms on 2 cores; Compare sho
    nothing_saveable compiles to the same program as no_remat.
    {_open("grad, nothing_saveable", model="mlp", width=256, batch=64, depth=1,
           policy="nothing_saveable", objective="grad")}
+5. **The largest batch is not the fastest.** In 64 MiB the same scanned stack fits batch 3786 under
+   nothing_saveable and 2271 under no_remat (the Advisor finds each by compiling only), but
+   recomputing costs a third more flops: on 2 CPU cores no_remat and the savers process as many or
+   more examples per second at their smaller batches. Set the budget to 64M on
+   [the Advisor](/advisor?{urlencode(dict(STACK, stack="scan"))}).
 """)
 
 st.markdown(f"""
@@ -174,4 +179,20 @@ products in float32, converting around each dot, so bf16 time and memory on CPU 
 accelerator's; the app says so where it sees it. On GPU and
 TPU, offloaded residuals really move to host memory (the `host_*` fields), recomputation costs real
 accelerator time, and the memory analysis reflects device HBM, which is what remat is for.
+""")
+
+st.markdown(f"""
+### Device meshes
+Started with several devices (GPUs, or `REMAT_LAB_HOST_DEVICES=4` for emulated CPU devices), the
+sidebar gets mesh controls and Explore and Compare show per-device memory and the collectives by
+phase. The rules: {_mesh.guide_text()}
+
+Measured on 4 emulated CPU devices (mlp, scan, width 256, batch 64, depth 4): under `fsdp=4` each
+device holds a quarter of the parameters; nothing_saveable and dots_saveable both gather the
+weights again in the backward pass (16 recomputed all-gathers, one per parameter of each of the 4
+blocks; no_remat has none),
+because the input gradients need the gathered weights and a dot policy saves products, not weights;
+everything_saveable gathers nothing again, at no_remat's memory. XLA CPU all-reduces gradients
+(no reduce-scatter). Emulated devices share this machine's cores and have no interconnect: their
+memory per device is real, their step times are not a cluster's.
 """)

@@ -28,6 +28,9 @@ def _history_in_temp(tmp_path_factory):
         os.environ.pop("REMAT_LAB_HOME", None)
     else:
         os.environ["REMAT_LAB_HOME"] = saved
+# The app's runs go to a worker process (remat_lab.worker); the AppTest pages run them in-process
+# instead, so tests can patch the engine. tests/test_worker.py and the e2e server use real workers.
+os.environ.setdefault("REMAT_LAB_WORKERS", "0")
 
 
 @functools.lru_cache(maxsize=64)

@@ -107,18 +107,9 @@ def test_over_budget_grid_is_refused_before_tracing(monkeypatch):
 
 def test_default_budget_is_half_a_1gb_container(monkeypatch):
     """A 1 GB cgroup limit (e.g. Streamlit Community Cloud) gives a 512 MiB budget."""
-    import io
+    from remat_lab import config, limits
 
-    from remat_lab import config
-
-    real_open = open
-
-    def fake_open(path, *args, **kwargs):
-        if str(path) in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-            return io.StringIO(f"{1 << 30}\n")
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(config, "open", fake_open, raising=False)
+    monkeypatch.setattr(limits, "cgroup_memory", lambda root="/": {"limit": 1 << 30})
     monkeypatch.delenv(config.BUDGET_ENV, raising=False)
     assert config.resolve_budget(None, None) == 512 << 20
     assert config.resolve_budget(None, 80 << 30) == 40 << 30  # a GPU's bytes_limit wins
@@ -347,9 +338,9 @@ def test_interrupted_sweep_keeps_completed_rows_and_a_clean_cache(monkeypatch, t
     at.button(key="sweep_run").click().run()
     assert not at.exception
     assert len(calls) == 3
-    rows = at.session_state["sweep_rows"]
-    assert at.session_state["sweep_total"] == 4
-    assert [(r["width"], r["policy"]) for r in rows] == [(8, "no_remat"), (8, "nothing_saveable")]
+    rows = list(at.session_state["sweep_docs"].values())  # kept per configuration for the session
+    assert [(r["config"]["width"], r["config"]["policy"]) for r in rows] == [
+        (8, "no_remat"), (8, "nothing_saveable")]
 
     # The cache holds the two completed runs and nothing for the interrupted one.
     completed, interrupted = calls[0], calls[2]

@@ -239,17 +239,19 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     }
 
 
-def advice_budget(budget: str | int | None = None) -> tuple[int, str]:
+def advice_budget(budget: str | int | None = None, device_limit: int | None = None, *,
+                  ask_device: bool = True) -> tuple[int, str]:
     """``(bytes, where it came from)``: the given size, else ``$REMAT_LAB_MEMORY_BUDGET``, else the
     device's memory limit (GPU/TPU), else the run budget (half this machine's or container's memory).
-    Sizes are written as for ``--memory-budget`` (``512M``, ``2G``, bytes)."""
+    Sizes are written as for ``--memory-budget`` (``512M``, ``2G``, bytes). ``device_limit`` with
+    ``ask_device=False``: a limit already known (the app asks its worker), JAX not asked here."""
     if budget is not None:
         if isinstance(budget, bool) or (isinstance(budget, int) and budget <= 0):
             raise ConfigError(f"memory budget must be a positive size; got {budget!r}.")
         return (budget if isinstance(budget, int) else parse_bytes(budget)), "given"
     if os.environ.get(BUDGET_ENV):
         return parse_bytes(os.environ[BUDGET_ENV]), f"${BUDGET_ENV}"
-    limit = device_memory_limit()
+    limit = device_memory_limit() if ask_device and device_limit is None else device_limit
     if limit:
         return int(limit), "the device's memory limit"
     return default_budget_bytes(), "half this machine's (or container's) memory, as for runs"

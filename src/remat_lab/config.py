@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, fields
 
+from . import limits
 from .models import MODELS, SEQ_MODELS, names_of
 from .policies import DEFAULT_POLICY, POLICIES
 from .stacks import STACKS
@@ -273,18 +274,25 @@ def estimate_bytes(config: RunConfig) -> int:
     return 2 * (3 * params + config.depth * act + f32_acc) + (1 << 20)
 
 
+def estimate_process_bytes(config: RunConfig) -> int:
+    """An upper estimate of how much a worker process grows while running ``config``.
+
+    ``estimate_bytes`` (the device program) is one part; the process also holds the gradient
+    check's reference program (its parameters, gradients and activations: about the step's size
+    again), the no_remat witness compile, host copies of the parameters and gradients, the program
+    texts, and XLA's compile workspace (a fixed allowance). Checked against measured peak RSS by
+    ``tests/load/memory_model.py`` (README, Limits and safety).
+    """
+    return PROCESS_FACTOR * estimate_bytes(config) + COMPILE_WORKSPACE
+
+
+PROCESS_FACTOR = 2
+COMPILE_WORKSPACE = 48 << 20
+
+
 def _system_memory_bytes() -> int:
-    """Physical memory, or the cgroup limit when a container sets a lower one."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as fh:
-                text = fh.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
+    """Physical memory, or the cgroup limit (v1 or v2, nested) when a container sets a lower one."""
+    return limits.memory_limit()
 
 
 def parse_bytes(text: str) -> int:

@@ -205,7 +205,10 @@ def _check_paths(paths: list[str], depth: int, model: str = "mlp") -> None:
 
 def reference_loss_and_grads(problem, dtype=None, *, excess_precision: bool = True
                              ) -> tuple[float, list[np.ndarray], float]:
-    """``(loss, grads in problem.paths order as float64, sum|out|)`` of the plain-jnp model.
+    """``(loss, grads in problem.paths order, sum|out|)`` of the plain-jnp model.
+
+    The gradients are NumPy views of the reference's arrays in its dtype (no float64 copies:
+    ``_leaf_errors`` widens them a chunk at a time).
 
     ``dtype`` defaults to the step's (``jnp.float32`` gives an upcast evaluation);
     ``excess_precision=False`` compiles with every intermediate rounded to the dtype.
@@ -218,7 +221,7 @@ def reference_loss_and_grads(problem, dtype=None, *, excess_precision: bool = Tr
     shapes = tuple(sorted((p, tuple(v.shape)) for p, v in params.items()))
     fn = _compiled(cfg.model, cfg.depth, shapes, tuple(x.shape), dtype.name, excess_precision)
     (loss, abs_sum), grads = fn(params, x)
-    return (float(loss), [np.asarray(grads[p], dtype=np.float64) for p in problem.paths],
+    return (float(loss), [np.asarray(grads[p]) for p in problem.paths],
             float(abs_sum))
 
 
@@ -256,6 +259,59 @@ def bound_parameters(config) -> dict:
             "c_loss": C_LOSS}
 
 
+CHUNK = 1 << 18  # entries of a leaf compared at a time (2 MiB per float64 temporary)
+
+
+def _chunks(a: np.ndarray):
+    """``a`` flattened, in float64 slices of at most CHUNK entries (no float64 copy of the leaf)."""
+    flat = a.reshape(-1)
+    for start in range(0, flat.size, CHUNK):
+        yield start, flat[start:start + CHUNK].astype(np.float64)
+
+
+def _leaf_errors(path: str, g: np.ndarray, r: np.ndarray, rtol: float, atol: float, u: float,
+                 acc: float) -> tuple[float, float, list[str]]:
+    """``(worst |g - r|, max |r|, failures)`` of one leaf, computed in float64 chunk by chunk.
+
+    The same tests as on whole float64 copies (per element, then the leaf-wide scale test), with
+    the host memory of one chunk: a width-4096 model's leaves are 64 MiB each in float32.
+    """
+    bad = scale = 0.0
+    r2 = r4 = 0.0
+    for _, rc in _chunks(r):
+        scale = max(scale, float(np.max(np.abs(rc), initial=0.0)))
+        r2 += float(np.sum(rc * rc))
+        r4 += float(np.sum(rc**4))
+    for _, gc in _chunks(g):
+        bad += int(np.sum(~np.isfinite(gc)))
+    if bad:
+        return math.inf, scale, [f"{path}: {int(bad)} non-finite entries"]
+    worst, count, top, cross = 0.0, 0, (-math.inf, 0), 0.0
+    for (start, gc), (_, rc) in zip(_chunks(g), _chunks(r)):
+        diff = gc - rc
+        err = np.abs(diff)
+        worst = max(worst, float(np.max(err, initial=0.0)))
+        excess = err - (rtol * np.abs(rc) + atol * scale)
+        count += int(np.sum(excess > 0))
+        if excess.size and float(np.max(excess)) > top[0]:
+            top = (float(np.max(excess)), start + int(np.argmax(excess)))
+        cross += float(np.sum(diff * rc))
+    failures = []
+    if count:
+        i = np.unravel_index(top[1], g.shape)
+        failures.append(f"{path}: {count} of {g.size} entries out of bound, worst at "
+                        f"{tuple(int(k) for k in i)}: {float(g[i]):.6g} vs {float(r[i]):.6g} "
+                        f"(leaf max {scale:.3g})")
+    if r2 > 0:
+        n_eff = r2 * r2 / r4
+        bias = cross / r2
+        bias_tol = (C_SCALE + C_NOISE / math.sqrt(n_eff)) * u + acc
+        if abs(bias) > bias_tol:
+            failures.append(f"{path}: scaled by {1 + bias:.6g} against the reference "
+                            f"(bound {bias_tol:.3g})")
+    return worst, scale, failures
+
+
 def _compare(problem, grads, loss, ref) -> dict:
     """Errors of ``grads``/``loss`` against one reference evaluation, and what is out of bound."""
     cfg, b = problem.config, bound_parameters(problem.config)
@@ -267,34 +323,15 @@ def _compare(problem, grads, loss, ref) -> dict:
         failures.append(f"{len(grads)} gradient leaves, expected {len(ref_grads)}")
     max_abs = max_rel = 0.0
     for path, g, r in zip(problem.paths, grads, ref_grads):
-        g = np.asarray(g, dtype=np.float64)
+        g, r = np.asarray(g), np.asarray(r)
         if g.shape != r.shape:
             failures.append(f"{path}: shape {g.shape}, expected {r.shape}")
             max_abs = max_rel = math.inf
             continue
-        if not np.all(np.isfinite(g)):
-            failures.append(f"{path}: {int(np.sum(~np.isfinite(g)))} non-finite entries")
-            max_abs = max_rel = math.inf
-            continue
-        err = np.abs(g - r)
-        scale = float(np.max(np.abs(r), initial=0.0))
-        worst = float(np.max(err, initial=0.0))
+        worst, scale, leaf_failures = _leaf_errors(path, g, r, rtol, atol, u, acc)
+        failures += leaf_failures
         max_abs = max(max_abs, worst)
         max_rel = max(max_rel, worst / scale if scale else (math.inf if worst else 0.0))
-        excess = err - (rtol * np.abs(r) + atol * scale)
-        if np.any(excess > 0):
-            i = np.unravel_index(int(np.argmax(excess)), err.shape)
-            failures.append(f"{path}: {int(np.sum(excess > 0))} of {err.size} entries out of "
-                            f"bound, worst at {tuple(int(k) for k in i)}: {g[i]:.6g} vs {r[i]:.6g} "
-                            f"(leaf max {scale:.3g})")
-        r2 = float(np.sum(r * r))
-        if r2 > 0:
-            n_eff = r2 * r2 / float(np.sum(r**4))
-            bias = float(np.sum((g - r) * r)) / r2
-            bias_tol = (C_SCALE + C_NOISE / math.sqrt(n_eff)) * u + acc
-            if abs(bias) > bias_tol:
-                failures.append(f"{path}: scaled by {1 + bias:.6g} against the reference "
-                                f"(bound {bias_tol:.3g})")
     loss_err = None
     if loss is not None:
         loss_err = abs(float(loss) - ref_loss)

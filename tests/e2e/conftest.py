@@ -95,7 +95,8 @@ def start_server(log_path: Path, cache: Path):
         import streamlit  # noqa: F401
     except ImportError:
         _skip("streamlit is not installed in this Python")
-    env = {**os.environ, "REMAT_LAB_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "REMAT_LAB_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1",
+           "REMAT_LAB_WORKERS": os.environ.get("REMAT_LAB_E2E_WORKERS", "1")}  # the app's own setting
     proc = None
     with open(log_path, "w") as log:
         for _attempt in range(3):  # another process may grab the free port first

@@ -1,0 +1,225 @@
+"""Load benchmark: the real server in a 1 GiB memory cgroup, driven by headless Chromium (run by hand).
+
+    PYTHONPATH=src python tests/load/load_bench.py [--small 200 --wide 20 --sessions 8] [--json out.json]
+
+Root only (it creates a cgroup-v1 child of this process's memory cgroup, or a v2 child where v2
+has the memory controller; ``prlimit --as`` cannot stand in, JAX reserves address space far beyond
+its use). The server runs with the README's settings (``REMAT_LAB_MEMORY_BUDGET=512M``, one
+worker) and is moved into the cgroup before it execs, so its worker is in it too. The sequence:
+the default page (first answer with a warm worker, then the cached answer), the width-4096 bf16
+link, ``--wide`` distinct width-2048 models, ``--small`` distinct small configurations,
+``--sessions`` concurrent sessions, a worker killed with SIGKILL and the next answer. After each
+step: the server alive?, its RSS and its worker's, the cgroup's peak usage and OOM kills. Not in
+CI: it measures, it does not test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from streamlit_driver import INIT_JS, url, wait_idle  # noqa: E402
+
+from remat_lab import limits  # noqa: E402
+
+MIB = 1 << 20
+
+
+def make_cgroup(name: str, limit: int) -> Path:
+    """A child memory cgroup of this process's own, limited to ``limit`` bytes; its directory."""
+    paths = limits.cgroup_paths()
+    v1 = Path("/sys/fs/cgroup/memory")
+    if v1.is_dir() and "v1" in paths:
+        parent = v1 / paths["v1"].strip("/")
+        cg = parent / name
+        cg.mkdir(exist_ok=True)
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+        return cg
+    v2 = Path("/sys/fs/cgroup")
+    cg = v2 / paths.get("v2", "/").strip("/") / name
+    cg.mkdir(exist_ok=True)
+    (cg / "memory.max").write_text(str(limit))
+    return cg
+
+
+def cgroup_stats(cg: Path) -> dict:
+    def read(name):
+        try:
+            return (cg / name).read_text()
+        except OSError:
+            return None
+    oom = read("memory.oom_control") or read("memory.events") or ""
+    kills = next((int(line.split()[1]) for line in oom.splitlines() if line.startswith("oom_kill ")), None)
+    peak = read("memory.max_usage_in_bytes") or read("memory.peak")
+    return {"cgroup_peak_mib": round(int(peak) / MIB, 1) if peak else None, "oom_kills": kills}
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmd:
+                out.append(int(d.name))
+    return out
+
+
+class Bench:
+    def __init__(self, args):
+        self.args, self.rows = args, []
+        self.cg = make_cgroup("remat_lab_load", args.limit_mib * MIB)
+        port = args.port
+        env = {**os.environ, "REMAT_LAB_MEMORY_BUDGET": args.budget, "REMAT_LAB_WORKERS": "1",
+               "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src")}
+        procs = self.cg / "cgroup.procs"
+        cmd = (f"echo $$ > {procs} && exec {sys.executable} -m streamlit run app.py "
+               f"--server.headless true --server.port {port} --server.address 127.0.0.1 "
+               "--server.fileWatcherType none")
+        self.log = open(args.log, "w")
+        self.server = subprocess.Popen(["sh", "-c", cmd], cwd=ROOT, env=env, stdout=self.log,
+                                       stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{port}"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        for _ in range(200):
+            try:
+                with opener.open(f"{self.base}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.3)
+        from playwright.sync_api import sync_playwright
+        self.pw = sync_playwright().start()
+        self.browser = self.pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                               args=["--no-sandbox", "--disable-gpu"])
+
+    def page(self):
+        ctx = self.browser.new_context(viewport={"width": 1280, "height": 900})
+        ctx.add_init_script(INIT_JS)
+        ctx.set_default_timeout(300_000)
+        return ctx.new_page()
+
+    def record(self, step: str, **extra) -> dict:
+        alive = self.server.poll() is None
+        workers = children(self.server.pid) if alive else []
+        row = {"step": step, "server_alive": alive,
+               "server_rss_mib": round((limits.rss_bytes(self.server.pid) or 0) / MIB, 1),
+               "worker_rss_mib": round(sum(limits.rss_bytes(w) or 0 for w in workers) / MIB, 1),
+               **cgroup_stats(self.cg), **extra}
+        self.rows.append(row)
+        print(json.dumps(row), flush=True)
+        return row
+
+    def visit(self, page, path: str = "", **params) -> tuple[float, str]:
+        """Load a configuration; seconds until the page is idle, and what the main area says."""
+        t0 = time.perf_counter()
+        page.goto(url(self.base, path, **params), wait_until="domcontentloaded")
+        wait_idle(page, timeout=300_000)
+        took = time.perf_counter() - t0
+        alerts = page.get_by_test_id("stAlertContentError").all_inner_texts()
+        if alerts:
+            return took, " ".join(alerts[0].split())[:160]
+        status = page.get_by_test_id("stExpander").all_inner_texts()  # "Done: ... (0.0 s, from cache)"
+        return took, " ".join(status[0].split())[-40:] if status else "ok"
+
+    def close(self):
+        self.browser.close()
+        self.pw.stop()
+        self.server.send_signal(signal.SIGTERM)
+        try:
+            self.server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+        time.sleep(1)
+        try:
+            self.cg.rmdir()
+        except OSError:
+            pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit-mib", type=int, default=1024)
+    ap.add_argument("--budget", default="512M")
+    ap.add_argument("--small", type=int, default=200)
+    ap.add_argument("--wide", type=int, default=20)
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--port", type=int, default=8650)
+    ap.add_argument("--log", default="/tmp/remat_lab_load_server.log")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    b = Bench(args)
+    try:
+        p = b.page()
+        took, said = b.visit(p, "", width="16", batch="2", repeats="1")  # waits for the warm worker
+        b.record("first page (tiny config, worker warm-up)", seconds=round(took, 2), said=said)
+        took, said = b.visit(p)
+        b.record("default configuration, first answer, warm worker", seconds=round(took, 2), said=said)
+        took, said = b.visit(p)
+        b.record("default configuration again (cached)", seconds=round(took, 2), said=said)
+        took, said = b.visit(p, "", width="4096", batch="1", dtype="bfloat16")
+        b.record("width-4096 bf16 link (depth 8, the app's default)", seconds=round(took, 2), said=said)
+        took, said = b.visit(p, "", width="4096", batch="1", dtype="bfloat16", depth="1")
+        b.record("width-4096 bf16 link at depth 1", seconds=round(took, 2), said=said)
+        t0, outcomes = time.perf_counter(), {}
+        for i in range(args.wide):
+            _, said = b.visit(p, "", width="2048", batch=str(1 + i), depth="1", repeats="1")
+            said = "ok" if "s)" in said or "cache)" in said else said
+            outcomes[said[:60]] = outcomes.get(said[:60], 0) + 1
+        b.record(f"{args.wide} distinct width-2048 models", seconds=round(time.perf_counter() - t0, 1),
+                 said=outcomes)
+        widths = [8, 16, 24, 32, 40, 48, 56, 64, 80, 96]
+        t0, first, outcomes = time.perf_counter(), None, {}
+        for i in range(args.small):
+            w, batch, depth = widths[i % 10], 1 + (i // 10) % 10, 1 + (i // 100) % 2
+            _, said = b.visit(p, "", width=str(w), batch=str(batch), depth=str(depth), repeats="2")
+            said = "ok" if "s)" in said or "cache)" in said else said
+            outcomes[said[:60]] = outcomes.get(said[:60], 0) + 1
+            if first is None:
+                first = b.record("after the first small configuration")
+        last = b.record(f"after {args.small} distinct small configurations",
+                        seconds=round(time.perf_counter() - t0, 1), said=outcomes)
+        if first["server_rss_mib"]:
+            last["server_rss_ratio"] = round(last["server_rss_mib"] / first["server_rss_mib"], 2)
+            print(json.dumps({"server_rss_ratio_after_small": last["server_rss_ratio"]}), flush=True)
+        pages = [b.page() for _ in range(args.sessions)]
+        t0 = time.perf_counter()
+        for i, q in enumerate(pages):
+            q.goto(url(b.base, "", width=str(24 + 8 * i), batch="3", repeats="2"), wait_until="commit")
+        for q in pages:
+            wait_idle(q, timeout=300_000)
+        said = [(q.get_by_test_id("stAlertContentError").all_inner_texts() or ["ok"])[0][:60]
+                for q in pages]
+        b.record(f"{args.sessions} concurrent sessions", seconds=round(time.perf_counter() - t0, 1),
+                 said=said)
+        for q in pages:
+            q.context.close()
+        workers = children(b.server.pid)
+        for w in workers:
+            os.kill(w, signal.SIGKILL)
+        time.sleep(0.5)
+        took, said = b.visit(p, "", width="72", batch="5", repeats="2")
+        b.record("worker killed, next answer", seconds=round(took, 2), said=said)
+    finally:
+        b.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps(b.rows, indent=1))
+    return 0 if all(r["server_alive"] for r in b.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
