@@ -118,7 +118,9 @@ def test_history_lists_the_cli_runs_and_compares_picked_ones(page, lab, shots):
     open_app(page, lab, "history")
     assert_no_error(page)
     main = page.get_by_test_id("stMain")
-    main.get_by_text("8 runs shown").wait_for()
+    # The CLI sweep's 8 runs and the warm-up Explore run of the ``lab`` fixture, which the app
+    # recorded itself (source "app").
+    main.get_by_text("9 runs shown").wait_for()
     grid = main.get_by_test_id("stDataFrame").first
     box = grid.bounding_box()
     for row in (1, 2):  # the row-selection column, first and second data rows (35 px rows)
