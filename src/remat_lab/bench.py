@@ -59,7 +59,7 @@ from .roofline import calibrate, cpu_count, cpu_info, physical_core_count, roofl
 from .step import build_problem, make_step
 from .timeline import compile_dumped, memory_timeline, uncached
 
-DEFAULT = RunConfig(width=512, batch=256)  # the app's default configuration
+DEFAULT = RunConfig(width=512, batch=256)  # one block, about 4 ms a step on 2 cores
 SMALL = RunConfig(width=64, batch=8)
 TARGETS = {  # key -> (comparison, bound, meaning)
     "fidelity_ratio_default": ("<=", 1.03, "engine median / bare loop median, default size"),
