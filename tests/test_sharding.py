@@ -139,7 +139,9 @@ for mesh, policy in CASES:
                for g, b in zip(grads, ref_grads))
     rows.append({"mesh": mesh, "policy": policy, "sharding": r["sharding"],
                  "grad_ok": r["gradient_check"]["ok"], "failures": r["gradient_check"]["failures"],
-                 "rel_diff_vs_single_device": diff, "loss": loss, "ref_loss": ref_loss})
+                 "rel_diff_vs_single_device": diff, "loss": loss, "ref_loss": ref_loss,
+                 "dots": [[d["recomputed"], d["recomputed_in_compiled"], d["note"]] for d in r["dots"]],
+                 "notes": r["notes"]})
 for kw in EXTRA:
     r = run_experiment(RunConfig(**kw), timing=False)
     rows.append({"mesh": kw["mesh"], "policy": kw["policy"], "model": kw["model"],
@@ -211,6 +213,15 @@ def test_fsdp_gathers_and_nothing_saveable_gathers_again_in_the_backward(four_de
     nothing, everything = (rows[p]["sharding"]["per_device"]["temp_bytes"]
                            for p in ("nothing_saveable", "everything_saveable"))
     assert nothing < everything  # the re-gather buys per-device memory
+
+
+def test_on_a_mesh_dots_are_not_matched_to_per_device_products_by_size(four_devices):
+    """The compiled program is one device's: its products are shards of the jaxpr's, so no row is
+    said to be (or not be) recomputed in it; the note gives the program's total instead."""
+    row = four_devices[("fsdp=4", "nothing_saveable", "mlp")]
+    recomputed = [d for d in row["dots"] if d[0]]
+    assert recomputed and all(d[1] is None and "per-device shards" in d[2] for d in recomputed)
+    assert any("On the device mesh (fsdp=4)" in n and "more than no_remat" in n for n in row["notes"])
 
 
 def test_tensor_parallel_recomputation_brings_its_all_reduce_back(four_devices):

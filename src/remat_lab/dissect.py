@@ -374,13 +374,21 @@ def dissect(problem: Problem, compiled_text: str, *,
         })
         keys.append(_product_key(e))
     _name_verdicts(dots, fwd_dots, tagged_dots, policy if policy_entry.remat else _SAVE_ALL)
-    if baseline is not None:
+    # On a device mesh the compiled program is one device's: its products are shards of the jaxpr's,
+    # so rows cannot be matched to products by size (``recomputed_in_compiled`` stays None).
+    sharded = getattr(problem, "mesh", None) is not None
+    if baseline is not None and not sharded:
         _attribute(dots, keys, compiled["excess_by_key"])
     for row in dots:
-        row["note"] = _note(row, cfg, compiled, baseline is not None)
+        row["note"] = _note(row, cfg, compiled, baseline is not None, sharded)
 
     totals = _totals(residuals, dots, compiled)
     notes = _notes(cfg, dots, compiled, backend) + _name_notes(cfg, residuals)
+    if sharded and baseline is not None and any(d["recomputed"] for d in dots):
+        excess = compiled.get("excess_dots_vs_no_remat")
+        notes.append(f"On the device mesh ({cfg.mesh}) the compiled program is one device's, its "
+                     "products shards of the jaxpr's: which dots it recomputes cannot be told by "
+                     f"size. In all it runs {excess} product(s) more than no_remat on the same mesh.")
     texts = {
         "forward_jaxpr": fwd_closed.pretty_print(name_stack=True),
         "vjp_jaxpr": vjp_closed.pretty_print(name_stack=True),
@@ -391,13 +399,17 @@ def dissect(problem: Problem, compiled_text: str, *,
     return Dissection(residuals, dots, compiled, totals, notes, texts)
 
 
-def _note(row: dict, cfg, compiled: dict, compared: bool) -> str:
+def _note(row: dict, cfg, compiled: dict, compared: bool, sharded: bool = False) -> str:
     verdict = row["policy_verdict"]
     if not get_policy(cfg.policy).remat:
         return ("no remat: autodiff keeps what the backward needs (here values derived from this "
                 "dot), nothing is recomputed") if not row["saved"] else ""
     parts = []
-    if row["recomputed"] and compared and row["recomputed_in_compiled"] is False:
+    if row["recomputed"] and compared and sharded:
+        parts.append("recomputed in the jaxpr; on a device mesh the compiled program's products are "
+                     "per-device shards, so this dot cannot be matched to one by size (see the "
+                     "program's total vs no_remat)")
+    elif row["recomputed"] and compared and row["recomputed_in_compiled"] is False:
         parts.append("the backward jaxpr recomputes this dot, but the compiled program has no more "
                      "products of its size than no_remat's: XLA computes it once")
     elif row["recomputed"] and row["recomputed_in_compiled"] is None and compared:
