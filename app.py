@@ -53,6 +53,6 @@ PAGES = [
 page = st.navigation(PAGES, position="top")
 if page.url_path == "explore":  # switch before the controls, so URL warnings show once, on Explore
     page.run()
-config = _sidebar.controls(router=True)
+config = _sidebar.controls(router=True, page=page.url_path)
 with _sidebar.routed(config):
     page.run()

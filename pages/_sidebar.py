@@ -128,12 +128,33 @@ def _width_from_entry() -> None:
     st.session_state["width"] = int(st.session_state["width_exact"])
 
 
-def _render_controls() -> RunConfig:
+def _reassert_on_page_change(page: str | None) -> None:
+    """On the first run of a newly chosen page, hand the controls' values to the browser again.
+
+    A widget the browser mounts afresh shows its own default (a slider's first option, a number
+    input's minimum) unless the server says the value was set; after a page switch that could show
+    (and on the next click send) width 8, batch "single vector", depth 1 while this session holds
+    the real settings. Assigning each value to itself before the widgets are created marks it set.
+    """
+    ss = st.session_state
+    if page is None or ss.get("_controls_page") == page:
+        return
+    first = "_controls_page" not in ss
+    ss["_controls_page"] = page
+    if first:
+        return
+    for key in (*CONTROL_KEYS, "width_exact", *(k for k in list(ss.keys()) if str(k).startswith("custom_"))):
+        if key in ss:
+            ss[key] = ss[key]
+
+
+def _render_controls(page: str | None = None) -> RunConfig:
     warnings = _read_url_once()
     ss = st.session_state
     for key in CONTROL_KEYS:
         ss.setdefault(key, getattr(DEFAULT, key))
     ss.setdefault("width_exact", ss["width"])
+    _reassert_on_page_change(page)
     sb = st.sidebar
     sb.title("Remat Lab")
     sb.caption("What a JAX checkpoint policy does to a Flax NNX model.")
@@ -256,15 +277,15 @@ def _leave_legacy_page_mode() -> None:
     st.rerun()
 
 
-def controls(router: bool = False) -> RunConfig:
+def controls(router: bool = False, page: str | None = None) -> RunConfig:
     """The sidebar controls' configuration; rendered once per script run (``router=True``: by
-    app.py, before it runs the page; otherwise by a page run on its own)."""
+    app.py, before it runs the page ``page``; otherwise by a page run on its own)."""
     cfg = getattr(_ROUTED, "config", None)
     if cfg is not None:
         return cfg
     if not router:
         _leave_legacy_page_mode()
-    return _render_controls()
+    return _render_controls(page)
 
 
 @contextmanager
