@@ -166,6 +166,17 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     def fits(b: int) -> bool:
         return peak(b) <= budget
 
+    def take(b: int, predicted: bool) -> None:
+        """``b`` fits: the new ``lo``; after a prediction, the batch after it says whether it is the
+        answer (the prediction is usually the boundary or one short of it)."""
+        nonlocal lo, hi
+        lo = b
+        if predicted and lo < max_batch and (hi is None or hi - lo > 1):
+            if fits(lo + 1):
+                lo += 1
+            else:
+                hi = lo + 1
+
     # 1. A bracket: lo fits (0: nothing does yet), hi does not (None: not found yet).
     first = min(max(guess or 1, 1), max_batch)
     lo, hi = (first, None) if fits(first) else (0, first)
@@ -188,12 +199,7 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
                     b, use, predicted = pred, True, True
         b = min(b, max_batch)
         if fits(b):
-            lo = b
-            if use and lo < max_batch:  # is the prediction the answer?
-                if fits(lo + 1):
-                    lo += 1
-                else:
-                    hi = lo + 1
+            take(b, use)
         else:
             hi = b
     if hi is not None and lo == 0:  # downward: the first probe did not fit
@@ -212,12 +218,7 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
         b = _interpolate(lo, peak(lo), hi, peak(hi), budget) if use else (lo + hi) // 2
         b = min(max(b, lo + 1), hi - 1)
         if fits(b):
-            lo = b
-            if use and hi - lo > 1:
-                if fits(lo + 1):
-                    lo += 1
-                else:
-                    hi = lo + 1
+            take(b, use)
         else:
             hi = b
         predict = predict and hi - lo <= width // 2  # one that does not halve it: bisect from now on

@@ -63,12 +63,14 @@ def _rounds_arg(text: str) -> int:
     return value
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
+def _add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
+    """The model and its sizes (``batch``: with ``--batch``; the advisor searches the batch)."""
     d = RunConfig()
     p.add_argument("--model", choices=MODELS, default=d.model)
     p.add_argument("--width", type=_int_arg("width"), default=d.width, help="features D (1..16384)")
-    p.add_argument("--batch", type=_int_arg("batch"), default=d.batch,
-                   help="examples B; 0 = the seed's single vector x: (width,) (mlp only)")
+    if batch:
+        p.add_argument("--batch", type=_int_arg("batch"), default=d.batch,
+                       help="examples B; 0 = the seed's single vector x: (width,) (mlp only)")
     p.add_argument("--seq", type=_int_arg("seq"), default=d.seq,
                    help="sequence length N (seq_mixer, transformer)")
     p.add_argument("--heads", type=_int_arg("heads"), default=d.heads,
@@ -77,6 +79,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", choices=STACKS, default=d.stack,
                    help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
     p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    d = RunConfig()
+    _add_shape_args(p)
     p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY, metavar="POLICY",
                    help=f"one of: {', '.join(POLICIES)}")
     p.add_argument("--save-names", type=_names_arg, default=(), metavar="A,B",
@@ -100,16 +107,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     """The model's settings without batch and policy (the advisor searches those)."""
     d = RunConfig()
-    p.add_argument("--model", choices=MODELS, default=d.model)
-    p.add_argument("--width", type=_int_arg("width"), default=d.width, help="features D (1..16384)")
-    p.add_argument("--seq", type=_int_arg("seq"), default=d.seq,
-                   help="sequence length N (seq_mixer, transformer)")
-    p.add_argument("--heads", type=_int_arg("heads"), default=d.heads,
-                   help="attention heads (transformer; must divide width)")
-    p.add_argument("--depth", type=_int_arg("depth"), default=d.depth, help="remat'd blocks (1..16)")
-    p.add_argument("--stack", choices=STACKS, default=d.stack,
-                   help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
-    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    _add_shape_args(p, batch=False)
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
     p.add_argument("--repeats", type=_int_arg("repeats"), default=d.repeats,
                    help="at most this many interleaved timing rounds (fewer when steps are slow)")
