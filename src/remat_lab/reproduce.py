@@ -15,10 +15,9 @@ from .models import SEQ_MODELS
 from .policies import policy_code
 
 
-def cli_command(cfg: RunConfig) -> str:
-    """The ``python -m remat_lab run ... --json`` call that gives the same numbers as the app."""
-    parts = ["python -m remat_lab run", f"--model {cfg.model}", f"--width {cfg.width}",
-             f"--batch {cfg.batch}"]
+def _shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
+    """``--model ... --dtype ...``: the flags of the model and its sizes (those that apply)."""
+    parts = [f"--model {cfg.model}", f"--width {cfg.width}"] + ([f"--batch {cfg.batch}"] if batch else [])
     if cfg.model in SEQ_MODELS:
         parts.append(f"--seq {cfg.seq}")
     if cfg.model == "transformer":
@@ -26,10 +25,17 @@ def cli_command(cfg: RunConfig) -> str:
     parts.append(f"--depth {cfg.depth}")
     if cfg.depth > 1:
         parts.append(f"--stack {cfg.stack}")
-    parts += [f"--dtype {cfg.dtype}", f"--policy {cfg.policy}"]
-    parts += [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS
-              if getattr(cfg, k)]
-    parts += [f"--objective {cfg.objective}", f"--repeats {cfg.repeats}"]
+    return parts + [f"--dtype {cfg.dtype}"]
+
+
+def _name_flags(cfg: RunConfig) -> list[str]:
+    return [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS if getattr(cfg, k)]
+
+
+def cli_command(cfg: RunConfig) -> str:
+    """The ``python -m remat_lab run ... --json`` call that gives the same numbers as the app."""
+    parts = ["python -m remat_lab run", *_shape_flags(cfg), f"--policy {cfg.policy}", *_name_flags(cfg),
+             f"--objective {cfg.objective}", f"--repeats {cfg.repeats}"]
     if cfg.mesh:  # emulated CPU devices where there are no accelerators (ignored on GPU/TPU)
         parts += [f"--mesh {cfg.mesh}", f"--host-devices {mesh_devices(cfg.mesh)}"]
     return " ".join(parts + ["--json"])
@@ -37,21 +43,10 @@ def cli_command(cfg: RunConfig) -> str:
 
 def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: bool = True) -> str:
     """The ``python -m remat_lab advise ... --json`` call behind the Advisor page's answer."""
-    parts = ["python -m remat_lab advise", f"--model {cfg.model}", f"--width {cfg.width}"]
-    if cfg.model in SEQ_MODELS:
-        parts.append(f"--seq {cfg.seq}")
-    if cfg.model == "transformer":
-        parts.append(f"--heads {cfg.heads}")
-    parts.append(f"--depth {cfg.depth}")
-    if cfg.depth > 1:
-        parts.append(f"--stack {cfg.stack}")
-    parts += [f"--dtype {cfg.dtype}", f"--objective {cfg.objective}", f"--repeats {cfg.repeats}",
-              f"--budget {budget}", f"--policies {','.join(policies)}"]
-    if "custom" in policies:
-        parts += [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS
-                  if getattr(cfg, k)]
-    parts += ([] if timing else ["--no-time"]) + ["--json"]
-    return " ".join(parts)
+    parts = ["python -m remat_lab advise", *_shape_flags(cfg, batch=False),
+             f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", f"--budget {budget}",
+             f"--policies {','.join(policies)}", *(_name_flags(cfg) if "custom" in policies else [])]
+    return " ".join(parts + ([] if timing else ["--no-time"]) + ["--json"])
 
 
 def reproduce_code(cfg: RunConfig) -> str:

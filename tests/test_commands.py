@@ -1,0 +1,48 @@
+"""The CLI commands the app prints parse back to the configuration the app used."""
+
+import shlex
+
+import pytest
+
+from remat_lab.cli import _config_from, build_parser
+from remat_lab.config import RunConfig
+from remat_lab.reproduce import advise_command, cli_command
+
+CONFIGS = [
+    RunConfig(),
+    RunConfig(model="mlp", width=128, batch=0, depth=1, policy="nothing_saveable", objective="grad"),
+    RunConfig(model="seq_mixer", width=64, batch=4, seq=32, depth=3, stack="loop", dtype="bfloat16"),
+    RunConfig(model="transformer", width=64, batch=2, seq=8, heads=8, depth=2, policy="custom",
+              save_names=("query_proj",), offload_names=("out_proj",), repeats=7),
+    RunConfig(width=64, batch=8, depth=4, mesh="fsdp=4", policy="dots_saveable"),
+]
+
+
+def _args(command: str):
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "remat_lab"]
+    return build_parser().parse_args(words[3:])
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.model}-{c.policy}-{c.mesh or 'one'}")
+def test_run_command_is_the_configuration(cfg):
+    args = _args(cli_command(cfg))
+    assert args.command == "run" and args.json
+    same = cfg.replace(warmup=args.warmup, seed=args.seed)  # left at their defaults by the app
+    assert _config_from(args) == same
+    if cfg.mesh:
+        assert args.host_devices == 4
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:4], ids=lambda c: f"{c.model}-{c.policy}")
+def test_advise_command_is_the_model_and_budget(cfg):
+    policies = ["no_remat", "nothing_saveable"] + (["custom"] if cfg.policy == "custom" else [])
+    args = _args(advise_command(cfg, "64M", policies, timing=False))
+    assert args.command == "advise" and args.no_time and args.budget == "64M"
+    assert args.policies == policies
+    for key in ("model", "width", "seq", "heads", "depth", "stack", "dtype", "objective", "repeats"):
+        if key in ("seq", "heads") and getattr(cfg, key) != getattr(args, key):
+            assert cfg.model != "transformer" and (key == "heads" or cfg.model == "mlp")
+            continue  # not printed where the model does not use it
+        assert getattr(args, key) == getattr(cfg, key), key
+    assert tuple(args.save_names) == (cfg.save_names if "custom" in policies else ())
