@@ -78,3 +78,30 @@ def test_rss_of_this_process_and_of_a_missing_one():
     rss, peak = limits.rss_bytes(), limits.peak_rss_bytes()
     assert rss and peak and 10 << 20 < rss <= peak
     assert limits.rss_bytes(2**22 + 7) is None
+
+
+# Peak RSS growth of a fresh, warmed worker, measured by tests/load/memory_model.py (README, Limits
+# and safety): the process estimate must stay above every one of them, with room for noise.
+MEASURED_GROWTH_MIB = [
+    (dict(width=256, batch=128, depth=8), 68.4),
+    (dict(width=64, batch=8), 11.7),
+    (dict(width=1024, batch=64), 68.7),
+    (dict(width=2048, batch=16), 158.3),
+    (dict(width=2048, batch=256, depth=2), 280.9),
+    (dict(width=4096, batch=1, dtype="bfloat16"), 449.6),
+    (dict(width=4096, batch=1), 455.0),
+    (dict(model="seq_mixer", width=256, batch=16, seq=256), 150.2),
+    (dict(model="transformer", width=512, batch=8, seq=128, heads=8, depth=2), 383.7),
+    (dict(model="transformer", width=1024, batch=4, seq=256, heads=8), 539.1),
+    (dict(width=1024, batch=512, depth=4, stack="loop", policy="nothing_saveable"), 194.5),
+    (dict(model="transformer", width=256, batch=4, seq=64, depth=16, stack="loop"), 792.7),
+    (dict(model="seq_mixer", width=512, batch=8, seq=128, depth=16, stack="loop", dtype="bfloat16"), 426.2),
+]
+
+
+def test_process_estimate_stays_above_every_measured_growth():
+    from remat_lab.config import RunConfig, estimate_process_bytes
+
+    for cfg, grown in MEASURED_GROWTH_MIB:
+        estimate = estimate_process_bytes(RunConfig(**{"repeats": 3, "warmup": 1, **cfg})) / (1 << 20)
+        assert estimate >= 1.2 * grown, (cfg, estimate, grown)
