@@ -35,8 +35,9 @@ def _advise(model: RunConfig, budget: int, policies: list[str], timing: bool, sa
                                 say, need=need)
 
 
-@st.cache_resource(show_spinner=False)
 def _default_budget() -> tuple[int, str]:
+    """Not cached here: the device limit is (``_sidebar._device_limit``), and a limit missing while
+    the worker starts must not become the default for the server's lifetime."""
     return advisor.advice_budget(None, _sidebar._device_limit(), ask_device=False)
 
 
