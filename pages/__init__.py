@@ -5,13 +5,7 @@ here imports the engine modules below while the others wait on this package, so 
 requests cannot interleave their imports (an import-order deadlock between sessions).
 """
 
-from remat_lab import (  # noqa: F401
-    charts,
-    compare,
-    config,
-    experiment,
-    reproduce,
-    safe_text,
-    tables,
-    worker,
-)
+from remat_lab import config  # noqa: F401
+from remat_lab.present import charts, reproduce, tables  # noqa: F401
+from remat_lab.serve import safe_text, worker  # noqa: F401
+from remat_lab.studies import compare, experiment  # noqa: F401

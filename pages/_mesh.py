@@ -9,9 +9,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from remat_lab import reproduce, sharding
 from remat_lab.config import MESH_AXES, ConfigError, RunConfig, format_mesh, human_bytes, parse_mesh
-from remat_lab.distributed import HOST_DEVICES_ENV, apply_env
+from remat_lab.present import reproduce
+from remat_lab.program import mesh as sharding
+from remat_lab.program.distributed import HOST_DEVICES_ENV, apply_env
 
 
 @st.cache_resource(show_spinner=False)

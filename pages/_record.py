@@ -7,7 +7,7 @@ import json
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from remat_lab import history
+from remat_lab.store import history
 
 
 def session_id() -> str | None:

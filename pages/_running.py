@@ -9,8 +9,6 @@ import streamlit as st
 
 from pages import _record
 from pages._sidebar import _device_limit, describe, over_budget
-from remat_lab import safe_text, worker
-from remat_lab.bytecache import ByteCache
 from remat_lab.config import (
     ConfigError,
     MemoryBudgetError,
@@ -20,8 +18,11 @@ from remat_lab.config import (
     estimate_process_bytes,
     resolve_budget,
 )
-from remat_lab.experiment import STAGES, ExecutionError
-from remat_lab.models import SEQ_MODELS
+from remat_lab.model.models import SEQ_MODELS
+from remat_lab.program.backend import ExecutionError
+from remat_lab.serve import safe_text, worker
+from remat_lab.store.bytecache import ByteCache
+from remat_lab.studies.experiment import STAGES
 
 STAGE_TEXT = {
     "waiting": "Waiting: another session is timing a run (one timing at a time)",

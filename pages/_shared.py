@@ -5,10 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from pages._sidebar import controls
-from remat_lab import worker
 from remat_lab.config import RunConfig
-from remat_lab.experiment import ExecutionError
-from remat_lab.safe_text import escape_markdown
+from remat_lab.program.backend import ExecutionError
+from remat_lab.serve import worker
+from remat_lab.serve.safe_text import escape_markdown
 
 
 @st.cache_resource(show_spinner=False)

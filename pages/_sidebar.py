@@ -9,7 +9,6 @@ from pathlib import Path
 import streamlit as st
 
 from pages import _mesh
-from remat_lab import worker
 from remat_lab.config import (
     CHOICES,
     DTYPES,
@@ -23,10 +22,11 @@ from remat_lab.config import (
     human_bytes,
     resolve_budget,
 )
-from remat_lab.experiment import ExecutionError
-from remat_lab.models import SEQ_MODELS, names_of
-from remat_lab.policies import GROUPS, POLICIES
-from remat_lab.safe_text import code_span, escape_markdown
+from remat_lab.model.models import SEQ_MODELS, names_of
+from remat_lab.model.policies import GROUPS, POLICIES
+from remat_lab.program.backend import ExecutionError
+from remat_lab.serve import worker
+from remat_lab.serve.safe_text import code_span, escape_markdown
 
 CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy",
                 "objective", "repeats")

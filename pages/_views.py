@@ -9,9 +9,9 @@ import re
 import pandas as pd
 import streamlit as st
 
-from remat_lab import charts, reproduce, tables
 from remat_lab.config import RunConfig, human_bytes, human_seconds
-from remat_lab.results import describe_environment
+from remat_lab.present import charts, reproduce, tables
+from remat_lab.store.results import describe_environment
 
 MS = st.column_config.NumberColumn
 SWEEP_SHOWN = ["policy", "width", "batch", "model", "seq", "depth", "dtype", "objective",

@@ -10,11 +10,15 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab import advisor, reproduce, tables  # noqa: E402
-from remat_lab.bytecache import ByteCache  # noqa: E402
 from remat_lab.config import ConfigError, RunConfig, human_bytes, parse_bytes, resolve_budget  # noqa: E402
-from remat_lab.experiment import ExecutionError  # noqa: E402
-from remat_lab.policies import POLICIES  # noqa: E402
+from remat_lab.model.policies import POLICIES  # noqa: E402
+from remat_lab.present import (
+    reproduce,
+    tables,  # noqa: E402
+)
+from remat_lab.program.backend import ExecutionError  # noqa: E402
+from remat_lab.store.bytecache import ByteCache  # noqa: E402
+from remat_lab.studies import advisor
 
 
 # An advice is a few KB (probes and rates per policy): 4 MiB keep hundreds.

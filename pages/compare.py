@@ -11,9 +11,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _mesh, _record, _running, _shared, _sidebar  # noqa: E402
-from remat_lab import charts, compare, safe_text, tables  # noqa: E402
-from remat_lab.bytecache import ByteCache  # noqa: E402
-from remat_lab.config import (  # noqa: E402
+from remat_lab.config import (
     LIMITS,
     ConfigError,
     RunConfig,
@@ -22,8 +20,15 @@ from remat_lab.config import (  # noqa: E402
     human_bytes,
     resolve_budget,
 )
-from remat_lab.experiment import ExecutionError  # noqa: E402
-from remat_lab.policies import POLICIES  # noqa: E402
+from remat_lab.model.policies import POLICIES  # noqa: E402
+from remat_lab.present import (
+    charts,
+    tables,  # noqa: E402
+)
+from remat_lab.program.backend import ExecutionError  # noqa: E402
+from remat_lab.serve import safe_text
+from remat_lab.store.bytecache import ByteCache  # noqa: E402
+from remat_lab.studies import compare
 
 
 # A comparison carries every policy's memory timeline (up to ~50 KB each, ~1 MiB in all): 16 MiB.

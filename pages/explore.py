@@ -10,8 +10,12 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _mesh, _running, _shared  # noqa: E402
-from remat_lab import charts, reproduce, tables  # noqa: E402
 from remat_lab.config import human_bytes, human_seconds  # noqa: E402
+from remat_lab.present import (
+    charts,
+    reproduce,
+    tables,  # noqa: E402
+)
 
 
 def _sig3(value: float, units: list[tuple[float, str]]) -> str:

@@ -10,9 +10,13 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _record, _views  # noqa: E402
-from remat_lab import charts, history, tables  # noqa: E402
 from remat_lab.config import human_bytes  # noqa: E402
-from remat_lab.results import describe_environment  # noqa: E402
+from remat_lab.present import (
+    charts,
+    tables,  # noqa: E402
+)
+from remat_lab.store import history
+from remat_lab.store.results import describe_environment  # noqa: E402
 
 ss = st.session_state
 public = history.public_mode(st.get_option("server.address"))

@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _running, _shared  # noqa: E402
-from remat_lab import tables  # noqa: E402
+from remat_lab.present import tables  # noqa: E402
 
 cfg = _shared.page_start("Inspect", "The programs behind the numbers. Recomputed values sit under "
                                     "the name scope rematted_computation.")

@@ -9,9 +9,10 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _views  # noqa: E402
-from remat_lab import results, tables  # noqa: E402
 from remat_lab.config import human_bytes  # noqa: E402
-from remat_lab.results import describe_environment  # noqa: E402
+from remat_lab.present import tables  # noqa: E402
+from remat_lab.store import results
+from remat_lab.store.results import describe_environment  # noqa: E402
 
 st.header("Open results")
 st.caption("Files written elsewhere — `python -m remat_lab run --json`, `sweep --out`, `compare "

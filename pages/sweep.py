@@ -10,9 +10,10 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _record, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab import sweep, tables  # noqa: E402
 from remat_lab.config import human_bytes  # noqa: E402
-from remat_lab.policies import POLICIES  # noqa: E402
+from remat_lab.model.policies import POLICIES  # noqa: E402
+from remat_lab.present import tables  # noqa: E402
+from remat_lab.studies import sweep
 
 ss = st.session_state
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from remat_lab.config import RunConfig
-from remat_lab.experiment import run_experiment
+from remat_lab.studies.experiment import run_experiment
 
 # The app's page modules (``from pages import _running, _shared, _sidebar``) import from the repository root.
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
@@ -28,7 +28,7 @@ def _history_in_temp(tmp_path_factory):
         os.environ.pop("REMAT_LAB_HOME", None)
     else:
         os.environ["REMAT_LAB_HOME"] = saved
-# The app's runs go to a worker process (remat_lab.worker); the AppTest pages run them in-process
+# The app's runs go to a worker process (remat_lab.serve.worker); the AppTest pages run them in-process
 # instead, so tests can patch the engine. tests/test_worker.py and the e2e server use real workers.
 os.environ.setdefault("REMAT_LAB_WORKERS", "0")
 

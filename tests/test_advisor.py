@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remat_lab import advisor
+from remat_lab.analysis.costs import cost_of, memory_report, step_flops
 from remat_lab.cli import main
 from remat_lab.config import ConfigError, RunConfig
-from remat_lab.experiment import cost_of, memory_report, step_flops
-from remat_lab.step import build_problem, make_step
+from remat_lab.program.step import build_problem, make_step
+from remat_lab.studies import advisor
 
 SMALL = RunConfig(model="mlp", width=64, depth=4, stack="scan", batch=1, repeats=3, warmup=1)
 BUDGET = 2 << 20  # lands the largest batch of SMALL between about 100 and 400
@@ -136,7 +136,7 @@ def test_nothing_is_allocated_while_searching():
     would grow the process by gigabytes; compiling on abstract inputs grows it by little."""
     code = (
         "import resource, json, jax, jax.numpy as jnp\n"
-        "from remat_lab import advisor\n"
+        "from remat_lab.studies import advisor\n"
         "from remat_lab.config import RunConfig\n"
         "jnp.ones(4).block_until_ready()\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from remat_lab.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
+from remat_lab.model.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"width": "64", "batch": "8", "depth": "1", "repeats": "3"}
@@ -150,7 +150,7 @@ def _has_frame(at, column):
 
 def test_inspect_shows_dot_lines_without_timing(monkeypatch):
     from pages import _running
-    from remat_lab import experiment
+    from remat_lab.studies import experiment
 
     calls = []
     real = experiment.run_experiment
@@ -264,7 +264,7 @@ SYNTHETIC_TIMELINE = {  # the engine's memory_timeline shape, small
 @pytest.mark.parametrize("timeline", [SYNTHETIC_TIMELINE, None, {"source": None, "reason": "no dump."}])
 def test_explore_shows_memory_over_the_program(monkeypatch, timeline):
     from pages import _running
-    from remat_lab import experiment
+    from remat_lab.studies import experiment
 
     real = experiment.run_experiment
     monkeypatch.setattr(experiment, "run_experiment",
@@ -291,7 +291,7 @@ def test_explore_shows_memory_over_the_program(monkeypatch, timeline):
 
 
 def test_compare_overlays_the_policies_timelines(monkeypatch):
-    from remat_lab import compare
+    from remat_lab.studies import compare
 
     real = compare.compare_policies
 
@@ -318,7 +318,7 @@ def test_compare_overlays_the_policies_timelines(monkeypatch):
 def test_the_guides_timeline_lessons_hold(run):
     """The Guide's "Memory over the program" examples, on the engine's timelines of the default stack."""
     from pages import _sidebar
-    from remat_lab import tables
+    from remat_lab.present import tables
 
     policies = ["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"]
     held = {stack: tables.peak_holdings_frame(

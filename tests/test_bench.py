@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from remat_lab import bench, roofline
+from remat_lab.analysis import roofline
 from remat_lab.config import RunConfig
+from remat_lab.studies import bench
 
 TINY = RunConfig(width=16, batch=2, repeats=2, warmup=1)
 
@@ -137,7 +138,7 @@ def test_timeline_overhead_is_measured_uncached():
 
 def test_latency_goes_through_the_apps_own_cached_wrapper():
     """The latency figures time the Explore page's real st.cache_data wrapper, not the fallback."""
-    from remat_lab.bench import _app_runner
+    from remat_lab.studies.bench import _app_runner
 
     _run, clear, description, stages = _app_runner()
     assert description == "pages/_running.run_config (st.cache_data, bare mode)", description

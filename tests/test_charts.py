@@ -4,8 +4,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from remat_lab import charts
-from remat_lab.policies import POLICIES
+from remat_lab.model.policies import POLICIES
+from remat_lab.present import charts
 
 BUILDERS = {
     "time": lambda df: charts.make_step_time_figure(df),

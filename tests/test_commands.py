@@ -6,7 +6,7 @@ import pytest
 
 from remat_lab.cli import _config_from, build_parser
 from remat_lab.config import RunConfig
-from remat_lab.reproduce import advise_command, cli_command
+from remat_lab.present.reproduce import advise_command, cli_command
 
 CONFIGS = [
     RunConfig(),

@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from remat_lab import compare, hlo
+from remat_lab.analysis import hlo
 from remat_lab.cli import main
 from remat_lab.config import MemoryBudgetError, RunConfig
+from remat_lab.studies import compare
 
 # At this size the two policies save the same dots (the mlp's dots have no batch axes), so XLA
 # compiles them to one program; nothing_saveable is a different one.
@@ -130,7 +131,7 @@ def test_each_policy_keeps_its_memory_timeline(run):
 def test_fingerprints_are_those_of_the_compiled_programs():
     import jax
 
-    from remat_lab.step import build_problem, make_step
+    from remat_lab.program.step import build_problem, make_step
 
     prints = []
     for p in PAIR:

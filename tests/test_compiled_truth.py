@@ -14,8 +14,8 @@ import jax
 import pytest
 
 from remat_lab.config import RunConfig
-from remat_lab.policies import POLICIES
-from remat_lab.step import build_problem, make_step
+from remat_lab.model.policies import POLICIES
+from remat_lab.program.step import build_problem, make_step
 
 _DOT = re.compile(r"^\s*(?:ROOT )?%\S+ = \S+ dot\(", re.M)
 

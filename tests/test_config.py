@@ -20,7 +20,7 @@ from remat_lab.config import (
     parse_bytes,
     resolve_budget,
 )
-from remat_lab.experiment import run_experiment
+from remat_lab.studies.experiment import run_experiment
 
 
 @pytest.mark.parametrize("changes, words", [
@@ -76,7 +76,7 @@ def test_estimate_bounds_the_compiled_peak(run, config):
 
 
 def test_over_budget_is_refused_fast_and_before_tracing(monkeypatch):
-    from remat_lab import experiment
+    from remat_lab.studies import experiment
 
     monkeypatch.setattr(experiment, "build_problem", lambda c: pytest.fail("traced"))
     started = time.perf_counter()

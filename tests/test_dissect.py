@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from jax._src import ad_checkpoint
 
+from remat_lab.analysis.layers import layer_of
 from remat_lab.cli import main
 from remat_lab.config import RunConfig
-from remat_lab.dissect import layer_of
-from remat_lab.step import build_problem
+from remat_lab.program.step import build_problem
 
 
 def _dots(run, **kw):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from remat_lab.config import ConfigError
-from remat_lab.distributed import parse_host_devices, setup
+from remat_lab.program.distributed import parse_host_devices, setup
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 RUN = ["run", "--mesh", "data=2", "--model", "mlp", "--width", "32", "--batch", "8", "--depth", "2",
@@ -44,7 +44,7 @@ def test_a_partial_multi_process_setup_is_refused():
 
 
 def test_the_environment_variable_sets_the_devices_before_jax_starts(tmp_path):
-    code = ("from remat_lab.distributed import apply_env; n = apply_env(); import jax; "
+    code = ("from remat_lab.program.distributed import apply_env; n = apply_env(); import jax; "
             "print(n, jax.device_count())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**_env(tmp_path), "REMAT_LAB_HOST_DEVICES": "3"})

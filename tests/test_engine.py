@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from remat_lab.analysis.costs import memory_report
 from remat_lab.config import RunConfig
-from remat_lab.experiment import memory_report
-from remat_lab.models import build_model
-from remat_lab.policies import POLICIES
-from remat_lab.step import build_problem, make_step
+from remat_lab.model.models import build_model
+from remat_lab.model.policies import POLICIES
+from remat_lab.program.step import build_problem, make_step
 
 
 def _independent_reference(config: RunConfig):
@@ -158,7 +158,7 @@ def test_bfloat16_gradient_check_tolerance_follows_the_dtype(run):
 
 
 def test_time_executable_warms_up_by_count_and_by_time():
-    from remat_lab.experiment import time_executable
+    from remat_lab.program.timing import time_executable
 
     calls = []
 

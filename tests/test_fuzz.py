@@ -26,7 +26,6 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from remat_lab import experiment
 from remat_lab.cli import main
 from remat_lab.config import (
     CHOICES,
@@ -37,6 +36,7 @@ from remat_lab.config import (
     coerce_config,
     resolve_budget,
 )
+from remat_lab.studies import experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

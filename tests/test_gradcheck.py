@@ -10,16 +10,16 @@ import jax
 import numpy as np
 import pytest
 
-from remat_lab.config import RunConfig
-from remat_lab.gradcheck import (
+from remat_lab.analysis.gradcheck import (
     REFERENCE,
     bound_parameters,
     check_gradients,
     reference_loss_and_grads,
     remat_applied,
 )
-from remat_lab.policies import POLICIES
-from remat_lab.step import build_problem, make_step
+from remat_lab.config import RunConfig
+from remat_lab.model.policies import POLICIES
+from remat_lab.program.step import build_problem, make_step
 
 KEYS = {"reference", "independent", "loss_err", "grad_max_abs_err", "grad_max_rel_err", "rtol",
         "atol", "remat_applied", "remat_expected", "ok", "failures", "max_abs_err", "max_rel_err"}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from remat_lab import gradcheck
+from remat_lab.analysis import gradcheck
 
 
 @pytest.mark.parametrize("chunk", [7, 1 << 18])

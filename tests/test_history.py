@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from remat_lab import history
+from remat_lab.store import history
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def test_a_public_deployment_shows_a_visitor_their_session_and_shared_runs(home,
 
 def test_concurrent_writers_threads_and_two_processes_lose_no_row(home):
     history.record(_doc(1))  # the file exists before the race (creation is tested above)
-    script = ("import sys; from remat_lab import history\n"
+    script = ("import sys; from remat_lab.store import history\n"
               "print('ready', flush=True); sys.stdin.readline()\n"
               "for i in range(40): history.record({'config': {'width': i}, 'p': sys.argv[1]})\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

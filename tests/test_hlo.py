@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from remat_lab import hlo
+from remat_lab.analysis import hlo
 
 
 def _compiled(fn, *args) -> str:

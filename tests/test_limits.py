@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from remat_lab import limits
+from remat_lab.config import limits
 
 GIB = 1 << 30
 

@@ -2,8 +2,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from remat_lab.models import MLP, SeqMixer, build_model
-from remat_lab.stacks import LoopStack, ScanStack, blocks_of
+from remat_lab.model.models import MLP, SeqMixer, build_model
+from remat_lab.model.stacks import LoopStack, ScanStack, blocks_of
 
 
 def test_mlp_layers_come_from_one_rngs_stream_in_order():

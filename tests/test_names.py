@@ -9,12 +9,12 @@ from pathlib import Path
 import jax
 import pytest
 
+from remat_lab.analysis.dissect import dissect
 from remat_lab.cli import build_parser, main
 from remat_lab.config import ConfigError, RunConfig, coerce_config
-from remat_lab.dissect import dissect
-from remat_lab.models import MODELS, names_of
-from remat_lab.policies import POLICIES, build_policy, policy_code
-from remat_lab.step import build_problem
+from remat_lab.model.models import MODELS, names_of
+from remat_lab.model.policies import POLICIES, build_policy, policy_code
+from remat_lab.program.step import build_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 CUSTOM = dict(model="transformer", width=64, heads=4, seq=16, batch=2, depth=2, stack="loop",

@@ -19,11 +19,12 @@ import pytest
 from jax.errors import JaxRuntimeError
 from streamlit.testing.v1 import AppTest
 
-from remat_lab import experiment
+from remat_lab.analysis.costs import memory_report
 from remat_lab.cli import main
 from remat_lab.config import MemoryBudgetError, RunConfig, estimate_bytes
-from remat_lab.experiment import ExecutionError, memory_report
-from remat_lab.step import build_problem, make_step
+from remat_lab.program.backend import ExecutionError
+from remat_lab.program.step import build_problem, make_step
+from remat_lab.studies import experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -107,7 +108,8 @@ def test_over_budget_grid_is_refused_before_tracing(monkeypatch):
 
 def test_default_budget_is_half_a_1gb_container(monkeypatch):
     """A 1 GB cgroup limit (e.g. Streamlit Community Cloud) gives a 512 MiB budget."""
-    from remat_lab import config, limits
+    from remat_lab import config
+    from remat_lab.config import limits
 
     monkeypatch.setattr(limits, "cgroup_memory", lambda root="/": {"limit": 1 << 30})
     monkeypatch.delenv(config.BUDGET_ENV, raising=False)
@@ -361,7 +363,7 @@ def test_interrupted_sweep_keeps_completed_rows_and_a_clean_cache(monkeypatch, t
 GRADS_SNIPPET = """
 import hashlib, sys, jax, numpy as np
 from remat_lab.config import RunConfig
-from remat_lab.step import build_problem, make_step
+from remat_lab.program.step import build_problem, make_step
 cfg = RunConfig(width=32, batch=4, policy=sys.argv[1])
 p = build_problem(cfg)
 loss, grads = jax.jit(make_step(p))(*p.args)

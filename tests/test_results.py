@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-from remat_lab import results
-from remat_lab.compare import compare_policies
 from remat_lab.config import RunConfig
+from remat_lab.store import results
+from remat_lab.studies.compare import compare_policies
 
 TINY = RunConfig(width=8, batch=2, repeats=2, warmup=0)
 
 
 @pytest.fixture(scope="module")
 def run_doc() -> dict:
-    from remat_lab.experiment import run_experiment
+    from remat_lab.studies.experiment import run_experiment
 
     doc = run_experiment(TINY)
     doc.pop("texts")
@@ -30,7 +30,7 @@ def compare_doc() -> dict:
 
 @pytest.fixture(scope="module")
 def advice_doc() -> dict:
-    from remat_lab.advisor import advise
+    from remat_lab.studies.advisor import advise
 
     doc = advise(TINY.replace(depth=2), 1 << 18, policies=["no_remat", "nothing_saveable"],
                  time_budget_s=0.5)
@@ -139,7 +139,7 @@ def test_every_accepted_mutation_can_be_drawn(run_doc, compare_doc, advice_doc, 
     from streamlit.delta_generator import DeltaGenerator
 
     from pages import _views
-    from remat_lab import charts, tables
+    from remat_lab.present import charts, tables
 
     # The figures and frames are built; sending them to a browser (slow, and there is none) is not.
     monkeypatch.setattr(DeltaGenerator, "plotly_chart", lambda self, fig, **kw: fig.to_dict())

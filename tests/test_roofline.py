@@ -12,9 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from remat_lab import roofline
+from remat_lab.analysis import roofline
 from remat_lab.config import RunConfig
-from remat_lab.step import build_problem, make_step
+from remat_lab.program.step import build_problem, make_step
 
 FAKE = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10}
 

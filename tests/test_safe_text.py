@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from remat_lab.safe_text import code_span, escape_markdown, strip_paths, strip_paths_in
+from remat_lab.serve.safe_text import code_span, escape_markdown, strip_paths, strip_paths_in
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = ["[click me](https://evil.example)", "![x](https://evil.example/x.png)",

@@ -91,7 +91,7 @@ ENTRY %main (p: f32[8,4]) -> f32[32,4] {
 
 
 def test_collectives_are_counted_by_phase_with_loop_runs_and_result_bytes():
-    from remat_lab.sharding import collectives, totals
+    from remat_lab.analysis.collectives import collectives, totals
 
     c = collectives(HLO)
     assert c["all-reduce"]["backward"] == {"count": 3, "bytes": 3 * 128}  # a loop body runs 3 times
@@ -109,8 +109,8 @@ import json, sys
 import numpy as np
 import jax
 from remat_lab.config import RunConfig
-from remat_lab.experiment import run_experiment
-from remat_lab.step import build_problem, jit_step
+from remat_lab.studies.experiment import run_experiment
+from remat_lab.program.step import build_problem, jit_step
 
 assert jax.device_count() == 4, jax.devices()
 base = dict(model="mlp", width=32, batch=8, depth=2, stack="scan", repeats=1, warmup=0)

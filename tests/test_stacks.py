@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from remat_lab.config import RunConfig
-from remat_lab.step import build_problem, make_step
+from remat_lab.program.step import build_problem, make_step
 
 
 def _temp(cfg: RunConfig) -> int:
@@ -79,7 +79,7 @@ def test_reproduce_code_computes_the_engines_loss(run, stack):
     """The snippet Explore prints (the Flax idiom for each stack) gives the engine's loss."""
     import numpy as np
 
-    from remat_lab.reproduce import reproduce_code
+    from remat_lab.present.reproduce import reproduce_code
 
     cfg = RunConfig(width=16, batch=4, depth=3, stack=stack, policy="nothing_saveable")
     namespace: dict = {}
@@ -90,7 +90,7 @@ def test_reproduce_code_computes_the_engines_loss(run, stack):
 
 def test_cli_code_prints_the_snippet(capsys):
     from remat_lab.cli import main
-    from remat_lab.reproduce import reproduce_code
+    from remat_lab.present.reproduce import reproduce_code
 
     argv = ["run", "--width", "16", "--batch", "2", "--depth", "3", "--stack", "scan", "--code"]
     assert main(argv) == 0
@@ -104,7 +104,7 @@ def test_the_guides_numbers_hold():
     """The Guide and README quote compiled memory at the app's default; XLA's memory analysis is
     deterministic for a jax version, so the quoted figures are checked here (to 0.05 MiB)."""
     from pages import _sidebar
-    from remat_lab.experiment import memory_report
+    from remat_lab.analysis.costs import memory_report
 
     assert _sidebar.DEFAULT == RunConfig(width=256, batch=128, depth=8, stack="scan")
     mib = 1 << 20

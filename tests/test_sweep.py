@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from remat_lab import sweep
 from remat_lab.config import ConfigError, RunConfig
-from remat_lab.experiment import ExecutionError
+from remat_lab.program.backend import ExecutionError
+from remat_lab.studies import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ["--widths", "8,16", "--batches", "2,4", "--policies", "no_remat,nothing_saveable",
@@ -186,7 +186,8 @@ def test_sweep_page_resumes_from_its_rows_without_running_them_again(monkeypatch
     pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
 
-    from remat_lab import experiment, history
+    from remat_lab.store import history
+    from remat_lab.studies import experiment
 
     monkeypatch.setenv("REMAT_LAB_HOME", str(tmp_path))
 

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from remat_lab import tables
+from remat_lab.present import tables
 
 
 def _result(policy="dots_with_no_batch_dims_saveable", median=1e-3, peak=3 << 20, width=64, batch=8):

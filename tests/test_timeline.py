@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
+from remat_lab.analysis.timeline import MAX_POINTS, PHASES, compile_dumped, memory_timeline, uncached
 from remat_lab.config import RunConfig
-from remat_lab.experiment import enable_compilation_cache
-from remat_lab.models import names_of
-from remat_lab.policies import POLICIES
-from remat_lab.step import build_problem, make_step
-from remat_lab.timeline import MAX_POINTS, PHASES, compile_dumped, memory_timeline, uncached
+from remat_lab.model.models import names_of
+from remat_lab.model.policies import POLICIES
+from remat_lab.program.backend import enable_compilation_cache
+from remat_lab.program.step import build_problem, make_step
 
 JAX_POLICIES = [p for p, pol in POLICIES.items() if pol.group == "jax"]
 KEYS = {"source", "instructions", "points", "by_phase", "peak_index", "peak_live_bytes", "at_peak", "note"}
@@ -122,7 +122,7 @@ def test_recomputed_values_at_the_issues_size_only_under_remat():
 
 
 def test_downsampling_keeps_the_peak():
-    from remat_lab.timeline import _downsample
+    from remat_lab.analysis.timeline import _downsample
 
     live = np.arange(10_000) % 977
     live[4321] = 10**6
@@ -167,7 +167,7 @@ def test_a_warm_persistent_cache_does_not_lose_the_timeline(tmp_path):
 def test_a_cache_hit_reuses_the_dump_kept_beside_the_cache(tmp_path, monkeypatch):
     """A new session (empty process caches) hitting the persistent cache compiles no copy: the
     first compile's dump was kept beside the cache, keyed by the program text."""
-    from remat_lab import timeline
+    from remat_lab.analysis import timeline
 
     with persistent_cache(tmp_path / "cache"):
         config = RunConfig(width=80, batch=24, depth=2, policy="nothing_saveable")

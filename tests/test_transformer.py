@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from remat_lab.analysis.dissect import dissect
 from remat_lab.cli import main
 from remat_lab.config import ConfigError, RunConfig, estimate_bytes
-from remat_lab.dissect import dissect
-from remat_lab.models import Transformer, build_model, names_of
-from remat_lab.policies import POLICIES
-from remat_lab.step import build_problem
+from remat_lab.model.models import Transformer, build_model, names_of
+from remat_lab.model.policies import POLICIES
+from remat_lab.program.step import build_problem
 
 SMALL = dict(model="transformer", width=64, heads=4, seq=16, batch=2, depth=2, stack="loop")
 RECIPES = [pid for pid, p in POLICIES.items() if p.group == "maxtext"]
@@ -120,8 +120,8 @@ def test_gradient_check_catches_a_small_error_on_a_transformer_leaf(dtype, facto
     fails a 1 % (bf16) or 1e-4 (f32) error on one leaf: the leaf-wide scale test catches it."""
     import jax
 
-    from remat_lab.gradcheck import check_gradients
-    from remat_lab.step import make_step
+    from remat_lab.analysis.gradcheck import check_gradients
+    from remat_lab.program.step import make_step
 
     problem = build_problem(RunConfig(**{**SMALL, "policy": "nothing_saveable", "dtype": dtype}))
     traced = jax.jit(make_step(problem)).trace(*problem.args)

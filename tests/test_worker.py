@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from remat_lab.bytecache import ByteCache, deep_size
 from remat_lab.config import MemoryBudgetError, RunConfig
-from remat_lab.worker import Abandoned, Pool, WorkerLost
+from remat_lab.serve.worker import Abandoned, Pool, WorkerLost
+from remat_lab.store.bytecache import ByteCache, deep_size
 
 TINY = RunConfig(width=16, batch=2, repeats=1, warmup=0)
 SLOW = RunConfig(width=512, batch=256, repeats=1000, warmup=100)  # ~10 s of timing: time to stop it

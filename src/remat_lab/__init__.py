@@ -1,13 +1,10 @@
-"""Remat Lab: measure and dissect JAX rematerialization policies on a Flax NNX model."""
+"""Remat Lab: measure and dissect JAX rematerialization policies on a Flax NNX model.
 
-from .config import ConfigError, MemoryBudgetError, RunConfig, coerce_config
-from .policies import DEFAULT_POLICY, POLICIES
+The engine's layers (``docs/ARCHITECTURE.md``): ``config`` < ``model`` < ``program`` < ``analysis``
+< ``studies`` / ``store`` < ``serve`` / ``present`` < ``cli``. Importing the package imports only the
+configuration (no JAX).
+"""
 
-__all__ = [
-           "DEFAULT_POLICY",
-           "POLICIES",
-           "ConfigError",
-           "MemoryBudgetError",
-           "RunConfig",
-           "coerce_config",
-]
+from remat_lab.config import DEFAULT_POLICY, ConfigError, MemoryBudgetError, RunConfig, coerce_config
+
+__all__ = ["DEFAULT_POLICY", "ConfigError", "MemoryBudgetError", "RunConfig", "coerce_config"]

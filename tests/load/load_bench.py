@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from streamlit_driver import INIT_JS, url, wait_idle  # noqa: E402
 
-from remat_lab import limits  # noqa: E402
+from remat_lab.config import limits  # noqa: E402
 
 MIB = 1 << 20
 

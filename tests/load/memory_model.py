@@ -31,9 +31,9 @@ GRID = [
 
 
 def _measure(cfg_dict: dict, out) -> None:
-    from remat_lab import experiment, limits
-    from remat_lab.config import RunConfig
-    from remat_lab.worker import WARM, execute
+    from remat_lab.config import RunConfig, limits
+    from remat_lab.serve.worker import WARM, execute
+    from remat_lab.studies import experiment
 
     experiment.enable_compilation_cache()
     execute("programs", {"config": WARM.as_dict()}, lambda s: None)

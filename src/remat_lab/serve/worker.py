@@ -35,9 +35,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import limits
-from .config import ConfigError, MemoryBudgetError, RunConfig, human_bytes
-from .experiment import ExecutionError
+from remat_lab.config import ConfigError, MemoryBudgetError, RunConfig, human_bytes, limits
+from remat_lab.program.backend import ExecutionError
 
 TIMED = ("run", "compare", "advise")
 MARGIN = 64 << 20  # left free under the limit, for the server's own page work
@@ -57,12 +56,13 @@ class Abandoned(ExecutionError):
 
 def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
     """One job, in this process (a worker, or the caller for a pool of size 0)."""
-    from . import compare, experiment
+    from remat_lab.program import backend
+    from remat_lab.studies import compare, experiment
 
     if kind == "environment":
-        return experiment.environment()
+        return backend.environment()
     if kind == "device_limit":
-        return experiment.device_memory_limit()
+        return backend.device_memory_limit()
     cfg = RunConfig(**payload["config"])
     if kind == "run":
         result = experiment.run_experiment(cfg, progress=progress)
@@ -73,7 +73,7 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
     if kind == "compare":
         return compare.compare_policies(cfg, list(payload["policies"]), progress=progress)
     if kind in ("advise", "advise_sizes"):  # the timed advice, and the compile-only one
-        from . import advisor
+        from remat_lab.studies import advisor
 
         return advisor.advise(cfg, int(payload["budget"]), policies=list(payload["policies"]),
                               timing=kind == "advise", progress=progress)
@@ -90,13 +90,13 @@ def _error_reply(err: BaseException) -> tuple[str, str]:
 def _serve(requests, replies, env: dict) -> None:
     """The worker's loop: ``(job_id, kind, payload)`` in, ``(job_id, what, value, rss)`` out."""
     os.environ.update(env)
-    from . import distributed, experiment
+    from remat_lab.program import backend, distributed
 
     try:  # $REMAT_LAB_HOST_DEVICES: emulated CPU devices, set before JAX starts its backend
         distributed.apply_env()
     except Exception:  # noqa: BLE001 - the server shows the same error from its own check
         pass
-    experiment.enable_compilation_cache()
+    backend.enable_compilation_cache()
     try:
         execute("programs", {"config": WARM.as_dict()}, lambda s: None)  # imports, backend, tracing
     except Exception:  # a warm-up failure shows in the first real job

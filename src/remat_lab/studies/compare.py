@@ -8,20 +8,13 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from . import hlo
-from .config import ConfigError, RunConfig, check_budget, human_seconds, resolve_budget
-from .experiment import (
-    MIN_WARMUP_S,
-    ExecutionError,
-    _xla_error,
-    device_memory_limit,
-    environment,
-    run_experiment,
-    time_executable,
-    timing_slot,
-)
-from .policies import POLICIES
-from .step import build_problem, make_step
+from remat_lab.analysis import hlo
+from remat_lab.config import ConfigError, RunConfig, check_budget, human_seconds, resolve_budget
+from remat_lab.model.policies import POLICIES
+from remat_lab.program.backend import ExecutionError, device_memory_limit, environment, xla_error
+from remat_lab.program.step import build_problem, make_step
+from remat_lab.program.timing import MIN_WARMUP_S, time_executable, timing_slot
+from remat_lab.studies.experiment import run_experiment
 
 BASELINE = "no_remat"
 CALLS_PER_ROUND = 2
@@ -172,7 +165,7 @@ def _compile(config: RunConfig):
     try:
         compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
     except Exception as err:  # XlaRuntimeError and friends
-        raise _xla_error("compiling", err) from err
+        raise xla_error("compiling", err) from err
     return compiled, problem.args
 
 
@@ -280,7 +273,7 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
             times = _interleaved(executables, rounds=rounds, calls=calls_per_round,
                                  warmup=config.warmup, seed=seed)
         except Exception as err:
-            raise _xla_error("running", err) from err
+            raise xla_error("running", err) from err
 
     order = list(executables)
     same = _same_program(order, prints)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import jax
 
+from remat_lab.config.catalog import DEFAULT_POLICY, POLICY_IDS  # noqa: F401
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -143,7 +145,8 @@ POLICIES: dict[str, Policy] = {
     ]
 }
 
-DEFAULT_POLICY = "dots_with_no_batch_dims_saveable"
+if tuple(POLICIES) != POLICY_IDS:  # the configuration validates against the catalog's ids
+    raise ImportError("model/policies.py and config/catalog.py list different policy ids")
 
 
 def build_policy(config) -> Callable | None:

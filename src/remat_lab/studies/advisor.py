@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from . import hlo
-from .compare import _interleaved, median_interval
-from .config import (
+from remat_lab.analysis import hlo
+from remat_lab.analysis.costs import cost_of, memory_report, step_flops
+from remat_lab.analysis.roofline import calibrate
+from remat_lab.config import (
     BUDGET_ENV,
     LIMITS,
     ConfigError,
@@ -37,18 +38,11 @@ from .config import (
     parse_bytes,
     resolve_budget,
 )
-from .experiment import (
-    _xla_error,
-    cost_of,
-    device_memory_limit,
-    environment,
-    memory_report,
-    step_flops,
-    timing_slot,
-)
-from .policies import POLICIES
-from .roofline import calibrate
-from .step import abstract_problem, build_problem, make_step
+from remat_lab.model.policies import POLICIES
+from remat_lab.program.backend import device_memory_limit, environment, xla_error
+from remat_lab.program.step import abstract_problem, build_problem, make_step
+from remat_lab.program.timing import timing_slot
+from remat_lab.studies.compare import _interleaved, median_interval
 
 MAX_BATCH = LIMITS["batch"][1]
 TIME_BUDGET_S = 8.0  # the timing of all policies together aims at about this long
@@ -101,7 +95,7 @@ def compile_abstract(config: RunConfig):
     try:
         return jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
     except Exception as err:  # XlaRuntimeError and friends
-        raise _xla_error("compiling", err) from err
+        raise xla_error("compiling", err) from err
 
 
 def probe(config: RunConfig) -> dict:
@@ -474,7 +468,7 @@ def _time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, t
         try:
             compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
         except Exception as err:  # noqa: BLE001
-            r["not_timed"] = f"not timed: {_xla_error('compiling', err)}"
+            r["not_timed"] = f"not timed: {xla_error('compiling', err)}"
             continue
         executables[r["policy"]] = (compiled, problem.args)
     if not executables:
@@ -492,7 +486,7 @@ def _time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, t
             times = _interleaved(executables, rounds=rounds, calls=CALLS_PER_ROUND,
                                  warmup=min(configs[p].warmup for p in executables), seed=seed)
         except Exception as err:
-            raise _xla_error("running", err) from err
+            raise xla_error("running", err) from err
     by_policy = {r["policy"]: r for r in rows}
     for p in list(executables) + list(same_as):
         r = by_policy[p]

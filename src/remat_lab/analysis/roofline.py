@@ -19,6 +19,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from remat_lab.program.timing import TIMING_LOCK
+
 CALIBRATION_FILE = "calibration.json"
 FILE_FORMAT = 1
 MAX_FILE_ENTRIES = 8  # machines remembered in one file (a home directory shared between hosts)
@@ -142,7 +144,7 @@ def _identity_key(identity: dict) -> str:
 
 
 def cache_dir() -> Path:
-    """The remat_lab cache directory, as ``experiment.enable_compilation_cache`` computes it."""
+    """The remat_lab cache directory, as ``program.backend.enable_compilation_cache`` computes it."""
     return Path(os.environ.get("REMAT_LAB_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "remat_lab", "jax"))
 
@@ -242,14 +244,12 @@ def _loadavg() -> list[float] | None:
 def _timing_slot():
     """Hold the engine's timing lock while measuring, so no step is timed alongside (and vice
     versa). Waits at most ``TIMING_LOCK_WAIT_S``; yields whether the lock was held."""
-    from . import experiment  # experiment imports this module
-
-    got = experiment.TIMING_LOCK.acquire(timeout=TIMING_LOCK_WAIT_S)
+    got = TIMING_LOCK.acquire(timeout=TIMING_LOCK_WAIT_S)
     try:
         yield got
     finally:
         if got:
-            experiment.TIMING_LOCK.release()
+            TIMING_LOCK.release()
 
 
 def _peak_note(identity: dict) -> str:

@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .config import ConfigError, RunConfig
-from .models import build_model
-from .policies import build_policy, get_policy
-from .stacks import run_stack
+from remat_lab.config import ConfigError, RunConfig
+from remat_lab.model.models import build_model
+from remat_lab.model.policies import build_policy, get_policy
+from remat_lab.model.stacks import run_stack
+from remat_lab.program import mesh as sharding
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -130,8 +131,6 @@ def build_problem(config: RunConfig) -> Problem:
     x = _input(config.input_shape, config.seed, config.dtype)
     mesh = specs = gather = None
     if config.mesh:  # the sharded path (sharding.py): the same values, laid out on the mesh
-        from . import sharding
-
         mesh = sharding.build_mesh(config.mesh)
         specs = tuple(sharding.param_specs(jax.tree_util.tree_unflatten(treedef, leaves), config))
         leaves = sharding.place(leaves, list(specs), mesh)
@@ -166,6 +165,4 @@ def jit_step(problem: Problem) -> Callable:
     """The jitted step: plain ``jax.jit`` on one device, explicit shardings on a mesh."""
     if problem.mesh is None:
         return jax.jit(make_step(problem))
-    from .sharding import jit_step as sharded
-
-    return sharded(problem, make_step(problem))
+    return sharding.jit_step(problem, make_step(problem))

@@ -212,7 +212,7 @@ def _timeline(result: dict | None) -> dict:
 
 def _size(n: float) -> str:
     """``config.human_bytes`` (imported on use: ``config`` imports the models, this module is pandas only)."""
-    from .config import human_bytes
+    from remat_lab.config import human_bytes
 
     return human_bytes(n)
 

@@ -14,7 +14,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from .config import ConfigError, RunConfig
+from remat_lab.config import ConfigError, RunConfig
 
 SCHEMA = 1
 MAX_BYTES = 20 * 1024 * 1024  # matches the upload widget's limit (20 MB)

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
-from . import hlo
-from .dissect import _layer_of_path, layer_of
+from remat_lab.analysis import hlo
+from remat_lab.analysis.layers import layer_of, layer_of_path
 
 PHASES = ("parameter", "output", "forward", "recomputed", "backward", "other")
 MAX_POINTS = 2000
@@ -93,7 +93,7 @@ def _layer(op: str, depth: int, paths: Sequence[str]) -> str:
     if op == "x":
         return "input"
     if (m := _LEAF.match(op)) and int(m.group(1)) < len(paths):
-        return _layer_of_path(paths[int(m.group(1))], depth)
+        return layer_of_path(paths[int(m.group(1))], depth)
     return layer_of(op, depth) if op else "other"
 
 

@@ -1,4 +1,4 @@
-"""The frozen configuration of one experiment, its validation and the memory guard.
+"""The frozen configuration of one experiment: its fields, validation, mesh text and parsing.
 
 Everything here runs before JAX allocates anything: a configuration that is malformed or too
 large is refused with a ``ConfigError`` (a ``ValueError``) whose message says what is allowed.
@@ -6,13 +6,9 @@ large is refused with a ``ConfigError`` (a ``ValueError``) whose message says wh
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, fields
 
-from . import limits
-from .models import MODELS, SEQ_MODELS, names_of
-from .policies import DEFAULT_POLICY, POLICIES
-from .stacks import STACKS
+from .catalog import DEFAULT_POLICY, MODELS, POLICY_IDS, SEQ_MODELS, STACKS, names_of
 
 DTYPES = ("float32", "bfloat16")
 OBJECTIVES = ("value_and_grad", "grad")
@@ -35,7 +31,7 @@ CHOICES = {
     "model": MODELS,
     "stack": STACKS,
     "dtype": DTYPES,
-    "policy": tuple(POLICIES),
+    "policy": POLICY_IDS,
     "objective": OBJECTIVES,
 }
 
@@ -242,120 +238,3 @@ def coerce_config(raw: dict) -> RunConfig:
             value = _names_tuple(name, value)
         values[name] = value
     return RunConfig(**values)
-
-
-def _itemsize(dtype: str) -> int:
-    return 2 if dtype == "bfloat16" else 4
-
-
-def estimate_bytes(config: RunConfig) -> int:
-    """An upper estimate of the device bytes the step needs, computed without JAX.
-
-    Parameters, their gradients and a copy for the reference run; per block the activations the
-    forward and backward can hold at once (for seq_mixer also the (B, N, N) scores, for the
-    transformer the (B, H, N, N) scores and the 4x wide MLP), all with a factor of 2 for XLA's
-    temporaries. Checked against compiled figures in the tests.
-    """
-    item = _itemsize(config.dtype)
-    w = config.width
-    rows = max(config.batch, 1) * (config.seq if config.model in SEQ_MODELS else 1)
-    if config.model == "transformer":
-        # q, k, v, o: 4 w^2; wi_0, wi_1, wo: 12 w^2; two norm scales.
-        params = config.depth * (16 * w * w + 2 * w) * item
-        act = 48 * rows * w * item  # norms, projections, residual sums, the 4w MLP, cotangents
-        act += 6 * max(config.batch, 1) * config.heads * config.seq * config.seq * 4  # scores
-        return 2 * (3 * params + config.depth * act + rows * w * 4) + (1 << 20)
-    params = config.depth * 2 * (w * w + w) * item
-    act = 8 * rows * w * item  # dot outputs, relu outputs and masks, cotangents
-    if config.model == "seq_mixer":
-        act += 4 * max(config.batch, 1) * config.seq * config.seq * 4  # scores, softmax, grads
-        act += 4 * rows * w * item
-    f32_acc = rows * w * 4  # the float32 loss accumulation of the output
-    return 2 * (3 * params + config.depth * act + f32_acc) + (1 << 20)
-
-
-def estimate_process_bytes(config: RunConfig) -> int:
-    """An upper estimate of how much a worker process grows while running ``config``.
-
-    ``estimate_bytes`` (the device program) is one part; the process also holds the gradient
-    check's reference program (its parameters, gradients and activations: about the step's size
-    again), the no_remat witness compile, host copies of the parameters and gradients, the program
-    texts, and XLA's compile workspace (a fixed allowance). Checked against measured peak RSS by
-    ``tests/load/memory_model.py`` (README, Limits and safety).
-    """
-    return int(PROCESS_FACTOR * estimate_bytes(config)) + COMPILE_WORKSPACE
-
-
-# Measured growth was at most 1.66x the device estimate (the default configuration, whose device
-# estimate is small) plus ~10 MiB, over 13 configurations; 1.25x + 64 MiB stays at least 1.2x above
-# every measurement (README, Limits and safety), where 2x + 48 MiB refused width-2048 models that use
-# a third of it.
-PROCESS_FACTOR = 1.25
-COMPILE_WORKSPACE = 64 << 20
-
-
-def _system_memory_bytes() -> int:
-    """Physical memory, or the cgroup limit (v1 or v2, nested) when a container sets a lower one."""
-    return limits.memory_limit()
-
-
-def parse_bytes(text: str) -> int:
-    """``'512M'``, ``'2G'``, ``'1.5GiB'`` or a plain number of bytes."""
-    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    s = str(text).strip().lower().removesuffix("ib").removesuffix("b")
-    unit = s[-1] if s and s[-1] in units else ""
-    number = s[: len(s) - len(unit)].strip()
-    try:
-        value = float(number)
-    except ValueError:
-        raise ConfigError(f"memory budget {str(text)[:40]!r} is not a size; write e.g. 512M, 2G "
-                          "or a number of bytes.") from None
-    if value != value or value <= 0:
-        raise ConfigError(f"memory budget must be a positive size; got {str(text)[:40]!r}.")
-    if value * units[unit] >= 2**60:
-        raise ConfigError(f"memory budget {str(text)[:40]!r} is larger than any machine's memory; "
-                          "write a size under 1 EiB (e.g. 512M, 2G, 80G).")
-    if value * units[unit] < 1:
-        raise ConfigError(f"memory budget {str(text)[:40]!r} is less than one byte.")
-    return int(value * units[unit])
-
-
-def default_budget_bytes(device_limit: int | None = None) -> int:
-    """Half the memory the backend can use: the device's limit when known, else the system's."""
-    return (device_limit or _system_memory_bytes()) // 2
-
-
-def resolve_budget(explicit: str | int | None = None, device_limit: int | None = None) -> int:
-    """The budget in bytes: explicit value, else ``$REMAT_LAB_MEMORY_BUDGET``, else the default."""
-    if explicit is not None:
-        return explicit if isinstance(explicit, int) else parse_bytes(explicit)
-    if os.environ.get(BUDGET_ENV):
-        return parse_bytes(os.environ[BUDGET_ENV])
-    return default_budget_bytes(device_limit)
-
-
-def check_budget(config: RunConfig, budget: int) -> int:
-    """Refuse ``config`` when its estimate exceeds ``budget``; returns the estimate."""
-    need = estimate_bytes(config)
-    if need > budget:
-        raise MemoryBudgetError(
-            f"this configuration needs about {human_bytes(need)}, over the memory budget of "
-            f"{human_bytes(budget)}; lower width, batch, seq or depth (or raise the budget with "
-            f"--memory-budget or {BUDGET_ENV}).")
-    return need
-
-
-def human_seconds(s: float) -> str:
-    """``8.2e-05`` -> ``'82.0 µs'``; ``0.0123`` -> ``'12.30 ms'``; ``2.5`` -> ``'2.50 s'``."""
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
-    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import jax
 
-from .config import ConfigError
+from remat_lab.config import ConfigError
 
 HOST_DEVICES_ENV = "REMAT_LAB_HOST_DEVICES"
 MAX_HOST_DEVICES = 512

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import inspect
 
-from . import models
-from .config import NAME_FIELDS, RunConfig, mesh_devices
-from .models import SEQ_MODELS
-from .policies import policy_code
+from remat_lab.config import NAME_FIELDS, RunConfig, mesh_devices
+from remat_lab.model import models
+from remat_lab.model.models import SEQ_MODELS
+from remat_lab.model.policies import policy_code
 
 
 def _shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:

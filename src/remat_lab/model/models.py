@@ -19,23 +19,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from .stacks import build_stack
+from remat_lab.config.catalog import MODELS, NAMES, SEQ_MODELS, names_of  # noqa: F401
+from remat_lab.model.stacks import build_stack
 
-MODELS = ("mlp", "seq_mixer", "transformer")
-SEQ_MODELS = ("seq_mixer", "transformer")  # x: (batch, seq, width)
-# The checkpoint_name tags of each model's block, in program order (MaxText's for the transformer).
-NAMES = {
-    "mlp": ("l1", "l2"),
-    "seq_mixer": ("l1", "scores", "mix", "l2"),
-    "transformer": ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0",
-                    "mlpwi_1", "mlpwo"),
-}
 MLP_RATIO = 4  # the transformer's gated MLP: hidden = 4 * width
-
-
-def names_of(model: str) -> tuple[str, ...]:
-    """The ``checkpoint_name`` tags in ``model``'s block, in program order."""
-    return NAMES[model]
 
 
 class MLP(nnx.Module):

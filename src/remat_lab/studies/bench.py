@@ -50,14 +50,24 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from . import experiment, step
-from .config import RunConfig
-from .experiment import enable_compilation_cache, run_experiment, step_time_summary, time_executable
-from .models import names_of
-from .policies import POLICIES
-from .roofline import calibrate, cpu_count, cpu_info, physical_core_count, roofline_report, xla_cost
-from .step import build_problem, make_step
-from .timeline import compile_dumped, memory_timeline, uncached
+from remat_lab.analysis.roofline import (
+    calibrate,
+    cpu_count,
+    cpu_info,
+    physical_core_count,
+    roofline_report,
+    xla_cost,
+)
+from remat_lab.analysis.timeline import compile_dumped, memory_timeline, uncached
+from remat_lab.config import RunConfig
+from remat_lab.model.models import names_of
+from remat_lab.model.policies import POLICIES
+from remat_lab.program import step
+from remat_lab.program.backend import enable_compilation_cache, environment
+from remat_lab.program.step import build_problem, make_step
+from remat_lab.program.timing import step_time_summary, time_executable
+from remat_lab.studies import experiment
+from remat_lab.studies.experiment import run_experiment
 
 DEFAULT = RunConfig(width=512, batch=256)  # one block, about 4 ms a step on 2 cores
 SMALL = RunConfig(width=64, batch=8)
@@ -91,7 +101,7 @@ def machine() -> dict:
     """This process's machine and its roofs (``roofline.calibrate``: cached, else measured now)."""
     cpu = cpu_info()
     roofs = calibrate()
-    env = experiment.environment()
+    env = environment()
     return {**env, "cpu_model": cpu["model"], "cores": cpu_count(),
             "physical_cores": physical_core_count(), "cpu_mhz": cpu["mhz"],
             "vector_flags": sorted(cpu["flags"] & {"avx512f", "avx2", "fma", "avx"}),
@@ -404,7 +414,7 @@ def advise_bench(config: RunConfig = ADVISE_MODEL, budget: int = ADVISE_BUDGET, 
                  probes: int = 7, policies: int = 7) -> dict:
     """The advisor's figures (7.): the whole advice with and without timing, each from an empty
     persistent cache and probe cache, and compile-only probes at new batches (new programs)."""
-    from . import advisor
+    from remat_lab.studies import advisor
 
     chosen = ["no_remat", "nothing_saveable", *(p for p, spec in POLICIES.items() if spec.group == "jax"
                                                 and p not in ("no_remat", "nothing_saveable"))]

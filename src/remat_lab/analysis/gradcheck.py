@@ -2,7 +2,7 @@
 
 The lead's wiring in ``run_experiment`` (after the step ran and was traced)::
 
-    from .gradcheck import check_gradients
+    from remat_lab.analysis.gradcheck import check_gradients
     check = check_gradients(problem, grads, loss, traced.jaxpr)   # loss None for objective "grad"
 
 **Reference.** ``reference_loss_and_grads`` re-implements each model's forward math in plain
@@ -67,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core
 
-from .policies import get_policy
+from remat_lab.model.policies import get_policy
 
 REFERENCE = "plain jax.numpy, no NNX, no remat"
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .config import ConfigError, RunConfig
+from remat_lab.config import ConfigError, RunConfig
 
 SCHEMA = 1  # the version of the result documents (see results.py for the reader)
 AXES = ("model", "width", "batch", "seq", "depth", "stack", "dtype", "policy")
@@ -129,7 +129,7 @@ Runner = Callable[[RunConfig], dict]
 
 def run_one(config: dict, run: Runner, environment: Callable[[], dict] | None = None) -> dict:
     """The row of one configuration: ``run``'s document (texts dropped) or an error row."""
-    from .experiment import ExecutionError  # JAX is imported only when a sweep runs
+    from remat_lab.program.backend import ExecutionError  # JAX is imported only when a sweep runs
 
     env = environment or (lambda: None)
     try:

@@ -19,7 +19,6 @@ Layers are attributed by the ``jax.named_scope`` the models put around each laye
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -29,38 +28,16 @@ from jax._src import core as jcore  # jaxprs_in_params: walk nested jaxprs (pinn
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 
-from . import hlo
-from .models import names_of
-from .policies import build_policy, get_policy, policy_names
-from .step import Problem, make_step
+from remat_lab.analysis import hlo
+from remat_lab.analysis.layers import layer_of, layer_of_path
+from remat_lab.model.models import names_of
+from remat_lab.model.policies import build_policy, get_policy, policy_names
+from remat_lab.program.step import Problem, make_step
 
-# Layer scopes (and parameter path components): the mlp/seq_mixer layers and the transformer's.
-_LAYERS = "l1|l2|mix|attn_norm|q_proj|k_proj|v_proj|attn|o_proj|mlp_norm|wi_0|wi_1|wo"
-_LAYER = re.compile(rf"\b({_LAYERS})\b")
-_BLOCK = re.compile(r"\bblock(\d+)\b")
-_PATH_LAYER = re.compile(rf"(?:blocks\.(?:(\d+)\.)?)?({_LAYERS})\b")
 _PASS_THROUGH = {"reduce_precision", "device_put", "copy", "copy_p"}
 # Values that cost no memory: built from literals alone (a broadcast zero, an iota).
 _CONSTANT_BUILDERS = {"broadcast_in_dim", "convert_element_type", "reshape", "iota", "squeeze",
                       "expand_dims"}
-
-
-def layer_of(name_stack: str, depth: int) -> str:
-    """``'jvp(block1)/l2'`` -> ``'1.l2'`` when depth > 1, ``'l2'`` when depth is 1."""
-    layers = _LAYER.findall(name_stack)
-    blocks = _BLOCK.findall(name_stack)
-    layer = layers[-1] if layers else "other"
-    if depth > 1 and blocks:
-        return f"{blocks[-1]}.{layer}"
-    return layer
-
-
-def _layer_of_path(path: str, depth: int) -> str:
-    m = _PATH_LAYER.match(path)
-    if not m:
-        return "input" if path == "x" else "other"
-    block, layer = m.groups()
-    return f"{block}.{layer}" if depth > 1 and block is not None else layer
 
 
 @dataclass
@@ -311,7 +288,7 @@ def dissect(problem: Problem, compiled_text: str, *,
         aval = var.aval
         if arg_idx is not None:
             name = arg_names[arg_idx]
-            kind, layer, source = "argument", _layer_of_path(name, depth), f"argument {name}"
+            kind, layer, source = "argument", layer_of_path(name, depth), f"argument {name}"
             role = "input" if name == "x" else "parameter"
             n_layers = depth if scanned and name.startswith("blocks.") else 1
         elif prod is None:

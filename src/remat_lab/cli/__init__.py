@@ -12,10 +12,18 @@ import signal
 import sys
 import time
 
-from .config import DTYPES, LIMITS, OBJECTIVES, ConfigError, RunConfig, human_bytes, resolve_budget
-from .models import MODELS, SEQ_MODELS, names_of
-from .policies import DEFAULT_POLICY, GROUPS, POLICIES
-from .stacks import STACKS
+from remat_lab.config import (
+    DTYPES,
+    LIMITS,
+    OBJECTIVES,
+    ConfigError,
+    RunConfig,
+    human_bytes,
+    resolve_budget,
+)
+from remat_lab.model.models import MODELS, SEQ_MODELS, names_of
+from remat_lab.model.policies import DEFAULT_POLICY, GROUPS, POLICIES
+from remat_lab.model.stacks import STACKS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,7 +151,7 @@ def _count_arg(name: str, hi: int, lo: int = 1):
 
 def _setup_devices(args: argparse.Namespace) -> None:
     """Apply --host-devices and join jax.distributed before JAX starts (raises ConfigError)."""
-    from .distributed import setup
+    from remat_lab.program.distributed import setup
 
     setup(getattr(args, "host_devices", None), getattr(args, "coordinator", None),
           getattr(args, "num_processes", None), getattr(args, "process_id", None))
@@ -153,7 +161,7 @@ def _quiet_if_distributed(args: argparse.Namespace):
     """In a multi-process run, native code's stdout lines go to stderr (stdout stays JSON)."""
     from contextlib import nullcontext
 
-    from .distributed import native_stdout_to_stderr
+    from remat_lab.program.distributed import native_stdout_to_stderr
 
     return native_stdout_to_stderr() if getattr(args, "coordinator", None) else nullcontext()
 
@@ -403,8 +411,8 @@ def _policies_text(model: str | None = None) -> str:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .compare import compare_policies
-    from .experiment import ExecutionError, enable_compilation_cache
+    from remat_lab.program.backend import ExecutionError, enable_compilation_cache
+    from remat_lab.studies.compare import compare_policies
 
     if getattr(args, "code", False):  # the snippet is one policy's: ask run or explain for it
         print("remat_lab: error: --code prints one policy's code: use it with run or explain.",
@@ -466,8 +474,8 @@ def format_advice(doc: dict) -> str:
 
 
 def _advise(args: argparse.Namespace) -> int:
-    from .advisor import advise
-    from .experiment import ExecutionError, enable_compilation_cache
+    from remat_lab.program.backend import ExecutionError, enable_compilation_cache
+    from remat_lab.studies.advisor import advise
 
     try:
         config = RunConfig(model=args.model, width=args.width, seq=args.seq, heads=args.heads,
@@ -494,7 +502,7 @@ def _advise(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     """Measure the roofs again (best of the old and new: load only ever makes them read low)."""
-    from . import roofline
+    from remat_lab.analysis import roofline
 
     roofs = roofline.recalibrate()
     if args.json:
@@ -563,7 +571,7 @@ def _add_history_args(p: argparse.ArgumentParser) -> None:
 
 def _record(doc: dict, kind: str) -> None:
     """Store a finished run in the history; a history that cannot be used is said, not fatal."""
-    from . import history
+    from remat_lab.store import history
 
     problem = history.try_record(doc, kind=kind, source="cli")
     if problem:
@@ -585,8 +593,9 @@ def _sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from . import sweep
-    from .experiment import enable_compilation_cache, environment, run_experiment
+    from remat_lab.program.backend import enable_compilation_cache, environment
+    from remat_lab.studies import sweep
+    from remat_lab.studies.experiment import run_experiment
 
     base = RunConfig(heads=args.heads, objective=args.objective, repeats=args.repeats,
                      warmup=args.warmup, seed=args.seed)
@@ -656,7 +665,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from . import history
+    from remat_lab.store import history
 
     try:
         changed = [(what, fn(ids)) for what, ids, fn in (
@@ -697,13 +706,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "process_id", None):  # a multi-process run: only process 0 prints results
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of this process)
-    from .experiment import ExecutionError, enable_compilation_cache, run_experiment
+    from remat_lab.program.backend import ExecutionError, enable_compilation_cache
+    from remat_lab.studies.experiment import run_experiment
 
     if args.command == "calibrate":
         return _calibrate(args)
 
     if args.command == "bench":
-        from .bench import main as bench_main
+        from remat_lab.studies.bench import main as bench_main
         return bench_main(quick=args.quick, as_json=args.json)
     if args.command == "compare":
         return _compare(args)
@@ -714,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = _config_from(args)
         if getattr(args, "code", False):
-            from .reproduce import reproduce_code
+            from remat_lab.present.reproduce import reproduce_code
             print(reproduce_code(config), end="")
             return 0
         if not args.no_cache:

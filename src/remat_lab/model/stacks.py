@@ -16,7 +16,7 @@ from collections.abc import Callable
 import jax
 from flax import nnx
 
-STACKS = ("scan", "loop")
+from remat_lab.config.catalog import STACKS  # noqa: F401
 
 Block = nnx.Module
 BlockFn = Callable[[nnx.Module, jax.Array], jax.Array]

@@ -1,0 +1,46 @@
+"""The bottom layer: the frozen configuration, its names, budgets and the machine's memory limit.
+
+Imports nothing of the package above it and no JAX. ``from remat_lab.config import X`` reaches every
+public name of ``run`` (the configuration), ``budget`` (estimates, budgets, human units) and
+``catalog`` (model, stack and policy names).
+"""
+
+from .budget import (
+    COMPILE_WORKSPACE,
+    PROCESS_FACTOR,
+    check_budget,
+    default_budget_bytes,
+    estimate_bytes,
+    estimate_process_bytes,
+    human_bytes,
+    human_seconds,
+    parse_bytes,
+    resolve_budget,
+)
+from .catalog import DEFAULT_POLICY, MODELS, NAMES, POLICY_IDS, SEQ_MODELS, STACKS, names_of
+from .run import (
+    BUDGET_ENV,
+    CHOICES,
+    DTYPES,
+    LIMITS,
+    MAX_MESH_DEVICES,
+    MESH_AXES,
+    NAME_FIELDS,
+    OBJECTIVES,
+    ConfigError,
+    MemoryBudgetError,
+    RunConfig,
+    coerce_config,
+    format_mesh,
+    mesh_devices,
+    parse_mesh,
+)
+
+__all__ = [
+    "BUDGET_ENV", "CHOICES", "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS",
+    "MAX_MESH_DEVICES", "MESH_AXES", "MODELS", "NAMES", "NAME_FIELDS", "OBJECTIVES", "POLICY_IDS",
+    "PROCESS_FACTOR", "SEQ_MODELS", "STACKS", "ConfigError", "MemoryBudgetError", "RunConfig",
+    "check_budget", "coerce_config", "default_budget_bytes", "estimate_bytes", "estimate_process_bytes",
+    "format_mesh", "human_bytes", "human_seconds", "mesh_devices", "names_of", "parse_bytes", "parse_mesh",
+    "resolve_budget",
+]

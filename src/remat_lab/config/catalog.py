@@ -1,0 +1,37 @@
+"""The names a configuration may use: models and their checkpoint names, stacks, policy ids (no JAX).
+
+The model layer builds what these names stand for (``model/models.py``, ``model/stacks.py``,
+``model/policies.py``); ``model/policies.py`` checks at import that its registry has exactly
+``POLICY_IDS``, in this order.
+"""
+
+from __future__ import annotations
+
+MODELS = ("mlp", "seq_mixer", "transformer")
+SEQ_MODELS = ("seq_mixer", "transformer")  # x: (batch, seq, width)
+# The checkpoint_name tags of each model's block, in program order (MaxText's for the transformer).
+NAMES = {
+    "mlp": ("l1", "l2"),
+    "seq_mixer": ("l1", "scores", "mix", "l2"),
+    "transformer": ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0",
+                    "mlpwi_1", "mlpwo"),
+}
+
+
+def names_of(model: str) -> tuple[str, ...]:
+    """The ``checkpoint_name`` tags in ``model``'s block, in program order."""
+    return NAMES[model]
+
+
+STACKS = ("scan", "loop")
+
+# The policy registry's ids in the order the app lists them (model/policies.py builds each).
+POLICY_IDS = (
+    "no_remat", "nnx_remat_default", "nothing_saveable", "everything_saveable", "dots_saveable",
+    "dots_with_no_batch_dims_saveable", "offload_dot_with_no_batch_dims",
+    "full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp",
+    "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
+    "qkv_proj_offloaded", "minimal_offloaded",
+    "custom",
+)
+DEFAULT_POLICY = "dots_with_no_batch_dims_saveable"

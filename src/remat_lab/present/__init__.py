@@ -1,0 +1,1 @@
+"""Presentation: results -> DataFrames, DataFrames -> Plotly figures, configurations -> code."""

@@ -1,0 +1,1 @@
+"""Storage beside the studies: the run history, results files and byte-bounded caches."""

@@ -1,0 +1,164 @@
+"""A frozen config -> build, lower, compile, time, size and dissect -> one JSON-ready result.
+
+``run_experiment`` is the one entry point used by the CLI, the app and the benchmarks, so every
+number the app shows can be reproduced with ``python -m remat_lab run --json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import numpy as np
+
+from remat_lab.analysis import collectives
+from remat_lab.analysis.costs import cost_of, memory_report, step_flops
+from remat_lab.analysis.dissect import Dissection, dissect
+from remat_lab.analysis.gradcheck import check_gradients
+from remat_lab.analysis.roofline import roofline_report
+from remat_lab.analysis.timeline import compile_dumped, memory_timeline
+from remat_lab.config import RunConfig, check_budget, names_of, resolve_budget
+from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the studies' error type)
+    ExecutionError,
+    device_memory_limit,
+    environment,
+    xla_error,
+)
+from remat_lab.program.mesh import to_host
+from remat_lab.program.step import build_problem, jit_step
+from remat_lab.program.timing import (
+    MIN_WARMUP_S,
+    Progress,
+    step_time_summary,
+    time_executable,
+    timing_slot,
+)
+
+STAGES = ("waiting", "building", "lowering", "compiling", "timing", "checking", "dissecting")
+
+
+def baseline_program(config: RunConfig) -> dict:
+    """The ``no_remat`` compile of ``config``'s model with the same objective, not run.
+
+    The witness for what a policy's compiled program recomputes (``dissect.compare_compiled``):
+    ``{"text", "flops", "memory"}``. Cached per model and objective, so a sweep over policies
+    compiles it once.
+    """
+    return _baseline(config.replace(policy="no_remat", repeats=1, warmup=0))
+
+
+@functools.lru_cache(maxsize=16)
+def _baseline(ref_cfg: RunConfig) -> dict:
+    problem = build_problem(ref_cfg)
+    compiled = jit_step(problem).trace(*problem.args).lower().compile()
+    text = compiled.as_text()
+    return {"text": text, "flops": step_flops(cost_of(compiled)["flops"], text),
+            "memory": memory_report(compiled)}
+
+
+baseline_program.cache_clear = _baseline.cache_clear  # type: ignore[attr-defined]
+
+
+def _check_sharded(problem, grads, loss, jaxpr) -> tuple[dict, float]:
+    """The gradient check of a step on a mesh: its loss and gradients, gathered whole into this
+    process, against the same single-device reference (on the same values, gathered too); and
+    the gradients' global L2 norm."""
+    leaves, x, grads = to_host((problem.leaves, problem.x, grads))
+    gathered = type(problem)(**{**vars(problem), "leaves": list(leaves), "x": x, "mesh": None,
+                                "specs": None})  # the same problem, whole on this host
+    check = check_gradients(gathered, list(grads), loss, jaxpr)
+    return check, float(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in grads)))
+
+
+def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing: bool = True,
+                   progress: Progress | None = None) -> dict:
+    """Everything about one configuration, as the JSON document of ``remat_lab run --json``.
+
+    Raises ``ConfigError`` (over budget) before anything is allocated and ``ExecutionError`` when
+    XLA fails. With ``timing=False`` the step is compiled and dissected but not timed.
+    """
+    progress = progress or (lambda stage: None)
+    check_budget(config, resolve_budget(budget, device_memory_limit()))
+
+    progress("building")
+    problem = build_problem(config)
+    step = jit_step(problem)  # on a mesh: explicit shardings (sharding.py)
+    progress("lowering")
+    t0 = time.perf_counter()
+    try:
+        # Trace once: the same jaxpr is lowered here and read by the dissection.
+        traced = step.trace(*problem.args)
+        lowered = traced.lower()
+        t1 = time.perf_counter()
+        progress("compiling")
+        # With XLA's dump on: the memory timeline reads it (None on a persistent-cache hit).
+        compiled, dump = compile_dumped(lowered)
+        t2 = time.perf_counter()
+    except Exception as err:  # XlaRuntimeError and friends
+        raise xla_error("compiling", err) from err
+
+    result = {"schema": 1, "config": config.as_dict(), "environment": environment(),
+              "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1}}
+    cost = cost_of(compiled)
+    text = compiled.as_text()
+    flops = step_flops(cost["flops"], text)
+    try:
+        if timing:
+            with timing_slot(progress):
+                progress("timing")
+                samples = time_executable(compiled, problem.args, warmup=config.warmup,
+                                          repeats=config.repeats, min_warmup_s=MIN_WARMUP_S)
+            result["step_time_s"] = {**step_time_summary(samples, config.warmup),
+                                     "min_warmup_s": MIN_WARMUP_S}
+        else:
+            result["step_time_s"] = None
+        progress("checking")
+        out = compiled(*problem.args)
+    except Exception as err:
+        raise xla_error("running", err) from err
+    loss, grads = (None, out) if config.objective == "grad" else (float(out[0]), out[1])
+    median = result["step_time_s"]["median"] if timing else None
+    result["flops"] = flops
+    result["flops_xla"] = cost["flops"]  # XLA's own count: a scan's loop body counted once
+    result["achieved_flops_per_s"] = flops / median if flops and median else None
+    # The roofs are calibrated (measured once per machine, cached): only a timed run needs them.
+    # Bytes accessed, like flops, count a loop body once: scaled by the same factor.
+    scale = flops / cost["flops"] if flops and cost["flops"] else 1.0
+    bytes_accessed = cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None
+    result["roofline"] = (roofline_report(flops, bytes_accessed, median) if timing
+                          else None)
+    # Against an independent plain-jax.numpy implementation of the model, and structurally: the
+    # step's jaxpr has remat equations exactly when the policy asks for remat.
+    if problem.mesh is None:
+        check = check_gradients(problem, grads, loss, traced.jaxpr)
+    else:
+        check, grad_norm = _check_sharded(problem, grads, loss, traced.jaxpr)
+    result["loss"] = loss  # None for objective grad: the step returns no loss
+    result["memory"] = memory_report(compiled)
+    # What holds the peak (timeline.py): from the dump above, or an uncached copy after a cache hit.
+    t3 = time.perf_counter()
+    result["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
+                                                 names=names_of(config.model), paths=problem.paths)
+    result["compile"]["timeline_s"] = time.perf_counter() - t3
+
+    progress("dissecting")
+    try:
+        base = baseline_program(config)
+    except Exception as err:
+        raise xla_error("compiling the no_remat baseline", err) from err
+    dis: Dissection = dissect(problem, text, step_jaxpr=traced.jaxpr, flops=flops, baseline=base,
+                              backend=jax.default_backend())
+    result["hlo"] = dis.compiled
+    result["baseline"] = {"policy": "no_remat", "flops": base["flops"],
+                          "peak_bytes": (base["memory"] or {}).get("peak_bytes")}
+    result["gradient_check"] = check
+    if problem.mesh is not None:
+        result["sharding"] = {**collectives.report(problem, text, result["memory"], base["text"]),
+                              "grad_norm": grad_norm}
+    result["residuals"] = dis.residuals
+    result["dots"] = dis.dots
+    result["totals"] = dis.totals
+    result["notes"] = dis.notes
+    result["texts"] = dis.texts
+    return result
