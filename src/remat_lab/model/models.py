@@ -1,5 +1,6 @@
-"""NNX modules: the seed's MLP, a sequence mixer whose dots pair batch axes and a pre-norm transformer
-decoder block, built into stacks.
+"""The NNX blocks: the seed's MLP, a sequence mixer and a pre-norm transformer decoder block.
+
+The sequence mixer's products pair batch axes; every block is built into a stack (``stacks.py``).
 
 Every layer call runs inside a ``jax.named_scope`` (``l1``, ``mix``, ``l2``; the transformer's
 ``attn_norm``, ``q_proj``, ``k_proj``, ``v_proj``, ``attn``, ``o_proj``, ``mlp_norm``, ``wi_0``, ``wi_1``,

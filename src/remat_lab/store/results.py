@@ -1,5 +1,4 @@
-"""Reading results files (``run --json``, ``sweep`` JSON lines, comparisons, advice) safely: size,
-schema, types.
+"""Reading results files (run, sweep, comparison and advice documents) safely: size, schema, types.
 
 Only ``json.loads`` touches the bytes: nothing is executed or unpickled. A file over ``MAX_BYTES`` is
 refused whole; otherwise every document (a line of a ``.jsonl`` file, or the one document of a
