@@ -38,6 +38,13 @@ def test_host_devices_must_be_a_small_whole_number(text):
         parse_host_devices(text)
 
 
+@pytest.mark.parametrize("text", ["0000019999", "01", "0004"])
+def test_host_devices_with_leading_zeros_are_refused(text):
+    """Only plain decimals: a leading-zero count once passed the range check on its first digits."""
+    with pytest.raises(ConfigError, match="host devices must be a whole number from 1 to 512"):
+        parse_host_devices(text)
+
+
 def test_a_partial_multi_process_setup_is_refused():
     with pytest.raises(ConfigError, match="needs all of --coordinator"):
         setup(None, None, 2, None)

@@ -8,6 +8,8 @@ import flax
 import jax
 import jaxlib
 
+from remat_lab.config import ConfigError
+
 
 class ExecutionError(RuntimeError):
     """XLA failed to compile or run a configuration; the message says what to change."""
@@ -17,7 +19,17 @@ def enable_compilation_cache(path: str | None = None) -> str:
     """Turn on JAX's persistent compilation cache (default ``~/.cache/remat_lab/jax``)."""
     path = path or os.environ.get("REMAT_LAB_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "remat_lab", "jax")
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except OSError as err:
+        writable, reason = False, err.strerror or type(err).__name__
+    else:
+        reason = "not writable"
+    if not writable:
+        raise ConfigError(f"the compilation cache folder {path[-80:]} cannot be used ({reason}); set "
+                          "REMAT_LAB_CACHE_DIR to a writable folder (or run without the cache, "
+                          "--no-cache).")
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

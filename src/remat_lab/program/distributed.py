@@ -33,7 +33,10 @@ def _initialised() -> bool:
 def parse_host_devices(text: object) -> int:
     """A host-device count: a whole number from 1 to ``MAX_HOST_DEVICES``."""
     value = str(text).strip()
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value[:6]) <= MAX_HOST_DEVICES:
+    # Plain decimal digits without leading zeros: "0000019999" must not pass as "00000" (a cut
+    # taken to keep int() cheap) and then make 19,999 devices.
+    plain = value.isascii() and value.isdigit() and len(value) <= 6 and not value.startswith("0")
+    if not plain or not 1 <= int(value) <= MAX_HOST_DEVICES:
         raise ConfigError(f"host devices must be a whole number from 1 to {MAX_HOST_DEVICES}, "
                           f"not {value[:40]!r}.")
     return int(value)

@@ -4,11 +4,13 @@ Shared by the Sweep page and ``python -m remat_lab sweep``. Every row is one JSO
 line: a ``run_experiment`` document (without program texts), or, for a configuration that was
 refused or failed, ``{"schema", "config", "environment", "error": {"kind", "message"}}``. A row is
 written with a single ``write`` and flushed, so an interrupted sweep leaves whole rows; a line cut
-by a hard kill is dropped (and the file repaired) when the sweep resumes.
+by a hard kill, at the end or (after appends) in the middle, is dropped and the file repaired when the
+sweep resumes. One sweep at a time writes a file: ``claim`` holds an exclusive lock on it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -68,20 +70,29 @@ class SweepFileError(ValueError):
     """The ``--out`` file cannot be a sweep file to resume; the message says why."""
 
 
+def _row_of(line: str) -> dict | None:
+    """The row on ``line``; None when the line is a row cut short (a ``{`` that does not parse)."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("config"), dict) else {}
+
+
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """The rows of a sweep file (none when it does not exist). A last line cut by a kill is not a
-    row; any other line that is not a row means the file is something else: ``SweepFileError``."""
+    """The rows of a sweep file (none when it does not exist). A row cut by a kill (the last line
+    without its newline, or a line that starts a row and does not parse) is not a row; any other
+    line that is not a row means the file is something else: ``SweepFileError``."""
     rows = []
     try:
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if not line.endswith("\n"):
                     break  # the last line, cut by a kill: not a row
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    doc = None
-                if not (isinstance(doc, dict) and isinstance(doc.get("config"), dict)):
+                doc = _row_of(line)
+                if doc is None and line.lstrip().startswith("{"):
+                    continue  # a row cut by a kill, with rows appended after it
+                if not doc:
                     raise SweepFileError(f"{path} line {n} is not a sweep row: is it the right file? "
                                          "Choose another --out to start a new sweep.")
                 rows.append(doc)
@@ -92,21 +103,40 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+def claim(path: str | os.PathLike) -> IO[str]:
+    """``path`` opened for appending rows, locked against a second sweep on the same file (the lock
+    goes with the returned file: close it to release). Take it before ``read_rows``."""
+    f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise SweepFileError(f"another sweep is writing to {path}; wait for it to finish or "
+                             "choose another --out.") from None
+    return f
+
+
 def done_keys(rows: Iterable[dict], retry_failed: bool = False) -> set[str]:
     """The configurations ``rows`` finished (with ``retry_failed``, error rows do not count)."""
     return {config_key(r["config"]) for r in rows if not (retry_failed and r.get("error"))}
 
 
 def repair(path: str | os.PathLike) -> None:
-    """Cut a last line that a kill left without its newline, so that appending starts a new row."""
+    """Drop the rows a kill cut short (the last line without its newline, or cut lines with rows
+    after them), in place, so that appending starts a new row and every line is one."""
     p = Path(path)
     if not p.exists() or p.stat().st_size == 0:
         return
     with open(p, "rb+") as f:
         data = f.read()
-        if data.endswith(b"\n"):
+        lines = data.split(b"\n")
+        whole, tail = lines[:-1], lines[-1]  # tail: b"" when the file ends with a newline
+        kept = [ln for ln in whole if _row_of(ln.decode("utf-8", "replace")) is not None]
+        if not tail and len(kept) == len(whole):
             return
-        f.truncate(data.rfind(b"\n") + 1)
+        f.seek(0)
+        f.write(b"".join(ln + b"\n" for ln in kept))
+        f.truncate()
 
 
 def append_row(f: IO[str], row: dict) -> None:
