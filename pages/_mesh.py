@@ -13,6 +13,7 @@ from remat_lab.config import MESH_AXES, ConfigError, RunConfig, format_mesh, hum
 from remat_lab.present import reproduce
 from remat_lab.program import mesh as sharding
 from remat_lab.program.distributed import HOST_DEVICES_ENV, apply_env
+from remat_lab.serve import safe_text
 
 
 @st.cache_resource(show_spinner=False)
@@ -56,7 +57,8 @@ def apply(cfg: RunConfig) -> RunConfig:
         try:
             sizes = parse_mesh(st.query_params.get("mesh", ""))
         except ConfigError as err:
-            st.warning(f"URL parameter `mesh` is not valid ({err}) Using one device.")
+            st.warning(f"URL parameter `mesh` is not valid ({safe_text.escape_markdown(err)}) "
+                       "Using one device.")
             sizes = {}
         for axis in MESH_AXES:
             ss[f"mesh_{axis}"] = sizes.get(axis, 1) if sizes.get(axis, 1) in _divisors(n) else 1

@@ -11,6 +11,7 @@ import streamlit as st
 
 from remat_lab.config import RunConfig, human_bytes, human_seconds
 from remat_lab.present import charts, reproduce, tables
+from remat_lab.serve import safe_text
 from remat_lab.store.results import describe_environment
 
 MS = st.column_config.NumberColumn
@@ -100,7 +101,7 @@ def run_view(doc: dict, key: str) -> None:
     cols[2].metric("Saved / recomputed", f"{tot.get('dots_saved', '-')} / {tot.get('dots_recomputed', '-')}")
     cols[3].metric("Gradient check", {True: "ok", False: "MISMATCH"}.get(grad.get("ok"), "n/a"))
     if hlo.get("identical_to"):
-        st.caption(f"Same compiled program as {hlo['identical_to']}.")
+        st.caption(f"Same compiled program as {safe_text.escape_markdown(hlo['identical_to'])}.")
     left, mid, right = st.columns(3)
     left.plotly_chart(charts.make_step_time_figure(tables.samples_frame(doc)), width="stretch",
                       key=f"{key}_samples")
