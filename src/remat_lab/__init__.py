@@ -2,9 +2,29 @@
 
 The engine's layers (``docs/ARCHITECTURE.md``): ``config`` < ``model`` < ``program`` < ``analysis``
 < ``studies`` / ``store`` < ``serve`` / ``present`` < ``cli``. Importing the package imports only the
-configuration (no JAX).
+configuration (and JAX, quietly, when the CUDA plugin is installed). It sets, before anything imports JAX, what compiling for an accelerator that
+is not attached needs (``program/targets.py``): the CUDA plugin skips its driver check (else it
+fails to load and no GPU target exists), and libtpu may be loaded by several processes at once.
 """
 
-from remat_lab.config import DEFAULT_POLICY, ConfigError, MemoryBudgetError, RunConfig, coerce_config
+import glob as _glob
+import os as _os
+
+_os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+if not (_glob.glob("/dev/accel[0-9]*") or _glob.glob("/dev/vfio/[0-9]*")):  # no TPU attached
+    _os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+if not (_glob.glob("/dev/nvidia[0-9]*") or _glob.glob("/dev/accel[0-9]*")
+        or _glob.glob("/dev/vfio/[0-9]*")):
+    # No accelerator here: the local backend is the CPU, without probing CUDA and libtpu at start.
+    _os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+if "jax" not in __import__("sys").modules and __import__("importlib.util").util.find_spec("jax_plugins"):
+    # With the CUDA plugin and no driver, importing JAX prints "Could not find cuda drivers" from C++.
+    from remat_lab.program.targets import quiet_native_stderr as _quiet
+
+    with _quiet():
+        import jax  # noqa: F401
+
+from remat_lab.config import DEFAULT_POLICY, ConfigError, MemoryBudgetError, RunConfig, coerce_config  # noqa: E402
 
 __all__ = ["DEFAULT_POLICY", "ConfigError", "MemoryBudgetError", "RunConfig", "coerce_config"]

@@ -35,6 +35,7 @@ from .run import (
     mesh_devices,
     parse_mesh,
 )
+from .targets import LOCAL, TARGET_NAMES, TARGETS, Target, get_target
 
 __all__ = [
     "BUDGET_ENV", "CHOICES", "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS",
@@ -42,5 +43,5 @@ __all__ = [
     "PROCESS_FACTOR", "SEQ_MODELS", "STACKS", "ConfigError", "MemoryBudgetError", "RunConfig",
     "check_budget", "coerce_config", "default_budget_bytes", "estimate_bytes", "estimate_process_bytes",
     "format_mesh", "human_bytes", "human_seconds", "mesh_devices", "names_of", "parse_bytes", "parse_mesh",
-    "resolve_budget",
+    "resolve_budget", "LOCAL", "TARGET_NAMES", "TARGETS", "Target", "get_target",
 ]

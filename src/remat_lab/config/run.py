@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from .catalog import DEFAULT_POLICY, MODELS, POLICY_IDS, SEQ_MODELS, STACKS, names_of
+from .targets import LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES
 
 DTYPES = ("float32", "bfloat16")
 OBJECTIVES = ("value_and_grad", "grad")
@@ -26,6 +27,7 @@ LIMITS = {
     "repeats": (1, 1000),
     "warmup": (0, 100),
     "seed": (0, 2**31 - 1),
+    "target_devices": (1, MAX_TARGET_DEVICES),
 }
 CHOICES = {
     "model": MODELS,
@@ -33,6 +35,7 @@ CHOICES = {
     "dtype": DTYPES,
     "policy": POLICY_IDS,
     "objective": OBJECTIVES,
+    "target": TARGET_NAMES,
 }
 
 
@@ -91,7 +94,9 @@ class RunConfig:
     repeats: int = 20
     warmup: int = 3
     seed: int = 0
-    mesh: str = ""  # "" = one device; else e.g. "data=2,tensor=2" (see parse_mesh, sharding.py)
+    mesh: str = ""  # "" = one device; else e.g. "data=2,tensor=2" (see parse_mesh, program/mesh.py)
+    target: str = LOCAL  # "local": the attached backend, run and timed; else compiled for (targets.py)
+    target_devices: int = 1  # devices of the target the program is placed on (the mesh's, if any)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -118,6 +123,18 @@ class RunConfig:
                               "transformer splits width into heads of equal size.")
         self._check_names()
         self._check_mesh()
+        self._check_target()
+
+    def _check_target(self) -> None:
+        """A named target holds the mesh's devices (or one); ``local`` uses the attached ones."""
+        devices = mesh_devices(self.mesh)
+        if self.target == LOCAL and self.target_devices != 1:
+            raise ConfigError("target_devices is for a named target (e.g. h100); on the local "
+                              "backend the mesh decides the devices.")
+        if self.target != LOCAL and self.target_devices != devices:
+            raise ConfigError(f"{self.target_devices} {self.target} devices need a mesh over all of "
+                              f"them (e.g. fsdp={self.target_devices}); the mesh "
+                              f"{self.mesh or '(none)'} uses {devices}.")
 
     def _check_mesh(self) -> None:
         """``mesh``: known axes whose sizes divide what they shard; stored canonically

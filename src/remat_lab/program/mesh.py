@@ -94,10 +94,13 @@ def input_spec(config: RunConfig) -> PartitionSpec:
     return PartitionSpec(lead, *(None,) * (len(config.input_shape) - 1))
 
 
-def build_mesh(mesh: str) -> Mesh:
-    """The ``Mesh`` of ``mesh`` (``'fsdp=4'``) over the first devices; ``ConfigError`` when the
-    devices are too few or the mesh does not divide them."""
+def build_mesh(mesh: str, devices: list | None = None) -> Mesh:
+    """The ``Mesh`` of ``mesh`` (``'fsdp=4'``) over the first devices (of ``devices``, when given:
+    a target's compile-only devices); ``ConfigError`` when the devices are too few or the mesh does
+    not divide them."""
     sizes = parse_mesh(mesh)
+    if devices is not None:
+        return Mesh(np.array(devices[:mesh_devices(mesh)]).reshape(tuple(sizes.values())), tuple(sizes))
     need, have = mesh_devices(mesh), jax.device_count()
     if need > have or have % need:
         hint = ("start with --host-devices N (or REMAT_LAB_HOST_DEVICES=N) to emulate N CPU devices"

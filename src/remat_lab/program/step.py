@@ -16,11 +16,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from remat_lab.config import ConfigError, RunConfig
+from remat_lab.config import LOCAL, ConfigError, RunConfig
 from remat_lab.model.models import build_model
 from remat_lab.model.policies import build_policy, get_policy
 from remat_lab.model.stacks import run_stack
 from remat_lab.program import mesh as sharding
+from remat_lab.program import targets
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -140,18 +141,39 @@ def build_problem(config: RunConfig) -> Problem:
     return Problem(config, graphdef, treedef, leaves, paths, x, loss, mesh, specs)
 
 
-def abstract_problem(config: RunConfig) -> Problem:
-    """``build_problem`` with ``jax.ShapeDtypeStruct`` leaves and input: for compile-only probes
-    (lower and compile, never run), so nothing of the configuration's size is allocated. One
-    device only (the advisor sizes batches per device program)."""
-    if config.mesh:
-        raise ConfigError("compile-only probes run on one device; leave the mesh out (mesh "
-                          f"{config.mesh!r} given).")
+def abstract_problem(config: RunConfig, config_file: str | None = None) -> Problem:
+    """``build_problem`` with ``jax.ShapeDtypeStruct`` leaves and input: for compile-only programs
+    (lower and compile, never run), so nothing of the configuration's size is allocated. Locally on
+    one device (the advisor's probes); on a named target placed on its compile-only devices, over
+    the mesh when there is one (``config_file``: the user's own GPU target description)."""
     graphdef, treedef, leaves, paths = _abstract_parameters(config.model, config.width, config.depth,
                                                             config.dtype, config.stack, config.heads)
     x = jax.ShapeDtypeStruct(config.input_shape, DTYPES[config.dtype])
-    return Problem(config, graphdef, treedef, list(leaves), list(paths), x,
-                   _loss_fn(config, graphdef, treedef))
+    if config.target == LOCAL:
+        if config.mesh:
+            raise ConfigError("compile-only probes run on one device; leave the mesh out (mesh "
+                              f"{config.mesh!r} given).")
+        return Problem(config, graphdef, treedef, list(leaves), list(paths), x,
+                       _loss_fn(config, graphdef, treedef))
+    devices = targets.target_devices(config.target, config.target_devices, config_file)
+    if not config.mesh:
+        one = jax.sharding.SingleDeviceSharding(devices[0])
+        place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one)
+        return Problem(config, graphdef, treedef, [place(a) for a in leaves], list(paths), place(x),
+                       _loss_fn(config, graphdef, treedef))
+    mesh = sharding.build_mesh(config.mesh, devices)
+    specs = tuple(sharding.param_specs(jax.tree_util.tree_unflatten(treedef, list(leaves)), config))
+    put = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                               sharding=jax.sharding.NamedSharding(mesh, spec))
+    leaves = [put(a, spec) for a, spec in zip(leaves, specs)]
+    gather = sharding.gathered(config, mesh) if "fsdp" in config.mesh else None
+    return Problem(config, graphdef, treedef, leaves, list(paths), put(x, sharding.input_spec(config)),
+                   _loss_fn(config, graphdef, treedef, gather), mesh, specs)
+
+
+def problem_for(config: RunConfig) -> Problem:
+    """The problem a configuration compiles: real arrays locally, abstract ones on a named target."""
+    return build_problem(config) if config.target == LOCAL else abstract_problem(config)
 
 
 def make_step(problem: Problem) -> Callable:

@@ -12,13 +12,14 @@ import time
 import jax
 import numpy as np
 
-from remat_lab.analysis import collectives
+from remat_lab.analysis import collectives, hlo
 from remat_lab.analysis.costs import cost_of, memory_report, step_flops
 from remat_lab.analysis.dissect import Dissection, dissect
+from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.gradcheck import check_gradients
 from remat_lab.analysis.roofline import roofline_report
 from remat_lab.analysis.timeline import compile_dumped, memory_timeline
-from remat_lab.config import RunConfig, check_budget, names_of, resolve_budget
+from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, names_of, resolve_budget
 from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the studies' error type)
     ExecutionError,
     device_memory_limit,
@@ -26,7 +27,7 @@ from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the stud
     xla_error,
 )
 from remat_lab.program.mesh import to_host
-from remat_lab.program.step import build_problem, jit_step
+from remat_lab.program.step import build_problem, jit_step, problem_for
 from remat_lab.program.timing import (
     MIN_WARMUP_S,
     Progress,
@@ -50,7 +51,7 @@ def baseline_program(config: RunConfig) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def _baseline(ref_cfg: RunConfig) -> dict:
-    problem = build_problem(ref_cfg)
+    problem = problem_for(ref_cfg)
     compiled = jit_step(problem).trace(*problem.args).lower().compile()
     text = compiled.as_text()
     return {"text": text, "flops": step_flops(cost_of(compiled)["flops"], text),
@@ -79,6 +80,8 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     XLA fails. With ``timing=False`` the step is compiled and dissected but not timed.
     """
     progress = progress or (lambda stage: None)
+    if config.target != LOCAL:
+        return _run_on_target(config, progress)
     check_budget(config, resolve_budget(budget, device_memory_limit()))
 
     progress("building")
@@ -161,4 +164,81 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     result["totals"] = dis.totals
     result["notes"] = dis.notes
     result["texts"] = dis.texts
+    return result
+
+
+def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, dump, progress: Progress
+                       ) -> dict:
+    """What the compiled program alone shows: memory, its timeline, the dissection against the
+    no_remat witness on the same backend or target, collectives on a mesh."""
+    text = compiled.as_text()
+    cost = cost_of(compiled)
+    flops = step_flops(cost["flops"], text)
+    source = "XLA's cost analysis, loop bodies scaled by their trip counts"
+    if flops is None:  # deviceless GPU compiles carry no cost analysis: count the products
+        flops = sum((m["flops"] or 0) * max(m["executions"], 1) for m in hlo.matmuls(text)) or None
+        source = ("matrix products of the compiled HLO (2 x output elements x contracted size, times "
+                  "their runs); XLA gives no cost analysis for this target, elementwise work left out")
+    out = {"flops": flops, "flops_xla": cost["flops"], "flops_source": source,
+           "memory": memory_report(compiled)}
+    scale = flops / cost["flops"] if flops and cost["flops"] else 1.0
+    out["bytes_accessed"] = cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None
+    t0 = time.perf_counter()
+    out["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
+                                             names=names_of(config.model), paths=problem.paths)
+    out["timeline_s"] = time.perf_counter() - t0
+    progress("dissecting")
+    try:
+        base = baseline_program(config)
+    except Exception as err:
+        raise xla_error("compiling the no_remat baseline", err) from err
+    backend = jax.default_backend() if config.target == LOCAL else get_target(config.target).platform
+    out["dissection"] = dissect(problem, text, step_jaxpr=traced.jaxpr, flops=flops, baseline=base,
+                                backend=backend)
+    out["baseline"] = base
+    if problem.mesh is not None:
+        out["sharding"] = collectives.report(problem, text, out["memory"], base["text"])
+    return out
+
+
+def _run_on_target(config: RunConfig, progress: Progress) -> dict:
+    """Compile-only: the step lowered on abstract inputs placed on the target's devices, compiled
+    for it, analysed; nothing is allocated or run, so no step time and no gradient check."""
+    target = get_target(config.target)
+    progress("building")
+    problem = problem_for(config)
+    progress("lowering")
+    t0 = time.perf_counter()
+    try:
+        traced = jit_step(problem).trace(*problem.args)
+        lowered = traced.lower()
+        t1 = time.perf_counter()
+        progress("compiling")
+        compiled, dump = compile_dumped(lowered)
+        t2 = time.perf_counter()
+    except Exception as err:
+        raise xla_error(f"compiling for {config.target}", err) from err
+    sec = _compiled_sections(config, problem, traced, lowered, compiled, dump, progress)
+    dis, base = sec["dissection"], sec["baseline"]
+    estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype)
+    reason = f"compiled for {config.target} without the device: nothing was run"
+    result = {
+        "schema": 1, "config": config.as_dict(), "environment": environment(),
+        "target": target.as_dict(),
+        "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1, "timeline_s": sec["timeline_s"]},
+        "step_time_s": None,
+        "timing": {"measured": False, "estimate_s": estimate["estimate_s"],
+                   "estimate_basis": estimate["basis"], "estimate": estimate, "reason": reason},
+        "flops": sec["flops"], "flops_xla": sec["flops_xla"], "flops_source": sec["flops_source"],
+        "achieved_flops_per_s": None,
+        "roofline": None, "loss": None, "memory": sec["memory"],
+        "memory_timeline": sec["memory_timeline"], "hlo": dis.compiled,
+        "baseline": {"policy": "no_remat", "flops": base["flops"],
+                     "peak_bytes": (base["memory"] or {}).get("peak_bytes")},
+        "gradient_check": {"ok": None, "reason": reason + " (the check compares computed gradients)"},
+    }
+    if "sharding" in sec:
+        result["sharding"] = sec["sharding"]
+    result.update(residuals=dis.residuals, dots=dis.dots, totals=dis.totals, notes=dis.notes,
+                  texts=dis.texts)
     return result

@@ -27,8 +27,9 @@ AXES = ("model", "width", "batch", "seq", "depth", "stack", "dtype", "policy")
 
 def config_key(config: dict) -> str:
     """A configuration as a canonical string: the identity used to skip finished rows."""
-    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in sorted(config.items())},
-                      sort_keys=True)
+    defaults = {"target": "local", "target_devices": 1}  # fields newer than some sweep files
+    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in sorted(config.items())
+                       if not (k in defaults and v == defaults[k])}, sort_keys=True)
 
 
 def build_grid(base: RunConfig, **axes: Iterable) -> list[dict]:

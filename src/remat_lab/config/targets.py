@@ -1,0 +1,68 @@
+"""The accelerators a configuration can be compiled for without the hardware: names and spec figures.
+
+Pure data from ``targets.json`` beside this file (no JAX): memory, dense peak FLOP/s by dtype and
+memory bandwidth per device, and where each figure comes from. ``local`` is the attached backend,
+run and timed; every other target is compile-only (``program/targets.py`` makes its devices).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCAL = "local"
+MAX_TARGET_DEVICES = 256
+# JAX preallocates this fraction of a GPU's memory for its arrays by default
+# (XLA_PYTHON_CLIENT_MEM_FRACTION); the rest is the CUDA context, cuBLAS/cuDNN workspaces, NCCL.
+GPU_USABLE_FRACTION = 0.75
+# On a TPU JAX may use the whole HBM; the runtime keeps a little for itself (program code, infeed).
+TPU_USABLE_FRACTION = 0.95
+
+
+@dataclass(frozen=True)
+class Target:
+    """One accelerator: figures per device (``peak_flops``: dtype -> dense FLOP/s)."""
+
+    name: str
+    platform: str  # "cuda" or "tpu"
+    device_kind: str
+    memory_bytes: int
+    peak_flops: Mapping[str, float]
+    bandwidth_bytes_per_s: float
+    source: str
+    config_file: str | None = None  # GPU: XLA GpuTargetConfig text in program/target_specs/
+    topology: str | None = None  # TPU: libtpu topology of one chip, e.g. "v5e:1x1"
+
+    def usable_bytes(self) -> int:
+        """The memory JAX can give the program by default (the advisor's default budget)."""
+        fraction = GPU_USABLE_FRACTION if self.platform == "cuda" else TPU_USABLE_FRACTION
+        return int(self.memory_bytes * fraction)
+
+    def as_dict(self) -> dict:
+        """The ``target`` section of a result document."""
+        return {"name": self.name, "platform": self.platform, "device_kind": self.device_kind,
+                "memory_bytes": self.memory_bytes, "peak_flops": dict(self.peak_flops),
+                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "source": self.source,
+                "deviceless": True}
+
+
+def _load() -> dict[str, Target]:
+    raw = json.loads((Path(__file__).with_name("targets.json")).read_text())
+    return {t["name"]: Target(name=t["name"], platform=t["platform"], device_kind=t["device_kind"],
+                              memory_bytes=int(t["memory_bytes"]),
+                              peak_flops={k: float(v) for k, v in t["peak_flops"].items()},
+                              bandwidth_bytes_per_s=float(t["bandwidth_bytes_per_s"]),
+                              source=t["source"], config_file=t.get("config_file"),
+                              topology=t.get("topology"))
+            for t in raw["targets"]}
+
+
+TARGETS: dict[str, Target] = _load()
+TARGET_NAMES = (LOCAL, *TARGETS)
+
+
+def get_target(name: str) -> Target:
+    """The named target's figures; ``KeyError`` for ``local`` or an unknown name."""
+    return TARGETS[name]
