@@ -9,6 +9,8 @@ fails to load and no GPU target exists), and libtpu may be loaded by several pro
 
 import glob as _glob
 import os as _os
+import sys as _sys
+from importlib.util import find_spec as _find_spec
 
 _os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 if not (_glob.glob("/dev/accel[0-9]*") or _glob.glob("/dev/vfio/[0-9]*")):  # no TPU attached
@@ -18,7 +20,7 @@ if not (_glob.glob("/dev/nvidia[0-9]*") or _glob.glob("/dev/accel[0-9]*")
     # No accelerator here: the local backend is the CPU, without probing CUDA and libtpu at start.
     _os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-if "jax" not in __import__("sys").modules and __import__("importlib.util").util.find_spec("jax_plugins"):
+if "jax" not in _sys.modules and _find_spec("jax_plugins"):
     # With the CUDA plugin and no driver, importing JAX prints "Could not find cuda drivers" from C++.
     from remat_lab.program.targets import quiet_native_stderr as _quiet
 

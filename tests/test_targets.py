@@ -1,0 +1,121 @@
+"""Deviceless targets: real compiles for an H100 and a TPU v5e that are not attached, checked against
+independent plain-JAX programs compiled for the same target, and the HLO itself."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from remat_lab.analysis import hlo
+from remat_lab.analysis.costs import memory_report
+from remat_lab.config import ConfigError, RunConfig, get_target
+from remat_lab.program import targets
+from remat_lab.studies.experiment import run_experiment
+
+SMALL = dict(model="mlp", stack="scan", width=256, batch=512, depth=4, dtype="bfloat16")
+POLICIES = {"no_remat": None, "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+            "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def plain_scan_mlp(target: str, policy: str, *, width: int, batch: int, depth: int, dtype: str):
+    """The same step written without NNX: depth MLP blocks (two biased dense layers with ReLU) under
+    ``lax.scan`` with ``jax.checkpoint`` in the body, value_and_grad of the float32 sum, compiled for
+    ``target`` on abstract inputs."""
+    dt = jnp.dtype(dtype)
+
+    def block(h, p):
+        h = jax.nn.relu(h @ p["k1"] + p["b1"])
+        return jax.nn.relu(h @ p["k2"] + p["b2"])
+
+    body = block if POLICIES[policy] is None else jax.checkpoint(block, policy=POLICIES[policy])
+
+    def loss(params, x):
+        out, _ = jax.lax.scan(lambda h, p: (body(h, p), None), x, params)
+        return jnp.sum(out, dtype=jnp.float32)
+
+    device = targets.target_devices(target, 1)[0]
+    at = jax.sharding.SingleDeviceSharding(device)
+    sds = lambda shape: jax.ShapeDtypeStruct(shape, dt, sharding=at)
+    params = {"k1": sds((depth, width, width)), "b1": sds((depth, width)),
+              "k2": sds((depth, width, width)), "b2": sds((depth, width))}
+    return jax.jit(jax.value_and_grad(loss)).lower(params, sds((batch, width))).compile()
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_h100_temp_bytes_match_a_plain_jax_build(policy):
+    doc = run_experiment(RunConfig(target="h100", policy=policy, **SMALL))
+    ref = memory_report(plain_scan_mlp("h100", policy, width=256, batch=512, depth=4, dtype="bfloat16"))
+    assert doc["target"]["name"] == "h100" and doc["target"]["platform"] == "cuda"
+    assert doc["timing"]["measured"] is False and doc["step_time_s"] is None
+    assert doc["timing"]["estimate_s"] > 0 and "estimate" in doc["timing"]["estimate_basis"]
+    assert doc["gradient_check"]["ok"] is None and "nothing was run" in doc["gradient_check"]["reason"]
+    assert doc["memory"]["temp_bytes"] == pytest.approx(ref["temp_bytes"], rel=0.10)
+    assert doc["memory"]["argument_bytes"] == ref["argument_bytes"]
+
+
+def test_h100_policies_keep_their_order_and_recompute_products():
+    """nothing_saveable needs less temp than no_remat on the H100 and runs more products: the
+    extra products equal the plain builds' difference, counted in their HLO."""
+    docs = {p: run_experiment(RunConfig(target="h100", policy=p, **SMALL)) for p in
+            ("no_remat", "nothing_saveable")}
+    assert docs["nothing_saveable"]["memory"]["temp_bytes"] < docs["no_remat"]["memory"]["temp_bytes"]
+    texts = {p: plain_scan_mlp("h100", p, width=256, batch=512, depth=4, dtype="bfloat16").as_text()
+             for p in docs}
+    runs = {p: sum(max(m["executions"], 1) for m in hlo.matmuls(t)) for p, t in texts.items()}
+    extra = runs["nothing_saveable"] - runs["no_remat"]
+    assert extra == 2 * 4  # the two forward products of each of the 4 scanned blocks, again
+    assert docs["nothing_saveable"]["hlo"]["excess_dots_vs_no_remat"] == extra
+
+
+def test_tpu_v5e_compiles_and_names_the_tpu():
+    cfg = RunConfig(target="tpu-v5e", policy="nothing_saveable", model="mlp", stack="scan", width=128,
+                    batch=128, depth=2, dtype="bfloat16")
+    doc = run_experiment(cfg)
+    ref = memory_report(plain_scan_mlp("tpu-v5e", "nothing_saveable", width=128, batch=128, depth=2,
+                                       dtype="bfloat16"))
+    assert doc["target"]["platform"] == "tpu" and "v5" in doc["target"]["device_kind"].lower()
+    assert doc["memory"]["temp_bytes"] == pytest.approx(ref["temp_bytes"], rel=0.10, abs=64 << 10)
+    assert doc["timing"]["measured"] is False
+
+
+def test_eight_h100_fsdp_shards_parameters_and_counts_all_gathers():
+    cfg = RunConfig(target="h100", target_devices=8, mesh="fsdp=8", policy="nothing_saveable",
+                    model="mlp", stack="scan", width=256, batch=64, depth=2, dtype="bfloat16")
+    sh = run_experiment(cfg)["sharding"]
+    assert sh["devices"] == 8
+    assert sh["param_bytes_per_device"] * 8 == sh["param_bytes_total"]
+    gathers = sh["collectives"]["all-gather"]
+    assert gathers["forward"]["count"] > 0
+    assert sum(c["count"] for c in gathers.values()) == sh["collective_counts"]["all-gather"]
+
+
+def test_offload_on_a_gpu_target_goes_to_host_memory():
+    doc = run_experiment(RunConfig(target="h100", policy="offload_dot_with_no_batch_dims", model="mlp",
+                                   stack="scan", width=256, batch=64, depth=2, dtype="bfloat16"))
+    assert doc["memory"]["host_temp_bytes"] > 0  # XLA placed buffers in host memory (S(5))
+    assert doc["dots"] and all(d["offloaded_in_compiled"] for d in doc["dots"] if d.get("verdict") != "recompute")
+    assert hlo.uses_host_memory(doc["texts"]["compiled_hlo"] if "compiled_hlo" in doc["texts"]
+                                else next(v for v in doc["texts"].values() if "HloModule" in str(v)))
+
+
+def test_a_bad_target_is_one_clear_error():
+    with pytest.raises(ConfigError, match="unknown target 'h1000'; choose one of: local, h100"):
+        RunConfig(target="h1000")
+    with pytest.raises(ConfigError, match="need a mesh over all of them"):
+        RunConfig(target="h100", target_devices=8)
+    with pytest.raises(ConfigError, match="target_devices is for a named target"):
+        RunConfig(target_devices=2)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        targets.config_text("h100", "/nonexistent/gpu.txtpb")
+
+
+def test_every_target_has_figures_and_a_source():
+    for name in ("h100", "h200", "a100-80g", "a100-40g", "l4", "b200", "tpu-v4", "tpu-v5e", "tpu-v5p",
+                 "tpu-v6e"):
+        t = get_target(name)
+        assert t.memory_bytes > 1 << 30 and t.bandwidth_bytes_per_s > 1e11 and t.source
+        assert t.peak_flops["bfloat16"] > t.peak_flops["float32"] > 1e12
+        assert 0 < t.usable_bytes() < t.memory_bytes
+    assert np.isclose(get_target("h100").memory_bytes / 2**30, 79.1, atol=0.1)
