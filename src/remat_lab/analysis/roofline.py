@@ -1,146 +1,54 @@
 """The device's roofs (calibrated matmul peak FLOP/s and copy bandwidth) and a step's place under them."""
 
+# The roofs are measured by ``calibration`` on the machine that ``machine`` describes and cached here
+# per machine, in this process and in ``calibration.json`` (the one file this module writes);
+# ``intensity`` does the arithmetic of a step's place under them. Their names are re-exported below,
+# so ``roofline.cpu_info``, ``roofline.xla_cost`` and the rest keep working. ``_calibrate`` calls
+# ``_measure`` through this module's namespace: replacing ``roofline._measure`` replaces what runs.
+
 from __future__ import annotations
 
 import contextlib
 import copy
 import datetime
-import functools
-import hashlib
 import json
 import math
 import os
-import platform
 import threading
-import time
-import warnings
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
+from remat_lab.analysis.calibration import _measure, _peak_note, _timing_slot
+from remat_lab.analysis.intensity import _place, _positive, xla_cost
+from remat_lab.analysis.machine import (
+    _identity_key,
+    _physical_from_cpuinfo,
+    _physical_from_sysfs,
+    cpu_count,
+    cpu_info,
+    machine_identity,
+    matmul_precision,
+    physical_core_count,
+    spec_roofs,
+)
 
-from remat_lab.program.timing import TIMING_LOCK
+__all__ = [
+    # the cached roofs and the report (this module)
+    "CALIBRATION_FILE", "FILE_FORMAT", "cache_dir", "calibrate", "calibration_path", "clear_cache",
+    "peak_flops", "recalibrate", "roofline_report",
+    # re-exported from machine, calibration and intensity (callers and tests reach them here)
+    "_identity_key", "_measure", "_peak_note", "_physical_from_cpuinfo", "_physical_from_sysfs",
+    "cpu_count", "cpu_info", "machine_identity", "matmul_precision", "physical_core_count",
+    "spec_roofs", "xla_cost",
+]
 
 CALIBRATION_FILE = "calibration.json"
 FILE_FORMAT = 1
 MAX_FILE_ENTRIES = 8  # machines remembered in one file (a home directory shared between hosts)
-# Square float32 matmul sizes and copy sizes per backend, and the seconds each part may take.
-MATMUL_SIZES = {"cpu": (1024, 1536, 2048), "default": (4096, 8192)}
-COPY_BYTES = {"cpu": 256 * 2**20, "default": 1024 * 2**20}
-MATMUL_BUDGET_S = 1.4
-COPY_BUDGET_S = 0.6
 MAX_STALE_RECALIBRATIONS = 1  # per process: a step above the peak triggers at most this many
-TIMING_LOCK_WAIT_S = 30.0
-
-# name in device_kind -> (float32 FLOP/s, TF32 tensor-core FLOP/s or None, memory bytes/s); dense
-# (no sparsity) spec-sheet numbers of the SXM/largest-memory variant.
-GPU_SPECS = {
-    "H200": (67e12, 494.7e12, 4.8e12), "H100": (67e12, 494.7e12, 3.35e12),
-    "A100": (19.5e12, 156e12, 2.039e12), "V100": (15.7e12, None, 0.9e12),
-    "L4": (30.3e12, 60e12, 0.3e12), "A10": (31.2e12, 62.5e12, 0.6e12),
-    "T4": (8.1e12, None, 0.32e12),
-}
 
 _LOCK = threading.Lock()
 _MEMO: dict[str, dict] = {}  # identity key -> calibration, this process
 _STATE = {"stale_recalibrations": 0}
-
-
-# ---------------------------------------------------------------- the machine
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_info() -> dict:
-    """Model name, feature flags and clock from /proc/cpuinfo (what is there)."""
-    info = {"model": platform.processor() or platform.machine(), "flags": set(), "mhz": None}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "model name" and value:
-            info["model"] = value
-        elif key == "flags" and not info["flags"]:
-            info["flags"] = set(value.split())
-        elif key == "cpu MHz" and info["mhz"] is None:
-            with contextlib.suppress(ValueError):
-                info["mhz"] = float(value)
-    return info
-
-
-def cpu_count() -> int:
-    """Cores this process may use (the affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _physical_from_cpuinfo(text: str) -> int | None:
-    """Distinct (physical id, core id) pairs of /proc/cpuinfo's processor blocks; None if absent."""
-    pairs, seen_core_ids = set(), False
-    for block in text.split("\n\n"):
-        fields = {}
-        for line in block.splitlines():
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
-        if "processor" not in fields:
-            continue
-        if "core id" not in fields:
-            return None
-        seen_core_ids = True
-        pairs.add((fields.get("physical id", "0"), fields["core id"]))
-    return len(pairs) if seen_core_ids else None
-
-
-def _physical_from_sysfs(root: Path) -> int | None:
-    """Distinct thread-sibling sets under /sys/devices/system/cpu; None if unreadable."""
-    groups = set()
-    for topo in root.glob("cpu[0-9]*/topology"):
-        for name in ("core_cpus_list", "thread_siblings_list"):
-            try:
-                groups.add((topo / name).read_text().strip())
-                break
-            except OSError:
-                continue
-    return len(groups) or None
-
-
-@functools.lru_cache(maxsize=1)
-def physical_core_count() -> int:
-    """Physical cores of the machine (hyper-threads counted once); the logical count if unknown.
-
-    From /proc/cpuinfo's distinct (physical id, core id) pairs, else /sys's thread-sibling sets.
-    Never more than the logical count, never less than 1.
-    """
-    logical = os.cpu_count() or 1
-    count = None
-    with contextlib.suppress(OSError):
-        count = _physical_from_cpuinfo(Path("/proc/cpuinfo").read_text())
-    if not count:
-        count = _physical_from_sysfs(Path("/sys/devices/system/cpu"))
-    return max(1, min(count or logical, logical))
-
-
-def matmul_precision() -> str:
-    """JAX's default matmul precision setting (``jax_default_matmul_precision``), "default" if unset."""
-    return str(jax.config.jax_default_matmul_precision or "default")
-
-
-def machine_identity() -> dict:
-    """What a calibration is valid for: device, CPU, cores this process may use, jax, precision."""
-    cpu = cpu_info()
-    device = jax.devices()[0]
-    return {"backend": jax.default_backend(), "device_kind": device.device_kind,
-            "cpu_model": cpu["model"], "physical_cores": physical_core_count(),
-            "usable_cores": cpu_count(), "jax": jax.__version__,
-            "matmul_precision": matmul_precision()}
-
-
-def _identity_key(identity: dict) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:
@@ -151,167 +59,6 @@ def cache_dir() -> Path:
 
 def calibration_path() -> Path:
     return cache_dir() / CALIBRATION_FILE
-
-
-# ---------------------------------------------------------------- measuring
-
-
-def _best_seconds(fn, args, budget_s: float, *, min_calls: int = 3, max_calls: int = 200,
-                  donate: bool = False) -> tuple[float, int]:
-    """Fastest of several calls of ``fn(*args)`` (each ended by ``block_until_ready``), and how many.
-
-    One untimed warm-up call first. With ``donate`` the output is the next call's input.
-    """
-    clock = time.perf_counter
-    out = jax.block_until_ready(fn(*args))
-    if donate:
-        args = (out,)
-    best, calls, start = math.inf, 0, clock()
-    while calls < min_calls or (clock() - start < budget_s and calls < max_calls):
-        t0 = clock()
-        out = jax.block_until_ready(fn(*args))
-        best = min(best, clock() - t0)
-        calls += 1
-        if donate:
-            args = (out,)
-    return best, calls
-
-
-def _measure_matmul(sizes, budget_s: float) -> dict:
-    """Best float32 FLOP/s (2 n^3 per call) of jitted square matmuls, sizes in increasing order.
-
-    The budget is shared: a size whose warm-up and two timed calls would not fit in what is left
-    (projected from the best rate so far) is skipped, so a loaded machine cannot stretch it.
-    """
-    rates, calls, skipped = {}, {}, []
-    deadline = time.perf_counter() + budget_s
-    for i, n in enumerate(sorted(sizes)):
-        left = deadline - time.perf_counter()
-        if rates and (left <= 0 or 3 * 2.0 * n**3 / max(rates.values()) > left):
-            skipped.append(n)
-            continue
-        a = jnp.full((n, n), 1.0 / n, jnp.float32)
-        b = jnp.full((n, n), 0.5, jnp.float32)
-        fn = jax.jit(jnp.matmul).lower(a, b).compile()
-        share = (deadline - time.perf_counter()) / (len(sizes) - i)
-        best, calls[n] = _best_seconds(fn, (a, b), share, min_calls=2)
-        rates[n] = 2.0 * n**3 / best
-        del a, b, fn
-    return {"sizes": list(sizes), "skipped_sizes": skipped,
-            "flops_per_s_by_size": {str(n): r for n, r in rates.items()},
-            "calls_by_size": {str(n): c for n, c in calls.items()},
-            "peak_flops_per_s": max(rates.values())}
-
-
-def _measure_copy(nbytes: int, budget_s: float) -> dict:
-    """Best bytes/s of a jitted ``x + 1`` over ``nbytes`` of float32, counted as read + written.
-
-    The input buffer is donated, so the output reuses it: fresh output pages would measure page
-    faults, not memory. Counting read + written matches XLA's "bytes accessed".
-    """
-    n = nbytes // 4
-    x = jnp.zeros((n,), jnp.float32)
-    with warnings.catch_warnings():  # a backend without donation warns; the copy still counts
-        warnings.filterwarnings("ignore", message=".*[Dd]onat.*")
-        fn = jax.jit(lambda v: v + 1.0, donate_argnums=0).lower(x).compile()
-        best, calls = _best_seconds(fn, (x,), budget_s, min_calls=2, donate=True)
-    return {"bytes": 4 * n, "op": "x + 1.0 on float32, input donated (in place)",
-            "counted": "bytes read + bytes written", "calls": calls,
-            "bandwidth_bytes_per_s": 2.0 * 4 * n / best}
-
-
-def _measure(backend: str) -> dict:
-    """Both roofs, measured now: {"peak_flops_per_s", "bandwidth_bytes_per_s", "details"}."""
-    key = backend if backend in MATMUL_SIZES else "default"
-    t0 = time.perf_counter()
-    matmul = _measure_matmul(MATMUL_SIZES[key], MATMUL_BUDGET_S)
-    mem = _measure_copy(COPY_BYTES.get(backend, COPY_BYTES["default"]), COPY_BUDGET_S)
-    return {"peak_flops_per_s": matmul["peak_flops_per_s"],
-            "bandwidth_bytes_per_s": mem["bandwidth_bytes_per_s"],
-            "details": {"matmul": matmul, "copy": mem, "seconds": time.perf_counter() - t0,
-                        "loadavg": _loadavg()}}
-
-
-def _loadavg() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages (a loaded machine calibrates low)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
-@contextlib.contextmanager
-def _timing_slot():
-    """Hold the engine's timing lock while measuring, so no step is timed alongside (and vice
-    versa). Waits at most ``TIMING_LOCK_WAIT_S``; yields whether the lock was held."""
-    got = TIMING_LOCK.acquire(timeout=TIMING_LOCK_WAIT_S)
-    try:
-        yield got
-    finally:
-        if got:
-            TIMING_LOCK.release()
-
-
-def _peak_note(identity: dict) -> str:
-    backend, precision = identity["backend"], identity["matmul_precision"]
-    note = (f"calibrated: best jitted float32 matmul rate on this {identity['device_kind']} "
-            f"(matmul precision {precision})")
-    if backend == "cpu":
-        note += (f", {identity['usable_cores']} usable of {identity['physical_cores']} physical "
-                 f"cores ({identity['cpu_model']})")
-    elif backend == "gpu" and precision in ("default", "fastest", "high", "tensorfloat32",
-                                            "bfloat16", "bfloat16_3x"):
-        note += ("; JAX's default float32 matmul precision runs on TF32 tensor cores on Ampere "
-                 "and newer GPUs, so this is a TF32 rate (set jax_default_matmul_precision="
-                 "'highest' for true float32)")
-    elif backend == "tpu" and precision in ("default", "fastest", "bfloat16"):
-        note += "; on TPU the default float32 matmul uses bfloat16 passes, so this is that rate"
-    return note
-
-
-# ---------------------------------------------------------------- spec-sheet fallback
-
-
-def _cpu_estimate() -> tuple[float | None, str]:
-    """Cores x clock x FLOP/cycle (two FMA units at the widest advertised vector width)."""
-    cpu = cpu_info()
-    flags = cpu["flags"]
-    if "avx512f" in flags:
-        per_cycle, isa = 64, "avx512f"
-    elif "avx2" in flags and "fma" in flags:
-        per_cycle, isa = 32, "avx2+fma"
-    elif "avx" in flags:
-        per_cycle, isa = 16, "avx"
-    else:
-        per_cycle, isa = 8, "sse"
-    if not cpu["mhz"]:
-        return None, "spec: no estimate (no clock in /proc/cpuinfo)"
-    cores = cpu_count()
-    return cores * cpu["mhz"] * 1e6 * per_cycle, (
-        f"spec: estimate {cores} cores x {cpu['mhz']:.0f} MHz x {per_cycle} float32 FLOP/cycle "
-        f"({isa}, 2 FMA units); a rough figure that a real matmul can exceed")
-
-
-def spec_roofs(identity: dict | None = None) -> dict:
-    """Spec-sheet roofs (GPUs in ``GPU_SPECS``; a clock-based estimate on CPU), as ``calibrate``
-    returns them but with ``peak_source`` "spec". Numbers are None where nothing is known."""
-    identity = identity or machine_identity()
-    kind = identity["device_kind"]
-    peak = bandwidth = None
-    if identity["backend"] == "cpu":
-        peak, note = _cpu_estimate()
-    else:
-        note = f"spec: {kind} unknown"
-        for name, (fp32, tf32, bw) in GPU_SPECS.items():
-            if name.lower() in kind.lower():
-                tf32_mode = bool(tf32) and identity["matmul_precision"] not in ("highest", "float32")
-                peak, bandwidth = (tf32 if tf32_mode else fp32), bw
-                what = ("TF32 tensor-core (JAX's default float32 matmul precision)" if tf32_mode
-                        else "float32")
-                note = f"spec: {kind} {what} spec-sheet peak, dense"
-                break
-    return {"peak_flops_per_s": peak, "bandwidth_bytes_per_s": bandwidth, "peak_source": "spec",
-            "peak_note": note, "machine": identity, "measured_at": None, "details": {}}
 
 
 # ---------------------------------------------------------------- calibration and its cache
@@ -458,55 +205,6 @@ def peak_flops() -> tuple[float | None, str]:
 
 
 # ---------------------------------------------------------------- one step under the roofs
-
-
-def _positive(x) -> float | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) and x > 0 else None
-
-
-def xla_cost(compiled) -> dict:
-    """XLA's cost analysis of a compiled program: ``{"flops", "bytes_accessed"}`` (None if absent).
-
-    XLA counts a while loop's body once, whatever its trip count: scale both by the trip count
-    (or use an unrolled program) before passing them to ``roofline_report``.
-    """
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - some backends do not implement it
-        cost = None
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else None
-    cost = cost or {}
-    return {"flops": _positive(cost.get("flops")), "bytes_accessed": _positive(cost.get("bytes accessed"))}
-
-
-def _place(roofs: dict, flops, bytes_accessed, median_s) -> dict:
-    peak = _positive(roofs.get("peak_flops_per_s"))
-    bandwidth = _positive(roofs.get("bandwidth_bytes_per_s"))
-    flops, nbytes, median_s = _positive(flops), _positive(bytes_accessed), _positive(median_s)
-    achieved = flops / median_s if flops and median_s else None
-    intensity = flops / nbytes if flops and nbytes else None
-    memory_roof = intensity * bandwidth if intensity and bandwidth else None
-    attainable = (min(peak, memory_roof) if peak and memory_roof else peak if peak and bandwidth
-                  is None else None)
-    bound = None
-    if peak and memory_roof:
-        bound = "memory" if memory_roof < peak else "compute"
-    return {
-        "peak_flops_per_s": peak, "peak_source": roofs.get("peak_source"),
-        "peak_note": roofs.get("peak_note"), "bandwidth_bytes_per_s": bandwidth,
-        "ridge_intensity": peak / bandwidth if peak and bandwidth else None,
-        "flops": flops, "bytes_accessed": nbytes, "median_s": median_s,
-        "arithmetic_intensity": intensity, "achieved_flops_per_s": achieved,
-        "attainable_flops_per_s": attainable, "bound": bound,
-        "achieved_fraction": achieved / peak if achieved and peak else None,
-        "fraction_of_attainable": achieved / attainable if achieved and attainable else None,
-        "calibrated_at": roofs.get("measured_at"),
-    }
 
 
 def roofline_report(flops: float | None, bytes_accessed: float | None,
