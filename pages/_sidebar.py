@@ -1,4 +1,8 @@
-"""The sidebar's controls, their mirror in the URL, policy labels and the over-budget flag."""
+"""The sidebar's controls: its widgets, read into one configuration per script run, and the policy labels.
+
+The URL mirror is ``_url`` (its ``CONTROL_KEYS`` and ``DEFAULT`` are named here too); the memory
+budget and the over-budget flag are ``_budget``.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +13,24 @@ from pathlib import Path
 import streamlit as st
 
 from pages import _mesh
+from pages._budget import budget_message, budget_or_none, over_budget
+from pages._budget import device_limit as _device_limit  # noqa: F401 - the pages ask for it here
+from pages._url import CONTROL_KEYS, DEFAULT, read_url_once, write_url
 from remat_lab.config import (
     CHOICES,
     DTYPES,
     LIMITS,
-    NAME_FIELDS,
     OBJECTIVES,
     ConfigError,
     RunConfig,
-    coerce_config,
     estimate_bytes,
     human_bytes,
-    resolve_budget,
 )
 from remat_lab.model.models import SEQ_MODELS, names_of
 from remat_lab.model.policies import GROUPS, POLICIES
-from remat_lab.program.backend import ExecutionError
-from remat_lab.serve import worker
-from remat_lab.serve.safe_text import code_span, escape_markdown
+from remat_lab.serve.safe_text import escape_markdown
 
-CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy",
-                "objective", "repeats")
 NAME_CHOICES = ("save", "offload", "recompute")  # the custom editor, one control per checkpoint name
-# The app opens where policies visibly differ on a CPU: a scanned 8-block mlp (width 256, batch
-# 128). Measured (XLA CPU): peak 10.4 MiB (nothing_saveable) / 11.7 (no_remat) / 12.2
-# (dots_with_no_batch_dims_saveable), one step about 8 ms; the engine's own default stays the
-# seed's one-block case.
-DEFAULT = RunConfig(width=256, batch=128, depth=8)
 POW2_WIDTHS = [2 ** i for i in range(3, 13)]  # 8 .. 4096
 POW2_BATCHES = [2 ** i for i in range(0, 13)]  # 1 .. 4096
 POW2_SEQS = [2 ** i for i in range(0, 11)]  # 1 .. 1024
@@ -67,59 +62,6 @@ def describe(cfg: RunConfig) -> str:
             f"{cfg.objective}, {cfg.repeats} repeats")
 
 
-# ---------------------------------------------------------------- URL <-> controls
-
-
-def _read_url_once() -> list[str]:
-    """On a session's first run, copy valid URL values into the controls; warn about bad ones."""
-    if st.session_state.get("_url_loaded"):
-        return []
-    st.session_state["_url_loaded"] = True
-    warnings, values = [], {}
-    for key in CONTROL_KEYS:
-        if key not in st.query_params:
-            continue
-        raw = st.query_params[key]
-        try:  # validate one parameter at a time so the warning names it; never executed
-            values[key] = getattr(coerce_config({key: raw} if key != "batch" else
-                                                {key: raw, "model": "mlp"}), key)
-        except ConfigError as err:
-            allowed = (", ".join(CHOICES[key]) if key in CHOICES
-                       else "a whole number from {} to {}".format(*LIMITS[key]))
-            warnings.append(f"URL parameter `{key}` = {code_span(raw)} is not valid "
-                            f"({escape_markdown(err)}) Allowed: {allowed}. Using the default, "
-                            f"`{getattr(DEFAULT, key)}`.")
-    if values.get("batch") == 0 and values.get("model") == "seq_mixer":
-        warnings.append("URL parameter `batch` = `0` (a single vector) is only for the mlp model. "
-                        f"Using the default, `{DEFAULT.batch}`.")
-        values.pop("batch")
-    for key in NAME_FIELDS:  # custom's names: checked against the URL's model
-        if key not in st.query_params:
-            continue
-        raw = st.query_params[key]
-        model = values.get("model", DEFAULT.model)
-        try:
-            names = getattr(coerce_config({"model": model, "policy": "custom", key: raw}), key)
-        except ConfigError as err:
-            warnings.append(f"URL parameter `{key}` = {code_span(raw)} is not valid "
-                            f"({escape_markdown(err)}) Using none: those tensors are recomputed.")
-            continue
-        values.update({f"custom_{n}": "save" if key == "save_names" else "offload" for n in names})
-    for key, value in values.items():
-        st.session_state[key] = value
-    if "width" in values:
-        st.session_state["width_exact"] = values["width"]
-    return warnings
-
-
-def _write_url(cfg: RunConfig) -> None:
-    wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS if k != "heads" or cfg.model == "transformer"}
-    wanted.update({k: ",".join(getattr(cfg, k)) for k in NAME_FIELDS if getattr(cfg, k)})
-    wanted.update(_mesh.url_params(cfg))
-    if {k: st.query_params.get(k) for k in st.query_params} != wanted:
-        st.query_params.from_dict(wanted)
-
-
 def _width_from_slider() -> None:
     st.session_state["width_exact"] = st.session_state["width"]
 
@@ -149,7 +91,7 @@ def _reassert_on_page_change(page: str | None) -> None:
 
 
 def _render_controls(page: str | None = None) -> RunConfig:
-    warnings = _read_url_once()
+    warnings = read_url_once()
     ss = st.session_state
     for key in CONTROL_KEYS:
         ss.setdefault(key, getattr(DEFAULT, key))
@@ -208,53 +150,17 @@ def _render_controls(page: str | None = None) -> RunConfig:
     cfg = _mesh.apply(cfg)  # device mesh controls, only with more than one device
     for text in warnings:
         st.warning(text)
-    _write_url(cfg)
+    write_url(cfg)
     over = over_budget(cfg)
     if over:
         flag.error(budget_message(*over, cfg.model), icon=":material/memory:")
     else:
-        budget = _budget_or_none()
+        budget = budget_or_none()
         allowed = f" (this server allows {human_bytes(budget)})" if budget else ""
         sb.caption(f"Estimated memory need: {human_bytes(estimate_bytes(cfg))}{allowed}. "
                    "The link in the address bar restores these settings.")
     return cfg
 
-
-# ---------------------------------------------------------------- memory budget
-
-
-@st.cache_resource(show_spinner=False)
-def _worker_device_limit() -> int | None:
-    return worker.shared_pool().call("device_limit", {})
-
-
-def _device_limit() -> int | None:
-    """The device's memory limit, as the worker process sees it (None on CPU, or while no worker
-    could be started: asked again on the next run, a failure is not cached)."""
-    try:
-        return _worker_device_limit()
-    except ExecutionError:
-        return None
-
-
-def _budget_or_none() -> int | None:
-    try:
-        return resolve_budget(None, _device_limit())
-    except ConfigError:  # a malformed budget setting: run_config reports it when a run is asked for
-        return None
-
-
-def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
-    """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None."""
-    need, budget = estimate_bytes(cfg), _budget_or_none()
-    return (need, budget) if budget is not None and need > budget else None
-
-
-def budget_message(need: int, budget: int, model: str = "seq_mixer") -> str:
-    """The over-budget flag: the estimate, the budget and the sidebar settings that lower it."""
-    knobs = "width, batch, seq or depth" if model in SEQ_MODELS else "width, batch or depth"
-    return (f"**This configuration cannot run here.** Estimated {human_bytes(need)}, over the "
-            f"memory budget of {human_bytes(budget)} on this server: lower {knobs}.")
 
 
 def _leave_legacy_page_mode() -> None:

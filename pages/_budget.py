@@ -1,0 +1,44 @@
+"""The server's memory budget in the app: the device's limit (asked of the worker), the over-budget flag."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from remat_lab.config import ConfigError, RunConfig, estimate_bytes, human_bytes, resolve_budget
+from remat_lab.model.models import SEQ_MODELS
+from remat_lab.program.backend import ExecutionError
+from remat_lab.serve import worker
+
+
+@st.cache_resource(show_spinner=False)
+def _worker_device_limit() -> int | None:
+    return worker.shared_pool().call("device_limit", {})
+
+
+def device_limit() -> int | None:
+    """The device's memory limit, as the worker process sees it (None on CPU, or while no worker
+    could be started: asked again on the next run, a failure is not cached)."""
+    try:
+        return _worker_device_limit()
+    except ExecutionError:
+        return None
+
+
+def budget_or_none() -> int | None:
+    try:
+        return resolve_budget(None, device_limit())
+    except ConfigError:  # a malformed budget setting: run_config reports it when a run is asked for
+        return None
+
+
+def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
+    """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None."""
+    need, budget = estimate_bytes(cfg), budget_or_none()
+    return (need, budget) if budget is not None and need > budget else None
+
+
+def budget_message(need: int, budget: int, model: str = "seq_mixer") -> str:
+    """The over-budget flag: the estimate, the budget and the sidebar settings that lower it."""
+    knobs = "width, batch, seq or depth" if model in SEQ_MODELS else "width, batch or depth"
+    return (f"**This configuration cannot run here.** Estimated {human_bytes(need)}, over the "
+            f"memory budget of {human_bytes(budget)} on this server: lower {knobs}.")

@@ -1,0 +1,171 @@
+"""Charts of studies over many configurations: sweeps, the relative heatmap and the advisor's two charts.
+
+DataFrame in (``tables``' frames), ``go.Figure`` out; an empty frame gives a "no data" figure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from remat_lab.present.palette import empty, figure, policy_color
+
+
+def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figure:
+    """One line per policy (and per value of the other axis) of ``y`` against ``x``.
+
+    ``x`` is "width" or "batch"; the other of the two picks the line dash. The legend, below the
+    plot so that the plot keeps the chart's width, has one entry per policy (its colour; a click
+    hides all its lines) and, when there are several, one per value of the other axis (its dash).
+    """
+    other = "batch" if x == "width" else "width"
+    fig = figure(f"{y_title} vs {x}", x, y_title)
+    if df is None or df.empty:
+        return empty(fig)
+    dashes = ["solid", "dot", "dash", "longdash", "dashdot", "longdashdot"]
+    others = sorted(df[other].unique())
+    policies = list(dict.fromkeys(df["policy"]))
+    for policy, part in df.groupby("policy", sort=False):
+        for i, val in enumerate(others):
+            sub = part[part[other] == val].sort_values(x)
+            if sub.empty:
+                continue
+            fig.add_trace(go.Scatter(
+                x=sub[x], y=sub[y], mode="lines+markers", legendgroup=str(policy), showlegend=False,
+                name=f"{policy}, {other} {val}" if len(others) > 1 else str(policy),
+                line=dict(color=policy_color(policy), dash=dashes[i % len(dashes)], width=2.5),
+                marker=dict(size=8),
+                hovertemplate=f"{x} %{{x}}: %{{y:.4f}}<extra>%{{fullData.name}}</extra>"))
+    for policy in policies:  # the legend: colour = policy
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines+markers", name=str(policy),
+                                 legendgroup=str(policy), line=dict(color=policy_color(policy), width=2.5),
+                                 hoverinfo="skip"))
+    if len(others) > 1:  # and dash = the other axis
+        for i, val in enumerate(others):
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{other} {val}",
+                                     legendgroup=f"{other} {val}", hoverinfo="skip",
+                                     line=dict(color="#6B7280", dash=dashes[i % len(dashes)], width=2.5)))
+    if (df[x] > 0).all():
+        fig.update_xaxes(type="log", tickvals=sorted(df[x].unique()))
+    entries = len(policies) + (len(others) if len(others) > 1 else 0)
+    fig.update_layout(height=400 + 22 * ((entries + 1) // 2), font=dict(size=13),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=-0.18, yanchor="top",
+                                  font=dict(size=12)),
+                      margin=dict(l=60, r=20, t=60, b=40))
+    return fig
+
+
+def make_relative_heatmap_figure(df: pd.DataFrame, title: str, baseline: str = "no_remat") -> go.Figure:
+    """Each policy's metric relative to ``baseline``: ``df`` columns policy, config, ratio and
+    optionally within_noise (see ``tables.relative_frame``; without it only a ratio of exactly 1
+    counts as no difference).
+
+    Every cell is annotated with its ratio. Cells within the noise are grey; the others are
+    coloured on log2(ratio), so 2x slower and 2x faster are equally strong, on a scale of at least
+    0.67x..1.5x so that small differences stay pale. One row is 46 px high.
+    """
+    grey = "#E5E7EB"
+    fig = figure(title, "configuration (width, batch)", "")
+    if df is None or df.empty:
+        return empty(fig)
+    table = df.pivot_table(index="policy", columns="config", values="ratio", sort=False)
+    if "within_noise" in df:
+        flags = df.assign(within_noise=df["within_noise"].fillna(False).astype(int))
+        noise = flags.pivot_table(index="policy", columns="config", values="within_noise",
+                                  aggfunc="max", sort=False).reindex_like(table).fillna(0) > 0
+    else:
+        noise = table == 1.0
+    order = [baseline] * (baseline in table.index) + [p for p in table.index if p != baseline]
+    table, noise = table.loc[order], noise.loc[order]
+    ratios = table.to_numpy(dtype=float)
+    quiet = noise.to_numpy(dtype=bool) & np.isfinite(ratios)
+    z = np.log2(np.where(ratios > 0, ratios, np.nan))
+    loud = np.where(quiet, np.nan, z)
+    bound = max(float(np.nanmax(np.abs(loud))) if np.isfinite(loud).any() else 0.0, np.log2(1.5))
+    ticks = [r for r in (0.25, 0.5, 0.67, 1.0, 1.5, 2.0, 4.0) if abs(np.log2(r)) <= bound + 1e-9]
+    xs, ys = list(table.columns), list(table.index)
+    hover = "%{y} at %{x}: %{customdata:.3f}x " + baseline
+    fig.add_trace(go.Heatmap(
+        z=loud, x=xs, y=ys, colorscale="RdBu_r", zmid=0, zmin=-bound, zmax=bound, customdata=ratios,
+        xgap=2, ygap=2, hoverongaps=False, hovertemplate=hover + "<extra></extra>",
+        colorbar=dict(title=dict(text=f"x {baseline}", side="top"), tickvals=[np.log2(r) for r in ticks],
+                      ticktext=[f"{r:g}x" for r in ticks], thickness=14, len=1.0)))
+    fig.add_trace(go.Heatmap(
+        z=np.where(quiet, 0.0, np.nan), x=xs, y=ys, customdata=ratios, name="within noise",
+        colorscale=[[0, grey], [1, grey]], showscale=False, xgap=2, ygap=2,
+        hoverongaps=False, hovertemplate=hover + " (within the noise)<extra></extra>"))
+    for i, policy in enumerate(ys):
+        for j, config in enumerate(xs):
+            if not np.isfinite(ratios[i, j]):
+                continue
+            strong = not quiet[i, j] and abs(z[i, j]) > 0.6 * bound
+            fig.add_annotation(x=config, y=policy, text=f"{ratios[i, j]:.2f}x", showarrow=False,
+                               font=dict(size=13, color="#6B7280" if quiet[i, j]
+                                         else ("white" if strong else "#111827")))
+    fig.update_layout(height=150 + 46 * len(ys), margin=dict(l=20, r=20, t=60, b=60),
+                      font=dict(size=13))
+    fig.update_yaxes(autorange="reversed", automargin=True, tickfont=dict(size=13), title_text="")
+    fig.update_xaxes(automargin=True, tickfont=dict(size=13), type="category")
+    return fig
+
+
+def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
+    """Compiled peak vs batch per policy, the budget as a line: the advisor's probes.
+
+    ``df`` columns policy, batch, peak_mib, fits, answer (``tables.advice_probes_frame``). Each
+    probe is a point (hollow where it did not fit); each policy's answer, its largest batch that
+    fits, is a larger diamond. The batch axis is logarithmic when the probes span a wide range.
+    """
+    fig = figure("Compiled peak memory vs batch (each point: one compile)", "batch",
+                  "compiled peak (MiB)")
+    if df is None or df.empty:
+        return empty(fig)
+    for policy, part in df.sort_values("batch").groupby("policy", sort=False):
+        color = policy_color(policy)
+        fig.add_trace(go.Scatter(
+            x=part["batch"], y=part["peak_mib"], mode="lines+markers", name=str(policy),
+            legendgroup=str(policy), line=dict(color=color, width=1.5),
+            marker=dict(size=8, color=[color if f else "white" for f in part["fits"]],
+                        line=dict(width=1.5, color=color)),
+            customdata=np.where(part["fits"], "fits", "over the budget"),
+            hovertemplate="batch %{x}: %{y:.3f} MiB, %{customdata}<extra>%{fullData.name}</extra>"))
+        best = part[part["answer"]]
+        if not best.empty:
+            fig.add_trace(go.Scatter(
+                x=best["batch"], y=best["peak_mib"], mode="markers", legendgroup=str(policy),
+                showlegend=False, name=f"{policy}: largest batch",
+                marker=dict(symbol="diamond", size=14, color=color, line=dict(width=1, color="#222")),
+                hovertemplate="largest batch %{x}: %{y:.3f} MiB<extra>%{fullData.name}</extra>"))
+    fig.add_hline(y=budget_mib, line=dict(color="#B91C1C", dash="dash", width=2),
+                  annotation_text=f"budget {budget_mib:,.1f} MiB", annotation_position="top left",
+                  annotation_font=dict(color="#B91C1C"))
+    if df["batch"].max() > 16 * max(df["batch"].min(), 1):
+        fig.update_xaxes(type="log")
+    return fig
+
+
+def make_advice_throughput_figure(df: pd.DataFrame, recommended: str | None = None) -> go.Figure:
+    """Examples per second at each policy's largest batch, with the 95 % interval as error bars.
+
+    ``df`` columns policy, max_batch, examples_per_s, examples_per_s_low, examples_per_s_high
+    (``tables.advice_frame``); rows without a rate are left out. The recommended policy's bar is
+    outlined and every bar is labelled with its batch.
+    """
+    fig = figure("Examples per second at each policy's largest batch", "policy", "examples / s")
+    if df is None or df.empty or df["examples_per_s"].isna().all():
+        return empty(fig)
+    for _, row in df.dropna(subset=["examples_per_s"]).iterrows():
+        fig.add_trace(go.Bar(
+            x=[row["policy"]], y=[row["examples_per_s"]], name=str(row["policy"]),
+            marker=dict(color=policy_color(row["policy"]),
+                        line=dict(width=3 if row["policy"] == recommended else 0, color="#111")),
+            error_y=dict(type="data", symmetric=False,
+                         array=[row["examples_per_s_high"] - row["examples_per_s"]],
+                         arrayminus=[row["examples_per_s"] - row["examples_per_s_low"]]),
+            text=[f"batch {int(row['max_batch'])}"], textposition="inside", insidetextanchor="start",
+            customdata=[[row["examples_per_s_low"], row["examples_per_s_high"], row["max_batch"]]],
+            hovertemplate="%{y:,.0f} examples/s (95 %: %{customdata[0]:,.0f} to %{customdata[1]:,.0f}) "
+                          "at batch %{customdata[2]}<extra>%{x}</extra>"))
+    fig.update_layout(showlegend=False)
+    return fig

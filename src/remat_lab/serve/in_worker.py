@@ -1,0 +1,76 @@
+"""Inside a worker process: one job by its kind (``execute``) and the loop that serves the queue (``serve``).
+
+``serve`` is the target of every worker process (``spawn``: it must stay importable by name). It
+turns on the persistent compilation cache, warms up with a tiny untimed run (``WARM``), says
+``ready``, then answers ``(job_id, kind, payload)`` requests with stages and a value or an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from remat_lab.config import ConfigError, MemoryBudgetError, RunConfig, limits
+from remat_lab.program.backend import ExecutionError
+
+WARM = RunConfig(width=8, batch=1, repeats=1, warmup=0)
+
+
+def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
+    """One job, in this process (a worker, or the caller for a pool of size 0)."""
+    from remat_lab.program import backend
+    from remat_lab.studies import compare, experiment
+
+    if kind == "environment":
+        return backend.environment()
+    if kind == "device_limit":
+        return backend.device_memory_limit()
+    cfg = RunConfig(**payload["config"])
+    if kind == "run":
+        result = experiment.run_experiment(cfg, progress=progress)
+        result.pop("texts", None)  # the timed result is kept small; Inspect asks for "programs"
+        return result
+    if kind == "programs":
+        return experiment.run_experiment(cfg, progress=progress, timing=False)
+    if kind == "compare":
+        return compare.compare_policies(cfg, list(payload["policies"]), progress=progress)
+    if kind in ("advise", "advise_sizes"):  # the timed advice, and the compile-only one
+        from remat_lab.studies import advisor
+
+        return advisor.advise(cfg, int(payload["budget"]), policies=list(payload["policies"]),
+                              timing=kind == "advise", progress=progress)
+    raise ValueError(f"unknown job kind {kind!r}")
+
+
+def error_reply(err: BaseException) -> tuple[str, str]:
+    kind = ("budget" if isinstance(err, MemoryBudgetError) else "config" if isinstance(err, ConfigError)
+            else "execution")
+    text = str(err) if isinstance(err, ConfigError | ExecutionError) else f"{type(err).__name__}: {err}"
+    return kind, text
+
+
+def serve(requests, replies, env: dict) -> None:
+    """The worker's loop: ``(job_id, kind, payload)`` in, ``(job_id, what, value, rss)`` out."""
+    os.environ.update(env)
+    from remat_lab.program import backend, distributed
+
+    try:  # $REMAT_LAB_HOST_DEVICES: emulated CPU devices, set before JAX starts its backend
+        distributed.apply_env()
+    except Exception:  # noqa: BLE001 - the server shows the same error from its own check
+        pass
+    backend.enable_compilation_cache()
+    try:
+        execute("programs", {"config": WARM.as_dict()}, lambda s: None)  # imports, backend, tracing
+    except Exception:  # a warm-up failure shows in the first real job
+        pass
+    replies.put((None, "ready", os.getpid(), limits.rss_bytes()))
+    while (msg := requests.get()) is not None:
+        job_id, kind, payload = msg
+        try:
+            value = execute(kind, payload,
+                            lambda stage, job=job_id: replies.put((job, "stage", stage, None)))
+        except Exception as err:
+            replies.put((job_id, "error", error_reply(err), limits.rss_bytes()))
+        else:
+            replies.put((job_id, "done", value, limits.rss_bytes()))

@@ -1,0 +1,72 @@
+"""A job of the pool and its callers: one request that every equal caller shares, and what they may see.
+
+A caller ``wait``s on a ``Job`` (its stages come back as they happen); when every caller has left,
+the job is abandoned. ``WorkerLost`` and ``Abandoned`` are the errors that only a worker pool gives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from remat_lab.program.backend import ExecutionError
+
+
+class WorkerLost(ExecutionError):
+    """The worker process died while running a job (out of memory, an abort) or was stopped."""
+
+
+class Abandoned(ExecutionError):
+    """Every caller of a job left before it finished; the job was stopped (nobody sees this)."""
+
+
+class Job:
+    """One request; callers ``wait`` on it, sharing its result."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, kind: str, payload: dict, need: int,
+                 on_done: Callable[[Any], None] | None = None) -> None:
+        self.id, self.kind, self.payload, self.need = next(self._ids), kind, payload, need
+        self.on_done, self.key = on_done, None
+        self.stages: list[str] = []
+        self.value = self.error = None
+        self.done = threading.Event()
+        self.waiters = 0
+        self._lock = threading.Lock()
+
+    def abandoned(self) -> bool:
+        with self._lock:
+            return self.waiters == 0
+
+    def finish(self, value: Any = None, error: BaseException | None = None) -> None:
+        """Record the outcome; a value is handed to ``on_done`` (the caller's cache) even when
+        nobody waits any more."""
+        self.value, self.error = value, error
+        if error is None and self.on_done is not None:
+            self.on_done(value)
+        self.done.set()
+
+    def wait(self, progress: Callable[[str], None] | None = None,
+             alive: Callable[[], bool] | None = None, poll: float = 0.25) -> Any:
+        """The job's value; stages go to ``progress`` in the caller's thread. Leaving (an exception
+        in ``progress``, or ``alive()`` false) withdraws this caller."""
+        seen = 0
+        try:
+            while True:
+                finished = self.done.wait(poll)
+                while seen < len(self.stages):
+                    (progress or (lambda s: None))(self.stages[seen])
+                    seen += 1
+                if finished:
+                    break
+                if alive is not None and not alive():
+                    raise Abandoned("the session that asked for this run is gone")
+        finally:
+            with self._lock:
+                self.waiters -= 1
+        if self.error is not None:
+            raise self.error
+        return self.value

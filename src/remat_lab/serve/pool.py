@@ -1,0 +1,306 @@
+"""The server's side of the process boundary: a pool of recyclable worker processes fed from one job queue.
+
+A ``Pool`` (no Streamlit) owns ``size`` worker processes (``spawn``: JAX is not fork-safe), each
+fed by one dispatcher thread from a shared job queue; equal jobs in flight are one ``Job``. A dead
+worker fails only its job (``WorkerLost``) and is replaced; a job nobody waits for is stopped
+(``Abandoned``); a worker is recycled after ``max_runs`` jobs or above ``max_rss``; a job's estimate
+must fit under the memory limit first; timed kinds hold one lock (one timing at a time).
+``shared_pool`` is the process's pool.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+from remat_lab.config import ConfigError, MemoryBudgetError, human_bytes, limits
+from remat_lab.program.backend import ExecutionError
+from remat_lab.serve.in_worker import execute, serve
+from remat_lab.serve.jobs import Abandoned, Job, WorkerLost
+
+TIMED = ("run", "compare", "advise")
+MARGIN = 64 << 20  # left free under the limit, for the server's own page work
+
+
+class _Worker:
+    """One worker process and its two queues."""
+
+    def __init__(self, env: dict) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.requests, self.replies = ctx.Queue(), ctx.Queue()
+        self.process = ctx.Process(target=serve, args=(self.requests, self.replies, env),
+                                   name="remat-lab-worker", daemon=True)
+        # spawn re-imports the parent's __main__ in the child: under Streamlit that is the page
+        # script being run. Nothing of it is needed, so the child gets an empty one.
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            self.process.start()
+        finally:
+            sys.modules["__main__"] = main
+        self.runs, self.baseline = 0, None
+        self._ready = threading.Lock()
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the worker has warmed up (once; callers after the first return at once)."""
+        with self._ready:
+            if self.baseline is None:
+                self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                _, what, _pid, rss = self.replies.get(timeout=0.2)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    break
+                continue
+            if what == "ready":
+                self.baseline = rss
+                return
+        raise WorkerLost(f"the worker process did not start (exit code {self.process.exitcode}).")
+
+    def rss(self) -> int:
+        return limits.rss_bytes(self.process.pid) or 0
+
+    def stop(self, kill: bool = False) -> None:
+        if kill:
+            self.process.kill()
+        elif self.process.is_alive():
+            self.requests.put(None)
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=10)
+        for q in (self.requests, self.replies):
+            q.cancel_join_thread()
+            q.close()
+
+
+class Pool:
+    """``size`` worker processes behind one job queue (``size=0``: in the caller's thread)."""
+
+    def __init__(self, size: int = 1, *, max_runs: int = 40, max_rss: int | None = None,
+                 margin: int = MARGIN, env: dict | None = None, start_timeout: float = 120.0,
+                 limit: int | None = None) -> None:
+        self.size, self.max_runs, self.margin = size, max_runs, margin
+        self.limit = limit or limits.memory_limit()
+        # Recycle above half the limit by default: a worker that big cannot take the next large job.
+        self.max_rss = max_rss or self.limit // 2
+        self.env, self.start_timeout = dict(env or {}), start_timeout
+        self.timing_lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue()
+        self._in_flight: dict[Any, Job] = {}
+        self._lock = threading.Lock()
+        self.workers: list[_Worker | None] = [None] * size
+        self._busy = [False] * size
+        self.deaths = self.recycled = 0
+        self._threads = [threading.Thread(target=self._dispatch, args=(i,), daemon=True,
+                                          name=f"remat-lab-dispatch-{i}") for i in range(size)]
+        for t in self._threads:
+            t.start()
+
+    # ---- callers
+
+    def submit(self, kind: str, payload: dict, key: Any = None, need: int = 0,
+               on_done: Callable[[Any], None] | None = None,
+               progress: Callable[[str], None] | None = None) -> Job:
+        """The job for ``key`` (an equal one in flight is shared), with one more waiter.
+
+        ``need``: the job's estimated bytes (checked against the limit before it runs);
+        ``on_done``: called with the value when the job succeeds, whoever still waits;
+        ``progress``: for a pool of size 0, called with each stage as the job runs here.
+        """
+        key = (kind, key) if key is not None else None
+        with self._lock:
+            job = self._in_flight.get(key) if key is not None else None
+            fresh = job is None or job.done.is_set()
+            if fresh:
+                job = Job(kind, payload, need, on_done)
+                job.key = key
+                if key is not None:
+                    self._in_flight[key] = job
+            with job._lock:
+                job.waiters += 1
+        if fresh and self.size == 0:
+            self._inline(job, progress)
+        elif fresh:
+            if self._jobs.qsize() or any(self._busy):
+                job.stages.append("waiting")
+            self._jobs.put(job)
+        return job
+
+    def call(self, kind: str, payload: dict, *, key: Any = None, need: int = 0,
+             progress: Callable[[str], None] | None = None, alive: Callable[[], bool] | None = None,
+             on_done: Callable[[Any], None] | None = None) -> Any:
+        """Submit and wait: the job's value, or its error raised here."""
+        job = self.submit(kind, payload, key, need, on_done, progress)
+        ran_here = getattr(job, "thread", None) == threading.get_ident()
+        return job.wait(None if ran_here else progress, alive)  # stages already shown if ran here
+
+    def warm(self) -> None:
+        """Start every worker now (in the background) so the first answer does not wait for it."""
+        for i in range(self.size):
+            threading.Thread(target=self._ensure, args=(i,), daemon=True).start()
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for i, w in enumerate(self.workers):
+            if w is not None:
+                w.stop()
+                self.workers[i] = None
+
+    # ---- dispatch
+
+    def _forget(self, job: Job) -> None:
+        with self._lock:
+            if job.key is not None and self._in_flight.get(job.key) is job:
+                del self._in_flight[job.key]
+
+    def _inline(self, job: Job, progress: Callable[[str], None] | None) -> None:
+        """Run ``job`` in the caller's thread (the engine's own lock keeps one timing at a time)."""
+        job.thread = threading.get_ident()
+
+        def stage(name: str) -> None:
+            job.stages.append(name)
+            if progress is not None:
+                progress(name)
+
+        try:
+            job.finish(execute(job.kind, job.payload, stage))
+        except BaseException as err:  # a stopped script run too: others waiting must not hang
+            job.finish(error=err)
+            if not isinstance(err, Exception):
+                raise
+        finally:
+            self._forget(job)
+
+    def _ensure(self, i: int) -> _Worker:
+        """Worker ``i``, started (and warmed up) if it is not running."""
+        dead = None
+        with self._lock:
+            w = self.workers[i]
+            if w is None or not w.process.is_alive():
+                dead, w = w, _Worker(self.env)
+                self.workers[i] = w
+        if dead is not None:
+            dead.stop(kill=True)
+        w.wait_ready(self.start_timeout)
+        return w
+
+    def _replace(self, i: int, kill: bool) -> None:
+        with self._lock:
+            w, self.workers[i] = self.workers[i], None
+        if w is not None:
+            w.stop(kill=kill)
+
+    def _fits(self, w: _Worker, need: int) -> bool:
+        used = w.rss() + (limits.rss_bytes() or 0)
+        return used + need <= self.limit - self.margin
+
+    def _dispatch(self, i: int) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._busy[i] = True
+            try:
+                self._run(i, job)
+            except Exception as err:  # never let a dispatcher die
+                if not job.done.is_set():
+                    job.finish(error=WorkerLost(f"the worker failed: {err}"))
+            finally:
+                self._busy[i] = False
+                self._forget(job)
+
+    def _run(self, i: int, job: Job) -> None:
+        if job.abandoned():
+            job.finish(error=Abandoned("nobody waits for this run any more"))
+            return
+        lock = self.timing_lock if job.kind in TIMED else None
+        if lock is not None and not lock.acquire(blocking=False):
+            job.stages.append("waiting")
+            lock.acquire()
+        try:
+            w = self._ensure(i)
+            if job.need and not self._fits(w, job.need) and w.runs:
+                self._replace(i, kill=False)  # back to the worker's baseline, then judge again
+                self.recycled += 1
+                w = self._ensure(i)
+            if job.need and not self._fits(w, job.need):
+                job.finish(error=MemoryBudgetError(
+                    f"this configuration needs about {human_bytes(job.need)} in the worker, more than "
+                    f"is free under this server's memory limit of {human_bytes(self.limit)} (the "
+                    f"worker holds {human_bytes(w.rss())} and the server "
+                    f"{human_bytes(limits.rss_bytes() or 0)}); lower width, batch, seq or depth."))
+                return
+            self._exchange(i, w, job)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _exchange(self, i: int, w: _Worker, job: Job) -> None:
+        w.requests.put((job.id, job.kind, job.payload))
+        while True:
+            try:
+                msg = w.replies.get(timeout=0.2)
+            except queue.Empty:
+                if not w.process.is_alive():
+                    code = w.process.exitcode
+                    self.deaths += 1
+                    self._replace(i, kill=True)
+                    job.finish(error=WorkerLost(self._death_message(code)))
+                    return
+                if job.abandoned():
+                    self._replace(i, kill=True)
+                    job.finish(error=Abandoned("every session that asked for this run left; stopped"))
+                    return
+                continue
+            job_id, what, value, rss = msg
+            if job_id != job.id:
+                continue
+            if what == "stage":
+                job.stages.append(value)
+                continue
+            w.runs += 1
+            if what == "done":
+                job.finish(value)
+            else:
+                kind, text = value
+                cls = {"budget": MemoryBudgetError, "config": ConfigError}.get(kind, ExecutionError)
+                job.finish(error=cls(text))
+            if w.runs >= self.max_runs or (rss or 0) > self.max_rss:
+                self.recycled += 1
+                self._replace(i, kill=False)
+            return
+
+    def _death_message(self, code: int | None) -> str:
+        if code == -signal.SIGKILL:
+            return (f"This configuration ran out of memory in the worker (limit "
+                    f"{human_bytes(self.limit)}): the worker process was killed; a new one is "
+                    "starting. Lower width, batch, seq or depth.")
+        return (f"The worker process died while running this configuration (exit code {code}); "
+                "a new one is starting. Try a smaller or different configuration.")
+
+
+_SHARED: dict[str, Pool] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool() -> Pool:
+    """The process's pool: ``$REMAT_LAB_WORKERS`` workers (default 1; 0 runs in-process)."""
+    with _SHARED_LOCK:
+        if "pool" not in _SHARED:
+            text = os.environ.get("REMAT_LAB_WORKERS", "1").strip()
+            size = min(int(text), 4) if text.isdigit() else 1
+            _SHARED["pool"] = pool = Pool(size=size)
+            pool.warm()
+        return _SHARED["pool"]
