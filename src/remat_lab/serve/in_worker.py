@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from remat_lab.config import ConfigError, MemoryBudgetError, RunConfig, limits
+from remat_lab.program import targets
 from remat_lab.program.backend import ExecutionError
 
 WARM = RunConfig(width=8, batch=1, repeats=1, warmup=0)
@@ -59,7 +60,11 @@ def serve(requests, replies, env: dict) -> None:
         distributed.apply_env()
     except Exception:  # noqa: BLE001 - the server shows the same error from its own check
         pass
-    backend.enable_compilation_cache()
+    targets.start_backend_quietly()  # the CUDA plugin's "no driver" lines stay out of the server log
+    try:
+        backend.enable_compilation_cache()
+    except ConfigError:  # an unwritable cache folder: compile without it (the CLI says why)
+        pass
     try:
         execute("programs", {"config": WARM.as_dict()}, lambda s: None)  # imports, backend, tracing
     except Exception:  # a warm-up failure shows in the first real job
