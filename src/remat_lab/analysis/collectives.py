@@ -11,42 +11,26 @@ same mesh (``vs_no_remat``): the collectives the policy adds or removes, whateve
 
 from __future__ import annotations
 
-import re
-
 import jax
 import numpy as np
 
-from remat_lab.analysis import hlo
+from remat_lab.analysis import hlo, hlotext
 from remat_lab.config import parse_mesh
 from remat_lab.program.mesh import RULES_TEXT, input_spec, shard_shape
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 PHASES = ("forward", "recomputed", "backward")
 
-_COLLECTIVE = re.compile(r"^\s*(?:ROOT\s+)?%[\w.\-]+\s*=\s*(.*?)\s("
-                         + "|".join(KINDS) + r")(-start)?\(")
-_ARRAY = re.compile(r"\b(pred|[a-z]+\d+)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
-          "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-_SIGNATURE = re.compile(r"^(?:ENTRY )?(%[\w.\-]+).*\) -> .*\{$")
-
-
-def _phase(op_name: str) -> str:
-    if "rematted_computation" in op_name:
-        return "recomputed"
-    return "backward" if "transpose(" in op_name else "forward"
-
 
 def _result_bytes(types: str, kind: str, start: bool) -> int:
     """Bytes of a collective's result type text: a tuple (several operands combined) sums its
     arrays. An asynchronous all-gather or collective-permute start returns (operands, results,
     scalar contexts): only the results count."""
-    found = [(t, [int(d) for d in dims.split(",") if d]) for t, dims in _ARRAY.findall(types)]
+    found = hlotext.arrays(types)
     if start and kind in ("all-gather", "collective-permute"):
         found = [(t, dims) for t, dims in found if dims]  # drop the scalar contexts
         found = found[len(found) // 2:]
-    return sum(_BYTES.get(t, 4) * int(np.prod(dims)) for t, dims in found)
+    return sum(hlotext.array_bytes(t, dims) for t, dims in found)
 
 
 def collectives(text: str) -> dict:
@@ -54,20 +38,14 @@ def collectives(text: str) -> dict:
     runs of their computation (``hlo.executions``), result bytes per device."""
     runs, _ = hlo.executions(text)
     out = {k: {p: {"count": 0, "bytes": 0} for p in PHASES} for k in KINDS}
-    comp = None
-    for line in text.splitlines():
-        sig = _SIGNATURE.match(line)
-        if sig:
-            comp = sig.group(1)
+    for comp, ins in hlotext.instructions(text):
+        kind = ins.opcode.removesuffix("-start")
+        if kind not in out:
             continue
-        m = _COLLECTIVE.match(line)
-        if not m or "-done(" in line:
-            continue
-        op = _OP_NAME.search(line)
-        cell = out[m.group(2)][_phase(op.group(1) if op else "")]
+        cell = out[kind][hlotext.phase(hlotext.op_name(ins.rest), unnamed="forward")]
         times = max(runs.get(comp, 1), 1)
         cell["count"] += times
-        cell["bytes"] += times * _result_bytes(m.group(1), m.group(2), bool(m.group(3)))
+        cell["bytes"] += times * _result_bytes(ins.type, kind, ins.opcode != kind)
     return out
 
 

@@ -10,76 +10,48 @@ from __future__ import annotations
 import hashlib
 import re
 
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-# "%x = f32[64,256]{1,0} dot(...)" or, for a library call, "%x = (f32[64,256]{1,0}, s8[..]{0})
-# custom-call(...), custom_call_target="__cublas$gemm"": the first array shape is the product's.
-_HLO_MATMUL = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\][^=]*?\s(dot|convolution|custom-call)\(")
-_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+from remat_lab.analysis import hlotext
+
+_PRODUCTS = ("dot", "convolution", "custom-call")
 _MATMUL_TARGETS = ("gemm", "matmul")  # __cublas$gemm, __cublas$lt$matmul, __onednn$matmul, ...
-_OPERANDS = re.compile(r"\b(dot|convolution|custom-call)\((.*?)\)(?:,|$)")
-_OPERAND_TYPE = re.compile(r"(\w+)\[[\d,]*\]")
 # Host memory: layouts like {1,0:S(5)} (memory space 5 = pinned host on GPU/TPU), or explicit
 # host transfers (MoveToHost / MoveToDevice annotations, send/recv to host).
 _HOST_SPACE = re.compile(r"\{[^{}]*:[^{}]*S\(5\)[^{}]*\}")
 _HOST_TRANSFER = re.compile(r'custom_call_target="(MoveToHost|MoveToDevice)"|is_host_transfer=true')
-# What a fingerprint leaves out: metadata (op_name, source lines), instruction and computation
-# names (renumbered by first appearance), the module name.
-_METADATA = re.compile(r",?\s*metadata=\{[^{}]*\}")
-_FRONTEND = re.compile(r",?\s*frontend_attributes=\{[^{}]*\}")
-_NAME = re.compile(r"%[\w.\-]+")
+# What a fingerprint leaves out besides metadata and source tables: instruction and computation
+# names (renumbered by first appearance), the module name, the signatures' parameter names.
 _MODULE = re.compile(r"^HloModule\s+\S+", re.M)
-_SIGNATURE = re.compile(r"^(?:ENTRY )?%.*\) -> .*\{$", re.M)  # "%fused (param_0.4: f32[128]) -> ..."
 _PARAM_NAME = re.compile(r"[\w.\-]+: ")
-# The source-location tables XLA prints before the computations (FileNames, FunctionNames,
-# FileLocations, StackFrames; one numbered entry a line): where the Python code was, not what the
-# program does.
-_SOURCE_TABLES = re.compile(r"^(?:(?:FileNames|FunctionNames|FileLocations|StackFrames)|\d+ .*)\n", re.M)
-
-
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?(%[\w.\-]+)\s*=\s*\(?(\w+)\[([\d,]*)\]")
-_PARAM_DEF = re.compile(r"([\w.\-]+):\s*(\w+)\[([\d,]*)\]")
-_DIMS = {k: re.compile(k + r"=\{([\d,]*)\}") for k in
-         ("lhs_contracting_dims", "rhs_contracting_dims", "lhs_batch_dims", "rhs_batch_dims")}
-
-
-def _ints(text: str) -> list[int]:
-    return [int(s) for s in text.split(",") if s]
 
 
 def _shapes(text: str) -> dict[str, list[int]]:
-    """Instruction name -> result shape (first array of a tuple), over every computation."""
+    """Instruction name (``%x``) -> result shape (first array of a tuple), over every computation."""
     shapes = {}
     for line in text.splitlines():
-        m = _DEF.match(line)
-        if m:
-            shapes[m.group(1)] = _ints(m.group(3))
-        elif _SIGNATURE.match(line):  # parameters named in a computation's signature
-            for name, _, dims in _PARAM_DEF.findall(line):
-                shapes.setdefault("%" + name, _ints(dims))
+        ins = hlotext.instruction(line)
+        if ins is not None:
+            found = hlotext.arrays(ins.type)
+            if found:
+                shapes["%" + ins.name] = found[0][1]
+        elif hlotext.computation(line) is not None:  # parameters named in a computation's signature
+            for name, _, dims in hlotext.parameters(line):
+                shapes.setdefault("%" + name, dims)
     return shapes
 
 
-def _matmul_lines(text: str):
-    comp = ""
-    for line in text.splitlines():
-        if _SIGNATURE.match(line):
-            comp = _HEADER_NAME.match(line).group(1)
+def _products(text: str):
+    """``(computation, instruction, dtype, shape)`` of every product instruction."""
+    for comp, ins in hlotext.instructions(text):
+        if ins.opcode not in _PRODUCTS:
             continue
-        m = _HLO_MATMUL.search(line)
-        if not m:
+        found = hlotext.arrays(ins.type)
+        if not found:
             continue
-        dtype, shape, opcode = m.groups()
-        if opcode == "custom-call":
-            target = _CALL_TARGET.search(line)
-            if not target or not any(t in target.group(1).lower() for t in _MATMUL_TARGETS):
+        if ins.opcode == "custom-call":
+            target = hlotext.call_target(ins.rest).lower()
+            if not any(t in target for t in _MATMUL_TARGETS):
                 continue
-        yield comp, line, dtype, shape, opcode
-
-
-_CALLED = re.compile(r"\b(calls|to_apply|body|condition)=(%[\w.\-]+)")
-_CALLED_LIST = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-_HEADER_NAME = re.compile(r"^(?:ENTRY\s+)?(%[\w.\-]+)")
+        yield comp, ins, *found[0]
 
 
 def executions(text: str) -> tuple[dict[str, int], list[int]]:
@@ -93,8 +65,8 @@ def executions(text: str) -> tuple[dict[str, int], list[int]]:
     trips: list[int] = []
     entry = None
     for line in text.splitlines():
-        if _SIGNATURE.match(line):
-            name = _HEADER_NAME.match(line).group(1)
+        name = hlotext.computation(line)
+        if name is not None:
             comps.append((name, []))
             if line.startswith("ENTRY"):
                 entry = name
@@ -103,13 +75,11 @@ def executions(text: str) -> tuple[dict[str, int], list[int]]:
             continue
         trip = 1
         if " while(" in line:
-            m = _TRIP.search(line)
-            trip = int(m.group(1)) if m else 1
+            known = hlotext.known_trip_count(line)
+            trip = known if known is not None else 1
             trips.append(trip)
-        for kind, callee in _CALLED.findall(line):
+        for kind, callee in hlotext.called(line):
             comps[-1][1].append((callee, trip if kind in ("body", "condition") else 1))
-        for group in _CALLED_LIST.findall(line):
-            comps[-1][1].extend((c.strip(), 1) for c in group.split(",") if c.strip())
     runs = {name: 0 for name, _ in comps}
     if entry is None:
         return {name: 1 for name in runs}, trips
@@ -135,22 +105,21 @@ def matmuls(text: str) -> list[dict]:
     shapes = None
     runs, _ = executions(text)
     rows = []
-    for comp, line, dtype, shape, opcode in _matmul_lines(text):
-        name = _OP_NAME.search(line)
-        ops = _OPERANDS.search(line)
-        operands = ops.group(2) if ops else ""
-        out = _ints(shape)
-        row = {"dtype": dtype, "shape": out, "operand_dtypes": _OPERAND_TYPE.findall(operands),
-               "opcode": opcode, "op_name": name.group(1) if name else "",
+    for comp, ins, dtype, out in _products(text):
+        operands = ins.operands
+        row = {"dtype": dtype, "shape": out,
+               "operand_dtypes": [t for t, _ in hlotext.arrays(operands)],
+               "opcode": ins.opcode, "op_name": hlotext.op_name(ins.rest),
                "contracted": None, "batch": 1, "flops": None, "executions": runs.get(comp, 1)}
-        if opcode == "dot":
+        if ins.opcode == "dot":
             shapes = shapes if shapes is not None else _shapes(text)
-            lhs_name = _NAME.search(operands)
+            lhs_name = hlotext.NAME.search(operands)
             lhs = shapes.get(lhs_name.group(0)) if lhs_name else None
-            dims = {k: (_ints(m.group(1)) if (m := rx.search(line)) else []) for k, rx in _DIMS.items()}
             if lhs is not None:
-                row["contracted"] = _prod(lhs[d] for d in dims["lhs_contracting_dims"])
-                row["batch"] = _prod(lhs[d] for d in dims["lhs_batch_dims"])
+                contracting = hlotext.attribute("lhs_contracting_dims", ins.rest) or []
+                batch = hlotext.attribute("lhs_batch_dims", ins.rest) or []
+                row["contracted"] = _prod(lhs[d] for d in contracting)
+                row["batch"] = _prod(lhs[d] for d in batch)
                 row["flops"] = 2 * _prod(out) * row["contracted"]
         rows.append(row)
     return rows
@@ -206,16 +175,15 @@ def upcasts_bf16_matmuls(text: str) -> bool:
 
 def canonical_text(text: str) -> str:
     """The program with metadata, frontend attributes and names removed (names renumbered)."""
-    body = _SOURCE_TABLES.sub("", _MODULE.sub("HloModule m", text))
-    body = _METADATA.sub("", body)
-    body = _FRONTEND.sub("", body)
-    body = _SIGNATURE.sub(lambda m: _PARAM_NAME.sub("", m.group(0)), body)
+    body = hlotext.without_source_tables(_MODULE.sub("HloModule m", text))
+    body = hlotext.without_metadata(body)
+    body = hlotext.SIGNATURE.sub(lambda m: _PARAM_NAME.sub("", m.group(0)), body)
     names: dict[str, str] = {}
 
     def rename(m: re.Match) -> str:
         return names.setdefault(m.group(0), f"%v{len(names)}")
 
-    return _NAME.sub(rename, body)
+    return hlotext.NAME.sub(rename, body)
 
 
 def fingerprint(text: str) -> str:

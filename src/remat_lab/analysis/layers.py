@@ -15,6 +15,7 @@ _LAYER = re.compile(rf"\b({_LAYERS})\b")
 _BLOCK = re.compile(r"\bblock(\d+)\b")
 _PATH_LAYER = re.compile(rf"(?:blocks\.(?:(\d+)\.)?)?({_LAYERS})\b")
 
+
 def layer_of(name_stack: str, depth: int) -> str:
     """``'jvp(block1)/l2'`` -> ``'1.l2'`` when depth > 1, ``'l2'`` when depth is 1."""
     layers = _LAYER.findall(name_stack)

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
-from remat_lab.analysis import hlo
+from remat_lab.analysis import hlotext
 from remat_lab.analysis.layers import layer_of, layer_of_path
 
 PHASES = ("parameter", "output", "forward", "recomputed", "backward", "other")
@@ -29,8 +29,6 @@ _SEQ = re.compile(r"^\s+(\d+):(\S+)$")
 _RANGE = re.compile(r"^\s+(\S+?)(\{[\d,]*\}):(-?\d+)-(-?\d+)$")
 _ALLOC = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
 _VALUE = re.compile(r"^ value: <\d+ (\S+?)(\{[\d,]*\})?( \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?metadata=\{[^}]*?op_name=\"([^\"]*)\"")
-_SHAPE = re.compile(r"^(\w+)\[([\d,]*)\]")
 _LEAF = re.compile(r"^leaves\[(\d+)\]$")
 _XLA_PEAK = re.compile(r"Live ranges at (\d+) \(peak\)")
 _XLA_PEAK_BYTES = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
@@ -59,14 +57,6 @@ def _read(folder: str, suffix: str) -> str | None:
         return None
     with open(paths[-1]) as f:
         return f.read()
-
-
-def _phase(op_name: str) -> str:
-    if "rematted_computation" in op_name:
-        return "recomputed"
-    if "transpose(" in op_name:
-        return "backward"
-    return "forward" if op_name else "other"
 
 
 def _checkpoint_name(op_name: str, names: Sequence[str]) -> str | None:
@@ -112,7 +102,8 @@ def parse_dump(live_range: str, assignment: str, hlo: str, *, depth: int = 1, na
         m = _RANGE.match(line)
         if m:
             ranges[m.group(1) + m.group(2)] = (int(m.group(3)), int(m.group(4)))
-    op_names = {m.group(1): m.group(2) for m in map(_INSTR.match, hlo.splitlines()) if m}
+    op_names = {ins.name: op for line in hlo.splitlines()
+                if (ins := hlotext.instruction(line)) and (op := hlotext.op_name(ins.rest))}
 
     # slice -> values in it: (start, end, name, instruction, is_phi, shape text); allocation kinds
     slices: dict[tuple, list] = {}
@@ -158,7 +149,8 @@ def parse_dump(live_range: str, assignment: str, hlo: str, *, depth: int = 1, na
                 rep = before[-1] if before else (real[0] if real else values[0])
                 op = op_names.get(rep[3], "")
                 phase = ("parameter" if kinds[a] == "parameter"
-                         else "output" if kinds[a] == "output" and (ce == last or not op) else _phase(op))
+                         else "output" if kinds[a] == "output" and (ce == last or not op)
+                         else hlotext.phase(op))
                 live[cs] += size
                 live[ce + 1] -= size
                 by_phase[phase][cs] += size
@@ -172,8 +164,8 @@ def parse_dump(live_range: str, assignment: str, hlo: str, *, depth: int = 1, na
     at_peak = []
     for cs, ce, a, size, rep, phase, op in segments:
         if cs <= peak <= ce:
-            m = _SHAPE.match(rep[5])
-            dims = [int(d) for d in m.group(2).split(",") if d] if m else None
+            m = hlotext.ARRAY.match(rep[5])
+            dims = hlotext.dims(m.group(2)) if m else None
             at_peak.append({"bytes": size, "shape": dims, "dtype": m.group(1) if m else rep[5],
                             "kind": kinds[a], "phase": phase,
                             "layer": _layer(op, depth, paths),
@@ -257,8 +249,6 @@ _DUMPS_KEPT = 16  # a dump's texts are up to a few MiB for deep loop stacks: kee
 _DUMP_DIR = "timeline_dumps"  # beside the persistent compilation cache, gzip-compressed JSON
 
 
-_STACK_FRAME = re.compile(r"\s*stack_frame_id=\d+")
-
 
 def _dump_key(compiled) -> str | None:
     """The program text, op_names kept, less where the Python source was (which differs between
@@ -267,7 +257,7 @@ def _dump_key(compiled) -> str | None:
         text = compiled.as_text()
     except Exception:  # noqa: BLE001 - a backend without program text: no reuse
         return None
-    text = _STACK_FRAME.sub("", hlo._SOURCE_TABLES.sub("", text))
+    text = hlotext.without_stack_frames(hlotext.without_source_tables(text))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -1,0 +1,186 @@
+"""Reading XLA's HLO text: instructions, computations, types, metadata.
+
+The one place that knows the shapes of the text ``compiled.as_text()`` and XLA's
+``*after_optimizations.txt`` dump print; ``hlo``, ``timeline`` and ``collectives`` read programs
+through these readers and repeat none of these patterns (what they still match is their own: host
+memory spaces, the dump's live-range and buffer-assignment files). A line looks like::
+
+    %fused_computation (param_0: f32[8,8]) -> f32[8,8] {             <- a computation's signature
+      ROOT %dot.1 = f32[8,8]{1,0} dot(%param_0, %param_0), lhs_contracting_dims={1}, ...,
+          metadata={op_name="jit(f)/transpose(jvp())/dot_general" stack_frame_id=3}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+# --- names and computations ---------------------------------------------------------------------
+
+# An instruction or computation name as operands and ``calls=`` refer to it: ``%fusion.3``.
+NAME = re.compile(r"%[\w.\-]+")
+# A computation's signature line: ``[ENTRY ]%name (param_0.4: f32[128], ...) -> f32[8] {``.
+SIGNATURE = re.compile(r"^(?:ENTRY )?(%[\w.\-]+).*\) -> .*\{$", re.M)
+# One parameter of a signature: ``param_0.4: f32[128]`` (name, dtype, dims).
+_PARAMETER = re.compile(r"([\w.\-]+):\s*(\w+)\[([\d,]*)\]")
+
+
+def computation(line: str) -> str | None:
+    """The name (``%fused_computation.2``) of the computation ``line`` opens, or None."""
+    m = SIGNATURE.match(line)
+    return m.group(1) if m else None
+
+
+def parameters(signature: str) -> list[tuple[str, str, list[int]]]:
+    """``(name, dtype, dims)`` of each array parameter of a signature line (names without ``%``)."""
+    return [(name, dtype, dims(text)) for name, dtype, text in _PARAMETER.findall(signature)]
+
+
+# --- instructions -------------------------------------------------------------------------------
+
+# ``[ROOT ]%name = TYPE opcode(rest``: TYPE is an array (``f32[64,256]{1,0}``) or a tuple of them
+# (``(f32[8,4]{1,0}, u32[])``), printed without a space followed by ``word(`` inside it.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+_OPERANDS = re.compile(r"(.*?)\)(?:,|$)")
+
+
+class Instruction(NamedTuple):
+    """One instruction line: ``name`` (without ``%``), result ``type`` text, ``opcode`` and
+    ``rest`` (what follows ``opcode(``: operands, then attributes and metadata)."""
+
+    name: str
+    type: str
+    opcode: str
+    rest: str
+
+    @property
+    def operands(self) -> str:
+        """The operand list's text (``%a, %b``; on some backends with operand types)."""
+        m = _OPERANDS.match(self.rest)
+        return m.group(1) if m else ""
+
+
+def instruction(line: str) -> Instruction | None:
+    """The instruction ``line`` defines, or None (a signature, a closing brace, a table line)."""
+    m = _INSTRUCTION.match(line)
+    return Instruction(*m.groups()) if m else None
+
+
+def instructions(text: str):
+    """``(computation, Instruction)`` for every instruction of ``text``, in order (computation
+    ``""`` before the first signature)."""
+    comp = ""
+    for line in text.splitlines():
+        name = computation(line)
+        if name is not None:
+            comp = name
+            continue
+        ins = instruction(line)
+        if ins is not None:
+            yield comp, ins
+
+
+_CALLED = re.compile(rf"\b(calls|to_apply|body|condition)=({NAME.pattern})")
+_CALLED_LIST = re.compile(r"\b(branch_computations|called_computations)=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+
+
+def called(line: str) -> list[tuple[str, str]]:
+    """``(attribute, computation)`` for each computation an instruction line calls: ``calls``,
+    ``to_apply``, ``body``, ``condition``, then each of ``branch_computations`` and
+    ``called_computations``."""
+    out = _CALLED.findall(line)
+    for attr, group in _CALLED_LIST.findall(line):
+        out.extend((attr, c.strip()) for c in group.split(",") if c.strip())
+    return out
+
+
+def known_trip_count(line: str) -> int | None:
+    """A ``while`` instruction's trip count, where XLA knows it (``scan`` lowers to one)."""
+    m = _TRIP.search(line)
+    return int(m.group(1)) if m else None
+
+
+def call_target(line: str) -> str:
+    """A ``custom-call``'s ``custom_call_target`` (``__cublas$gemm``), ``""`` where it has none."""
+    m = _CALL_TARGET.search(line)
+    return m.group(1) if m else ""
+
+
+# --- types --------------------------------------------------------------------------------------
+
+# An array type: dtype and dims, ``f32[64,256]`` (a layout ``{1,0}`` may follow); ``pred[]``.
+ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
+# Bytes per element of each dtype; an unlisted one counts 4.
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+               "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16,
+               **dict.fromkeys(("f8e4m3fn", "f8e5m2", "f8e4m3", "f8e3m4", "f8e4m3fnuz", "f8e5m2fnuz",
+                                "f8e4m3b11fnuz"), 1)}
+
+
+def dims(text: str) -> list[int]:
+    """``"64,256"`` -> ``[64, 256]``; ``""`` (a scalar) -> ``[]``."""
+    return [int(s) for s in text.split(",") if s]
+
+
+def arrays(types: str) -> list[tuple[str, list[int]]]:
+    """``(dtype, dims)`` of every array in a type text, in order (a tuple's elements)."""
+    return [(dtype, dims(text)) for dtype, text in ARRAY.findall(types)]
+
+
+def array_bytes(dtype: str, shape: list[int]) -> int:
+    """Bytes of an array of ``dtype`` and ``shape``."""
+    n = DTYPE_BYTES.get(dtype, 4)
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+# --- attributes and metadata --------------------------------------------------------------------
+
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_METADATA = re.compile(r",?\s*metadata=\{[^{}]*\}")
+_FRONTEND = re.compile(r",?\s*frontend_attributes=\{[^{}]*\}")
+_STACK_FRAME = re.compile(r"\s*stack_frame_id=\d+")
+# The source-location tables XLA prints before the computations (FileNames, FunctionNames,
+# FileLocations, StackFrames; one numbered entry a line): where the Python code was, not what the
+# program does.
+_SOURCE_TABLES = re.compile(r"^(?:(?:FileNames|FunctionNames|FileLocations|StackFrames)|\d+ .*)\n", re.M)
+
+
+def attribute(name: str, line: str) -> list[int] | None:
+    """A ``name={1,2}`` integer-list attribute of an instruction line, or None where it has none."""
+    m = re.search(re.escape(name) + r"=\{([\d,]*)\}", line)
+    return dims(m.group(1)) if m else None
+
+
+def op_name(line: str) -> str:
+    """The ``op_name`` metadata of an instruction line (JAX's name stack), ``""`` where XLA has none."""
+    m = _OP_NAME.search(line)
+    return m.group(1) if m else ""
+
+
+def phase(op_name: str, unnamed: str = "other") -> str:
+    """The pass an ``op_name`` belongs to: ``recomputed`` (JAX's ``rematted_computation`` scope),
+    ``backward`` (under ``transpose(``), else ``forward``; ``unnamed`` for an empty op_name."""
+    if "rematted_computation" in op_name:
+        return "recomputed"
+    if "transpose(" in op_name:
+        return "backward"
+    return "forward" if op_name else unnamed
+
+
+def without_metadata(text: str) -> str:
+    """``text`` less its ``metadata={...}`` and ``frontend_attributes={...}``."""
+    return _FRONTEND.sub("", _METADATA.sub("", text))
+
+
+def without_source_tables(text: str) -> str:
+    """``text`` less the source-location tables XLA prints before the computations."""
+    return _SOURCE_TABLES.sub("", text)
+
+
+def without_stack_frames(text: str) -> str:
+    """``text`` less the ``stack_frame_id=N`` references into those tables (op_names kept)."""
+    return _STACK_FRAME.sub("", text)
