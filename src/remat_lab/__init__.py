@@ -2,9 +2,10 @@
 
 The engine's layers (``docs/ARCHITECTURE.md``): ``config`` < ``model`` < ``program`` < ``analysis``
 < ``studies`` / ``store`` < ``serve`` / ``present`` < ``cli``. Importing the package imports only the
-configuration (and JAX, quietly, when the CUDA plugin is installed). It sets, before anything imports JAX, what compiling for an accelerator that
-is not attached needs (``program/targets.py``): the CUDA plugin skips its driver check (else it
-fails to load and no GPU target exists), and libtpu may be loaded by several processes at once.
+configuration (and JAX, quietly, when the CUDA plugin is installed). It sets, before anything
+imports JAX, what compiling for an accelerator that is not attached needs (``program/targets.py``):
+the CUDA plugin skips its driver check (else it fails to load and no GPU target exists), and libtpu
+may be loaded by several processes at once.
 """
 
 import glob as _glob

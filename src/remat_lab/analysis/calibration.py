@@ -88,7 +88,7 @@ def _measure_copy(nbytes: int, budget_s: float) -> dict:
             "bandwidth_bytes_per_s": 2.0 * 4 * n / best}
 
 
-def _measure(backend: str) -> dict:
+def measure(backend: str) -> dict:
     """Both roofs, measured now: {"peak_flops_per_s", "bandwidth_bytes_per_s", "details"}."""
     key = backend if backend in MATMUL_SIZES else "default"
     t0 = time.perf_counter()
@@ -109,7 +109,7 @@ def _loadavg() -> list[float] | None:
 
 
 @contextlib.contextmanager
-def _timing_slot():
+def timing_slot():
     """Hold the engine's timing lock while measuring, so no step is timed alongside (and vice
     versa). Waits at most ``TIMING_LOCK_WAIT_S``; yields whether the lock was held."""
     got = TIMING_LOCK.acquire(timeout=TIMING_LOCK_WAIT_S)
@@ -120,7 +120,7 @@ def _timing_slot():
             TIMING_LOCK.release()
 
 
-def _peak_note(identity: dict) -> str:
+def peak_note(identity: dict) -> str:
     backend, precision = identity["backend"], identity["matmul_precision"]
     note = (f"calibrated: best jitted float32 matmul rate on this {identity['device_kind']} "
             f"(matmul precision {precision})")

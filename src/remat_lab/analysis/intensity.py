@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 
-def _positive(x) -> float | None:
+def positive(x) -> float | None:
     try:
         x = float(x)
     except (TypeError, ValueError):
@@ -26,13 +26,13 @@ def xla_cost(compiled) -> dict:
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None
     cost = cost or {}
-    return {"flops": _positive(cost.get("flops")), "bytes_accessed": _positive(cost.get("bytes accessed"))}
+    return {"flops": positive(cost.get("flops")), "bytes_accessed": positive(cost.get("bytes accessed"))}
 
 
-def _place(roofs: dict, flops, bytes_accessed, median_s) -> dict:
-    peak = _positive(roofs.get("peak_flops_per_s"))
-    bandwidth = _positive(roofs.get("bandwidth_bytes_per_s"))
-    flops, nbytes, median_s = _positive(flops), _positive(bytes_accessed), _positive(median_s)
+def place(roofs: dict, flops, bytes_accessed, median_s) -> dict:
+    peak = positive(roofs.get("peak_flops_per_s"))
+    bandwidth = positive(roofs.get("bandwidth_bytes_per_s"))
+    flops, nbytes, median_s = positive(flops), positive(bytes_accessed), positive(median_s)
     achieved = flops / median_s if flops and median_s else None
     intensity = flops / nbytes if flops and nbytes else None
     memory_roof = intensity * bandwidth if intensity and bandwidth else None

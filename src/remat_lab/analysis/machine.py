@@ -54,7 +54,7 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _physical_from_cpuinfo(text: str) -> int | None:
+def physical_from_cpuinfo(text: str) -> int | None:
     """Distinct (physical id, core id) pairs of /proc/cpuinfo's processor blocks; None if absent."""
     pairs, seen_core_ids = set(), False
     for block in text.split("\n\n"):
@@ -71,7 +71,7 @@ def _physical_from_cpuinfo(text: str) -> int | None:
     return len(pairs) if seen_core_ids else None
 
 
-def _physical_from_sysfs(root: Path) -> int | None:
+def physical_from_sysfs(root: Path) -> int | None:
     """Distinct thread-sibling sets under /sys/devices/system/cpu; None if unreadable."""
     groups = set()
     for topo in root.glob("cpu[0-9]*/topology"):
@@ -94,9 +94,9 @@ def physical_core_count() -> int:
     logical = os.cpu_count() or 1
     count = None
     with contextlib.suppress(OSError):
-        count = _physical_from_cpuinfo(Path("/proc/cpuinfo").read_text())
+        count = physical_from_cpuinfo(Path("/proc/cpuinfo").read_text())
     if not count:
-        count = _physical_from_sysfs(Path("/sys/devices/system/cpu"))
+        count = physical_from_sysfs(Path("/sys/devices/system/cpu"))
     return max(1, min(count or logical, logical))
 
 
@@ -115,7 +115,7 @@ def machine_identity() -> dict:
             "matmul_precision": matmul_precision()}
 
 
-def _identity_key(identity: dict) -> str:
+def identity_key(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

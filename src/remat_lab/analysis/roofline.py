@@ -17,12 +17,13 @@ import os
 import threading
 from pathlib import Path
 
-from remat_lab.analysis.calibration import _measure, _peak_note, _timing_slot
-from remat_lab.analysis.intensity import _place, _positive, xla_cost
+from remat_lab.analysis.calibration import measure as _measure
+from remat_lab.analysis.calibration import peak_note as _peak_note
+from remat_lab.analysis.calibration import timing_slot as _timing_slot
+from remat_lab.analysis.intensity import place as _place
+from remat_lab.analysis.intensity import positive as _positive
+from remat_lab.analysis.intensity import xla_cost
 from remat_lab.analysis.machine import (
-    _identity_key,
-    _physical_from_cpuinfo,
-    _physical_from_sysfs,
     cpu_count,
     cpu_info,
     machine_identity,
@@ -30,6 +31,9 @@ from remat_lab.analysis.machine import (
     physical_core_count,
     spec_roofs,
 )
+from remat_lab.analysis.machine import identity_key as _identity_key
+from remat_lab.analysis.machine import physical_from_cpuinfo as _physical_from_cpuinfo
+from remat_lab.analysis.machine import physical_from_sysfs as _physical_from_sysfs
 
 __all__ = [
     # the cached roofs and the report (this module)

@@ -20,7 +20,7 @@ from remat_lab.program.backend import device_memory_limit, xla_error
 from remat_lab.program.step import build_problem, make_step
 from remat_lab.program.timing import timing_slot
 from remat_lab.studies.advisor_search import Progress
-from remat_lab.studies.compare import _interleaved, median_interval
+from remat_lab.studies.compare import interleaved, median_interval
 
 TIME_BUDGET_S = 8.0  # the timing of all policies together aims at about this long
 MIN_ROUNDS = 3
@@ -74,7 +74,7 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
         rounds = _rounds(per_call, time_budget_s, cap)
         say(f"timing {len(executables)} policies at their largest batches: {rounds} rounds")
         try:
-            times = _interleaved(executables, rounds=rounds, calls=CALLS_PER_ROUND,
+            times = interleaved(executables, rounds=rounds, calls=CALLS_PER_ROUND,
                                  warmup=min(configs[p].warmup for p in executables), seed=seed)
         except Exception as err:
             raise xla_error("running", err) from err

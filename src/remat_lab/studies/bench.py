@@ -56,16 +56,18 @@ from remat_lab.config import RunConfig
 from remat_lab.model.policies import POLICIES
 from remat_lab.studies import experiment
 from remat_lab.studies.bench_compile import sweep, timeline_overhead
-from remat_lab.studies.bench_env import _loadavg, clear_caches, machine, use_cache_dir
-from remat_lab.studies.bench_latency import _Status, _timed_run
-from remat_lab.studies.bench_report import TARGETS, _jsonable, format_report, verdict
+from remat_lab.studies.bench_env import clear_caches, loadavg, machine, use_cache_dir
+from remat_lab.studies.bench_latency import Status, timed_run
+from remat_lab.studies.bench_report import TARGETS, format_report, jsonable, verdict
 from remat_lab.studies.bench_timing import bare_loop, compile_step, fidelity, interleave, overhead
 from remat_lab.studies.experiment import run_experiment
+
+_jsonable = jsonable  # the name the bench test and older callers use
 
 # The bench_* modules' names are re-exported here. ``run_all`` reads DEFAULT, SMALL, sweep_pair and
 # advise_bench from this module's namespace, so replacing ``bench.X`` changes what it runs.
 __all__ = [
-    "ADVISE_BUDGET", "ADVISE_MODEL", "DEFAULT", "SMALL", "TARGETS", "_app_runner", "_jsonable",
+    "ADVISE_BUDGET", "ADVISE_MODEL", "DEFAULT", "SMALL", "TARGETS", "_app_runner", "_jsonable", "jsonable",
     "advise_bench", "bare_loop", "clear_caches", "compile_step", "fidelity", "format_report",
     "interleave", "latency", "machine", "main", "overhead", "run_all", "sweep", "sweep_pair",
     "temporary_cache_dir", "timeline_overhead", "use_cache_dir", "verdict",
@@ -103,7 +105,7 @@ def temporary_cache_dir(path: str | None = None):
 # ---------------------------------------------------------------- 3: cold and warm latency
 
 
-def _app_runner() -> tuple[Callable[[RunConfig, _Status], dict], Callable[[], None], str, dict]:
+def _app_runner() -> tuple[Callable[[RunConfig, Status], dict], Callable[[], None], str, dict]:
     """(run, clear, description, stage labels): the Explore page's cached run, else an equivalent.
 
     The app module is imported lazily (streamlit is not a dependency of the engine) and runs in
@@ -133,7 +135,7 @@ def _app_runner() -> tuple[Callable[[RunConfig, _Status], dict], Callable[[], No
         why = "app wrapper not found"
     store: dict = {}
 
-    def run(cfg: RunConfig, status: _Status) -> dict:
+    def run(cfg: RunConfig, status: Status) -> dict:
         # Like st.cache_data: key on the config, store the pickled result, return a fresh copy.
         key = tuple(sorted(cfg.as_dict().items()))
         if key not in store:
@@ -153,14 +155,14 @@ def latency(config: RunConfig, *, warm_repeats: int = 5) -> dict:
     run, clear, how, labels = _app_runner()
     clear()
     clear_caches()
-    cold = _timed_run(run, config, labels)
+    cold = timed_run(run, config, labels)
     warm = []
     for _ in range(warm_repeats):
         t = time.perf_counter()
-        run(config, _Status(labels))
+        run(config, Status(labels))
         warm.append(time.perf_counter() - t)
     other = "nothing_saveable" if config.policy != "nothing_saveable" else "dots_saveable"
-    switch = _timed_run(run, config.replace(policy=other), labels)
+    switch = timed_run(run, config.replace(policy=other), labels)
     return {"path": how, "cold_s": cold["total_s"], "warm_s": float(np.median(warm)),
             "warm_samples_s": warm, "cold": cold, "policy_change": switch,
             "dissect_overhead_ratio": cold["overhead_ratio"],
@@ -245,7 +247,7 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         adv = advise_bench()
     roof = roofline_report(fid_default["flops"], fid_default["bytes_accessed"],
                            fid_default["engine_median_s"])
-    m["loadavg_end"] = _loadavg()
+    m["loadavg_end"] = loadavg()
     return {
         "fidelity_ratio_default": fid_default["ratio"],
         "fidelity_ratio_small": fid_small["ratio"],
@@ -278,6 +280,6 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
 
 def main(quick: bool = False, as_json: bool = False) -> int:
     say = (lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
-    doc = _jsonable(run_all(quick=quick, progress=say))
+    doc = jsonable(run_all(quick=quick, progress=say))
     print(json.dumps(doc, indent=2) if as_json else format_report(doc))
     return 0

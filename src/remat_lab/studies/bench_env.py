@@ -27,10 +27,10 @@ def machine() -> dict:
             "python": platform.python_version(), "peak_flops": roofs["peak_flops_per_s"],
             "peak_source": roofs["peak_source"], "peak_note": roofs["peak_note"],
             "bandwidth_bytes_per_s": roofs["bandwidth_bytes_per_s"],
-            "calibrated_at": roofs["measured_at"], "loadavg_start": _loadavg()}
+            "calibrated_at": roofs["measured_at"], "loadavg_start": loadavg()}
 
 
-def _loadavg() -> list[float] | None:
+def loadavg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:

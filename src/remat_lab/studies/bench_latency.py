@@ -7,7 +7,7 @@ import time
 from remat_lab.config import RunConfig
 
 
-class _Status:
+class Status:
     """Stands in for ``st.status``: records when each stage label appears."""
 
     def __init__(self, labels: dict[str, str]):
@@ -18,13 +18,13 @@ class _Status:
         self.marks.append((stage, time.perf_counter()))
 
 
-def _timed_run(run, config: RunConfig, labels: dict) -> dict:
+def timed_run(run, config: RunConfig, labels: dict) -> dict:
     """One request through ``run``: total seconds, seconds per stage and the overhead ratio.
 
     ``core_s`` = the engine's own lower_s + compile_s + the timing stage; ``build_s`` = model
     initialisation (reported, kept out of the ratio: it is neither dissection nor bookkeeping).
     """
-    status = _Status(labels)
+    status = Status(labels)
     t0 = time.perf_counter()
     result = run(config, status)
     t_end = time.perf_counter()

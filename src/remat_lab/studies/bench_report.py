@@ -105,11 +105,11 @@ def _roofline_line(roof: dict) -> str:
     return text + (f" [{roof['peak_note']}]" if roof.get("peak_note") else "")
 
 
-def _jsonable(obj):
+def jsonable(obj):
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, (np.floating, np.integer)):

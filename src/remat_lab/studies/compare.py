@@ -178,7 +178,7 @@ def _same_program(order: list[str], prints: dict[str, str]) -> dict[str, str | N
     return {p: (None if ref[prints[p]] == p else ref[prints[p]]) for p in order}
 
 
-def _interleaved(executables: dict[str, tuple], *, rounds: int, calls: int, warmup: int,
+def interleaved(executables: dict[str, tuple], *, rounds: int, calls: int, warmup: int,
                  seed: int) -> dict[str, np.ndarray]:
     """Seconds per call, ``(rounds, calls)`` per policy, timed round-robin in a shuffled order."""
     clock = time.perf_counter
@@ -270,7 +270,7 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
         say(f"timing {len(executables)} policies interleaved: {rounds} rounds of "
             f"{calls_per_round} calls each")
         try:
-            times = _interleaved(executables, rounds=rounds, calls=calls_per_round,
+            times = interleaved(executables, rounds=rounds, calls=calls_per_round,
                                  warmup=config.warmup, seed=seed)
         except Exception as err:
             raise xla_error("running", err) from err

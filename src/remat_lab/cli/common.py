@@ -1,0 +1,245 @@
+"""What every subcommand shares: the parser, the flags and their types, device setup and error exits.
+
+Errors end a subcommand in one place: ``reported`` (and ``engine_errors``) turns the errors it names
+into a ``Failure``, and ``main`` prints ``remat_lab: error: <message>`` on stderr and exits with its
+status: 2 for bad input, 1 for a failure while running (XLA, the history file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from remat_lab.config import DTYPES, LIMITS, OBJECTIVES, TARGET_NAMES, ConfigError, RunConfig
+from remat_lab.model.models import MODELS
+from remat_lab.model.policies import DEFAULT_POLICY, POLICIES
+from remat_lab.model.stacks import STACKS
+
+BAD_INPUT = 2  # exit status: the user's input (flags, sizes, files) cannot be used
+FAILED = 1  # exit status: a valid request failed while running (XLA, the history file)
+
+Errors = type[BaseException] | tuple[type[BaseException], ...]
+
+
+class Failure(Exception):
+    """A subcommand's end: ``main`` prints ``remat_lab: error: <message>`` and exits with ``status``."""
+
+    def __init__(self, message: str, status: int = BAD_INPUT):
+        super().__init__(message)
+        self.status = status
+
+
+@contextmanager
+def reported(bad_input: Errors = (), failed: Errors = (),
+             say: Callable[[BaseException], str] = str) -> Iterator[None]:
+    """Turn ``bad_input`` errors into a ``Failure`` exiting 2 and ``failed`` ones into one exiting 1.
+
+    ``say`` words the message (default: the error's own text).
+    """
+    try:
+        yield
+    except bad_input as err:
+        raise Failure(say(err), BAD_INPUT) from None
+    except failed as err:
+        raise Failure(say(err), FAILED) from None
+
+
+def engine_errors():
+    """The engine's errors: ``ConfigError`` (bad input) exits 2, ``ExecutionError`` (XLA) exits 1."""
+    from remat_lab.program.backend import ExecutionError  # lazy: it loads JAX
+
+    return reported(ConfigError, ExecutionError)
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one clear line and exit status 2, with no usage dump."""
+
+    def error(self, message: str):
+        # argparse quotes some user text verbatim ("unrecognized arguments: ..."): escape line
+        # breaks and other control characters so the message stays one line.
+        message = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
+        message = " ".join(w if len(w) <= 80 else w[:77] + "..." for w in message.split(" "))
+        self.exit(BAD_INPUT, f"remat_lab: error: {message}\n")
+
+
+# ---------------------------------------------------------------- flag types
+
+
+def int_arg(name: str):
+    lo, hi = LIMITS[name]
+
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a whole number from {lo} to {hi}, not {text[:40]!r}") from None
+    return parse
+
+
+def policies_arg(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in POLICIES]
+    if bad or not names:
+        what = f"unknown policy {bad[0][:40]!r}" if bad else "no policy given"
+        raise argparse.ArgumentTypeError(f"{what}; choose from: {', '.join(POLICIES)}")
+    return list(dict.fromkeys(names))
+
+
+def names_arg(text: str) -> tuple[str, ...]:
+    """Comma-separated checkpoint names; checked against the model by ``RunConfig``."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def rounds_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"rounds must be a whole number from 1 to 1000, not {text[:40]!r}")
+    return value
+
+
+def count_arg(name: str, hi: int, lo: int = 1):
+    def parse(text: str) -> int:
+        value = int(text) if text.isascii() and text.isdigit() and len(text) < 7 else -1
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number from {lo} to {hi}, "
+                                             f"not {text[:40]!r}")
+        return value
+    return parse
+
+
+def list_arg(kind):
+    """Comma-separated values, each parsed by ``kind``."""
+    def parse(text: str) -> list:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return list(dict.fromkeys(values))
+    return parse
+
+
+# ---------------------------------------------------------------- flag groups
+
+
+def add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
+    """The model and its sizes (``batch``: with ``--batch``; the advisor searches the batch)."""
+    d = RunConfig()
+    p.add_argument("--model", choices=MODELS, default=d.model)
+    p.add_argument("--width", type=int_arg("width"), default=d.width, help="features D (1..16384)")
+    if batch:
+        p.add_argument("--batch", type=int_arg("batch"), default=d.batch,
+                       help="examples B; 0 = the seed's single vector x: (width,) (mlp only)")
+    p.add_argument("--seq", type=int_arg("seq"), default=d.seq,
+                   help="sequence length N (seq_mixer, transformer)")
+    p.add_argument("--heads", type=int_arg("heads"), default=d.heads,
+                   help="attention heads (transformer; must divide width)")
+    p.add_argument("--depth", type=int_arg("depth"), default=d.depth, help="remat'd blocks (1..16)")
+    p.add_argument("--stack", choices=STACKS, default=d.stack,
+                   help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
+    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """Every field of one configuration, and the flags of a run (run, explain, compare)."""
+    d = RunConfig()
+    add_shape_args(p)
+    p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY, metavar="POLICY",
+                   help=f"one of: {', '.join(POLICIES)}")
+    p.add_argument("--save-names", type=names_arg, default=(), metavar="A,B",
+                   help="policy custom: checkpoint names saved on the device (see `policies --model`)")
+    p.add_argument("--offload-names", type=names_arg, default=(), metavar="A,B",
+                   help="policy custom: checkpoint names offloaded to pinned host memory")
+    p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
+    add_mesh_args(p)
+    p.add_argument("--repeats", type=int_arg("repeats"), default=d.repeats)
+    p.add_argument("--warmup", type=int_arg("warmup"), default=d.warmup)
+    p.add_argument("--seed", type=int_arg("seed"), default=d.seed)
+    p.add_argument("--memory-budget", default=None,
+                   help="refuse configurations estimated above this (e.g. 2G); "
+                        "default: half the backend's memory, or $REMAT_LAB_MEMORY_BUDGET")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--code", action="store_true",
+                   help="print self-contained Flax code for this configuration and exit")
+    p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model's settings without batch and policy (the advisor searches those)."""
+    d = RunConfig()
+    add_shape_args(p, batch=False)
+    p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
+    p.add_argument("--repeats", type=int_arg("repeats"), default=d.repeats,
+                   help="at most this many interleaved timing rounds (fewer when steps are slow)")
+    p.add_argument("--seed", type=int_arg("seed"), default=d.seed)
+    p.add_argument("--save-names", type=names_arg, default=(), metavar="A,B",
+                   help="policy custom (in --policies): checkpoint names saved on the device")
+    p.add_argument("--offload-names", type=names_arg, default=(), metavar="A,B",
+                   help="policy custom (in --policies): checkpoint names offloaded to the host")
+
+
+def add_mesh_args(p: argparse.ArgumentParser) -> None:
+    """The device mesh and where its devices come from (sharding.py, distributed.py)."""
+    p.add_argument("--mesh", default="", metavar="data=D,fsdp=F,tensor=T",
+                   help="shard the step over a device mesh (any subset of the axes; default: one device)")
+    p.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET",
+                   help="compile for this accelerator without it (see `targets`); default: local, run")
+    p.add_argument("--target-devices", type=count_arg("target devices", 256), default=1, metavar="N",
+                   help="devices of the target the program is placed on (with a --mesh over all of them)")
+    p.add_argument("--host-devices", type=count_arg("host devices", 512), default=None, metavar="N",
+                   help="emulate N CPU devices (default: $REMAT_LAB_HOST_DEVICES); GPU/TPU use their own")
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="multi-process run: jax.distributed coordinator (process 0's address)")
+    p.add_argument("--num-processes", type=count_arg("num processes", 1024), default=None, metavar="P")
+    p.add_argument("--process-id", type=count_arg("process id", 1023, lo=0), default=None, metavar="I",
+                   help="this process's index, 0..P-1; process 0 prints the result")
+
+
+def config_from(args: argparse.Namespace) -> RunConfig:
+    """The ``RunConfig`` that run, explain and compare's flags describe (raises ConfigError)."""
+    keys = ("model", "width", "batch", "seq", "depth", "stack", "dtype", "policy", "objective",
+            "repeats", "warmup", "seed")
+    return RunConfig(**{k: getattr(args, k) for k in keys}, heads=args.heads,
+                     save_names=args.save_names, offload_names=args.offload_names,
+                     mesh=getattr(args, "mesh", ""), target=getattr(args, "target", "local"),
+                     target_devices=getattr(args, "target_devices", 1))
+
+
+# ---------------------------------------------------------------- devices and the history
+
+
+def setup_devices(args: argparse.Namespace) -> None:
+    """Apply --host-devices and join jax.distributed before JAX starts; only process 0 prints.
+
+    A bad setting is a ``Failure`` (exit 2).
+    """
+    from remat_lab.program.distributed import setup
+
+    with reported(ConfigError):
+        setup(getattr(args, "host_devices", None), getattr(args, "coordinator", None),
+              getattr(args, "num_processes", None), getattr(args, "process_id", None))
+    if getattr(args, "process_id", None):  # a multi-process run: only process 0 prints results
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of this process)
+
+
+def quiet_if_distributed(args: argparse.Namespace):
+    """In a multi-process run, native code's stdout lines go to stderr (stdout stays JSON)."""
+    from contextlib import nullcontext
+
+    from remat_lab.program.distributed import native_stdout_to_stderr
+
+    return native_stdout_to_stderr() if getattr(args, "coordinator", None) else nullcontext()
+
+
+def record(doc: dict, kind: str) -> None:
+    """Store a finished run in the history; a history that cannot be used is said, not fatal."""
+    from remat_lab.store import history
+
+    problem = history.try_record(doc, kind=kind, source="cli")
+    if problem:
+        print(f"remat_lab: warning: not recorded in the history: {problem}", file=sys.stderr)

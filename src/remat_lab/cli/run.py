@@ -1,0 +1,132 @@
+"""The run and explain subcommands: one configuration compiled and dissected (run also times it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from remat_lab.cli.common import add_config_args, config_from, engine_errors, quiet_if_distributed, record
+from remat_lab.cli.format import fmt_time, format_table, format_tables
+from remat_lab.config import human_bytes
+from remat_lab.model.models import SEQ_MODELS
+
+
+def add_parsers(sub) -> None:
+    """``run`` and ``explain`` under the subcommands ``sub``."""
+    add_config_args(sub.add_parser("run", help="compile, time, size and dissect one configuration"))
+    ex = sub.add_parser("explain", help="the residual and per-dot tables and jaxprs, no timing")
+    add_config_args(ex)
+    ex.add_argument("--no-jaxpr", action="store_true", help="leave the jaxprs out of the output")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run or explain the configuration ``args`` describe; print the result (text or JSON)."""
+    from remat_lab.program.backend import enable_compilation_cache
+    from remat_lab.studies.experiment import run_experiment
+
+    with engine_errors():
+        config = config_from(args)
+        if getattr(args, "code", False):
+            from remat_lab.present.reproduce import reproduce_code
+            print(reproduce_code(config), end="")
+            return 0
+        if not args.no_cache:
+            enable_compilation_cache()
+        with quiet_if_distributed(args):
+            result = run_experiment(config, budget=args.memory_budget, timing=args.command == "run")
+    texts = result.pop("texts")
+    if args.command == "run":
+        record(result, "run")
+    if args.command == "explain":
+        result.pop("step_time_s")
+        if args.json:
+            if not args.no_jaxpr:
+                result["jaxprs"] = {k: v for k, v in texts.items() if k != "compiled_hlo"}
+            print(json.dumps(result, indent=2))
+        else:
+            print(format_tables(result))
+            if not args.no_jaxpr:
+                print("\nForward + residuals (vjp) jaxpr:\n" + texts["vjp_jaxpr"])
+                print("\nStep (forward + backward) jaxpr:\n" + texts["step_jaxpr"])
+        return 0
+    print(json.dumps(result, indent=2) if args.json else format_run(result))
+    return 0
+
+
+def format_run(result: dict) -> str:
+    """``run``'s document as text: the configuration, compile, time, flops, gradients, memory, tables."""
+    c, env, st, mem = result["config"], result["environment"], result["step_time_s"], result["memory"]
+    head = (f"{c['model']} width={c['width']} batch={c['batch']} depth={c['depth']} {c['dtype']} "
+            f"policy={c['policy']} objective={c['objective']}"
+            + (f" seq={c['seq']}" if c["model"] in SEQ_MODELS else "")
+            + (f" heads={c['heads']}" if c["model"] == "transformer" else "")
+            + (f" save_names={','.join(c['save_names']) or '-'} offload_names="
+               f"{','.join(c['offload_names']) or '-'}" if c["policy"] == "custom" else ""))
+    lines = [head, (f"on {env['backend']} ({env['device_kind']}) x{env['device_count']}, jax "
+                    f"{env['jax']}, flax {env['flax']}"), ""]
+    lines.append(f"compile: lower {result['compile']['lower_s']:.3f} s, "
+                 f"compile {result['compile']['compile_s']:.3f} s")
+    if st:
+        lines.append(f"step time: median {fmt_time(st['median'])} (p25 {fmt_time(st['p25'])}, "
+                     f"p75 {fmt_time(st['p75'])}, min {fmt_time(st['min'])}, "
+                     f"max {fmt_time(st['max'])}; {st['repeats']} runs after {st['warmup']} warm-up)")
+    if result["flops"]:
+        rate = result["achieved_flops_per_s"]
+        achieved = f", achieved {rate / 1e9:.2f} GFLOP/s" if rate else ""
+        roof = result.get("roofline") or {}
+        if roof.get("achieved_fraction"):
+            achieved += (f" = {100 * roof['achieved_fraction']:.1f} % of the {roof['peak_source']} "
+                         f"peak {roof['peak_flops_per_s'] / 1e9:.0f} GFLOP/s")
+            if roof.get("arithmetic_intensity"):
+                achieved += (f"; {roof['arithmetic_intensity']:.3g} FLOP/byte, {roof['bound']}-bound "
+                             f"(copy bandwidth {roof['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s)")
+        lines.append(f"flops: {result['flops']:.4g}{achieved}")
+    not_run = (result.get("timing") or {}).get("measured") is False
+    lines.append("loss: not computed (nothing was run)" if not_run
+                 else "loss: none (objective grad returns no loss)" if result["loss"] is None
+                 else f"loss: {result['loss']:.6g}")
+    g = result["gradient_check"]
+    timing = result.get("timing") or {}
+    if timing.get("measured") is False:  # a named target: compiled for, not run
+        t = result["target"]
+        lines.insert(1, f"compiled for {t['name']} ({t['device_kind']}), not run")
+        est = timing.get("estimate_s")
+        lines.append("step time: not measured; estimate "
+                     + (fmt_time(est) if est else "unavailable") + f" ({timing['estimate_basis']})")
+        lines.append(f"gradient check: not run ({g['reason']})")
+    else:
+        loss_err = "" if g["loss_err"] is None else f"loss error {g['loss_err']:.3g}, "
+        remat = ("remat applied" if g["remat_applied"] else "no remat") + (
+            "" if g["remat_applied"] == g["remat_expected"] else " (NOT what the policy asks)")
+        lines.append(f"gradient check vs {g['reference']}: {'ok' if g['ok'] else 'MISMATCH'} "
+                     f"({loss_err}gradients max abs {g['grad_max_abs_err']:.3g}, max rel "
+                     f"{g['grad_max_rel_err']:.3g}; {remat})")
+        lines += [f"  {f}" for f in g["failures"]]
+    if mem:
+        lines.append(
+            f"memory: peak {human_bytes(mem['peak_bytes'])} = argument "
+            f"{human_bytes(mem['argument_bytes'])} + output {human_bytes(mem['output_bytes'])} - "
+            f"alias {human_bytes(mem['alias_bytes'])} + temp {human_bytes(mem['temp_bytes'])} + code "
+            f"{human_bytes(mem['generated_code_bytes'])}; XLA peak field "
+            f"{human_bytes(mem['xla_peak_memory_bytes'] or 0)}"
+            + (" (on CPU it leaves out temp)" if env["backend"] == "cpu" else ""))
+    else:
+        lines.append("memory: this backend gives no compiled memory analysis")
+    if result.get("sharding"):
+        lines += ["", *format_sharding(result["sharding"])]
+    return "\n".join(lines) + "\n\n" + format_tables(result)
+
+
+def format_sharding(sh: dict) -> list[str]:
+    """The ``sharding`` section as lines: mesh, per-device memory and collectives by phase."""
+    mem = sh["per_device"] or {}
+    mesh = ",".join(f"{k}={v}" for k, v in sh["mesh"].items())
+    lines = [f"mesh {mesh}: {sh['devices']} devices in {sh['processes']} process(es); per device: "
+             f"peak {human_bytes(mem.get('peak_bytes', 0))}, parameters "
+             f"{human_bytes(sh['param_bytes_per_device'])} of {human_bytes(sh['param_bytes_total'])}"]
+    rows = [{"collective": k, **{p: f"{c['count']} ({human_bytes(c['bytes'])})" for p, c in ph.items()},
+             "vs no_remat": "-" if sh["vs_no_remat"] is None else f"{sh['vs_no_remat'][k]:+d}"}
+            for k, ph in sh["collectives"].items() if any(c["count"] for c in ph.values())]
+    lines.append(format_table(rows, ["collective", "forward", "recomputed", "backward", "vs no_remat"]))
+    return lines
+

@@ -1,0 +1,133 @@
+"""The sweep subcommand: a grid of configurations, one JSON line each, appended to --out and resumed."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from remat_lab.cli.common import int_arg, list_arg, record, reported
+from remat_lab.cli.format import fmt_time
+from remat_lab.config import DTYPES, OBJECTIVES, ConfigError, RunConfig, human_bytes, resolve_budget
+from remat_lab.model.models import MODELS
+from remat_lab.model.policies import DEFAULT_POLICY, POLICIES
+from remat_lab.model.stacks import STACKS
+
+
+def _choice(name: str, allowed) -> object:
+    """One of ``allowed`` (a sweep axis's values); anything else names the choices."""
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown {name} {text[:40]!r}; choose from: "
+                                             f"{', '.join(allowed)}")
+        return text
+    return parse
+
+
+def add_parsers(sub) -> None:
+    """``sweep`` under the subcommands ``sub``."""
+    p = sub.add_parser("sweep", help="a grid of configurations, one JSON line each, "
+                                     "appended to --out and resumed from it")
+    d = RunConfig()
+    axes = {"models": (_choice("model", MODELS), d.model), "widths": (int_arg("width"), d.width),
+            "batches": (int_arg("batch"), d.batch), "seqs": (int_arg("seq"), d.seq),
+            "depths": (int_arg("depth"), d.depth), "stacks": (_choice("stack", STACKS), d.stack),
+            "dtypes": (_choice("dtype", DTYPES), d.dtype),
+            "policies": (_choice("policy", list(POLICIES)), DEFAULT_POLICY)}
+    for flag, (kind, default) in axes.items():
+        p.add_argument(f"--{flag}", type=list_arg(kind), default=[default], metavar="A,B",
+                       help=f"comma-separated (default: {default})")
+    p.add_argument("--heads", type=int_arg("heads"), default=d.heads)
+    p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
+    p.add_argument("--repeats", type=int_arg("repeats"), default=d.repeats)
+    p.add_argument("--warmup", type=int_arg("warmup"), default=d.warmup)
+    p.add_argument("--seed", type=int_arg("seed"), default=d.seed)
+    p.add_argument("--memory-budget", default=None, help="refuse configurations estimated above this")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl",
+                   help="append one JSON line per configuration here (default: stdout); rerunning "
+                        "with the same file skips the configurations it holds")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again the configurations the file records as refused or failed")
+    p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
+
+
+def _sweep_line(row: dict) -> str:
+    """One finished row as a progress line: the configuration, then its time and peak or its error."""
+    c, err = row["config"], row.get("error")
+    head = f"{c.get('model')} w{c.get('width')} b{c.get('batch')} {c.get('policy')}"
+    if err:
+        return f"{head}: {err['kind']}: {err['message'][:160]}"
+    st, mem = row.get("step_time_s") or {}, row.get("memory") or {}
+    peak = human_bytes(mem["peak_bytes"]) if mem.get("peak_bytes") is not None else "-"
+    return f"{head}: median {fmt_time(st.get('median'))}, peak {peak}"
+
+
+def main(args: argparse.Namespace) -> int:
+    """The grid, one JSON line per configuration, a progress bar on stderr; Ctrl-C keeps whole rows."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from remat_lab.program.backend import enable_compilation_cache, environment
+    from remat_lab.studies import sweep
+    from remat_lab.studies.experiment import run_experiment
+
+    base = RunConfig(heads=args.heads, objective=args.objective, repeats=args.repeats,
+                     warmup=args.warmup, seed=args.seed)
+    grid = sweep.build_grid(base, model=args.models, width=args.widths, batch=args.batches,
+                            seq=args.seqs, depth=args.depths, stack=args.stacks, dtype=args.dtypes,
+                            policy=args.policies)
+    skip: set[str] = set()
+    cannot_write = lambda err: f"cannot write {args.out}: {err.strerror}"
+    with reported((ConfigError, sweep.SweepFileError)), reported(OSError, say=cannot_write):
+        resolve_budget(args.memory_budget)  # a bad --memory-budget is one error, not a row each
+        if args.out:
+            skip = sweep.done_keys(sweep.read_rows(args.out), args.retry_failed)
+            sweep.repair(args.out)
+        out = open(args.out, "a", encoding="utf-8") if args.out else sys.stdout
+    todo = sum(sweep.config_key(c) not in skip for c in grid)
+    if not args.no_cache:
+        enable_compilation_cache()
+    console = Console(stderr=True, soft_wrap=True)  # one line per message, also in logs
+    console.print(f"sweep: {len(grid)} configurations, {len(grid) - todo} already in "
+                  f"{args.out or 'the output'}, {todo} to run")
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=console, disable=not todo)
+    failed = done = 0
+    # Ctrl-C: stop after the configuration in progress (a KeyboardInterrupt raised inside JAX can
+    # be swallowed, e.g. in its garbage-collection callback); a second Ctrl-C stops at once.
+    stop = []
+
+    def on_interrupt(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(signum)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        with bar:
+            task = bar.add_task("sweep", total=todo)
+            run = lambda cfg: run_experiment(cfg, budget=args.memory_budget)
+            for outcome in sweep.run_grid(grid, run, skip=skip, environment=environment,
+                                          write=lambda row: sweep.append_row(out, row)):
+                if outcome.skipped:
+                    continue
+                done += 1
+                failed += bool(outcome.row.get("error"))
+                if not outcome.row.get("error"):
+                    record(outcome.row, "sweep")
+                bar.console.print(f"[{done}/{todo}] {_sweep_line(outcome.row)}", markup=False,
+                                  highlight=False)
+                bar.advance(task)
+                if stop:
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        console.print(f"sweep: interrupted after {done} of {todo}; every finished row is in "
+                      f"{args.out or 'the output'}; run the same command again to resume")
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if out is not sys.stdout:
+            out.close()
+    console.print(f"sweep: done: ran {done}, of which {failed} refused or failed"
+                  + (f"; {args.out} holds all {len(grid)} configurations" if args.out else ""))
+    return 0

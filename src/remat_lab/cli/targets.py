@@ -1,0 +1,29 @@
+"""``targets``: the accelerators a configuration can be compiled for, with their spec figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from remat_lab.cli.format import format_table
+from remat_lab.config import TARGETS, human_bytes
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("targets", help="accelerators to compile for without the hardware (--target)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def main(args: argparse.Namespace) -> int:
+    rows = [t.as_dict() for t in TARGETS.values()]
+    if args.json:
+        print(json.dumps({"local": "the attached backend, run and timed", "targets": rows}, indent=1))
+        return 0
+    table = [{"target": t["name"], "platform": t["platform"], "memory": human_bytes(t["memory_bytes"]),
+              "bf16 TFLOP/s": f"{t['peak_flops'].get('bfloat16', 0) / 1e12:.0f}",
+              "f32 TFLOP/s": f"{t['peak_flops'].get('float32', 0) / 1e12:.0f}",
+              "bandwidth": f"{t['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s"} for t in rows]
+    print(format_table(table, list(table[0])))
+    print("\nlocal: the attached backend (run and timed). Named targets are compiled for, not run: "
+          "memory, programs and a roofline estimate of the step time.")
+    return 0
