@@ -118,3 +118,23 @@ def test_every_target_has_figures_and_a_source():
         assert t.peak_flops["bfloat16"] > t.peak_flops["float32"] > 1e12
         assert 0 < t.usable_bytes() < t.memory_bytes
     assert np.isclose(get_target("h100").memory_bytes / 2**30, 79.1, atol=0.1)
+
+
+def test_advisor_on_h100_is_exact_to_one_batch():
+    """The largest batch fits the budget and the next does not, each checked by its own compile for
+    the H100 through the run path; the default budget is the H100's usable memory."""
+    from remat_lab.studies.advisor import advice_budget, advise
+
+    cfg = RunConfig(target="h100", model="mlp", stack="scan", width=512, depth=2, dtype="bfloat16",
+                    batch=1, policy="no_remat")
+    doc = advise(cfg, "24M", policies=["no_remat", "nothing_saveable"], timing=True)
+    assert doc["timed"] is False and doc["target"]["name"] == "h100"
+    for row in doc["rows"]:
+        b = row["max_batch"]
+        assert 0 < b < 65536
+        at = lambda n: run_experiment(cfg.replace(policy=row["policy"], batch=n))["memory"]["peak_bytes"]
+        assert at(b) <= doc["budget_bytes"] < at(b + 1)
+        assert row["examples_per_s_estimate"] > 0 and row["step_time_s"] is None
+    assert "roofline estimate" in doc["reason"]
+    usable, source = advice_budget(target="h100")
+    assert usable == int(0.75 * get_target("h100").memory_bytes) and "75%" in source

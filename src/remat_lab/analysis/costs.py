@@ -54,3 +54,21 @@ def step_flops(xla_flops: float | None, text: str) -> float | None:
 def flops_of(compiled) -> float | None:
     """XLA's cost-analysis flop count of the compiled step."""
     return cost_of(compiled)["flops"]
+
+
+XLA_FLOPS = "XLA's cost analysis, loop bodies scaled by their trip counts"
+PRODUCT_FLOPS = ("matrix products of the compiled HLO (2 x output elements x contracted size, times "
+                 "their runs); XLA gives no cost analysis for this target, elementwise work left out")
+
+
+def program_flops(compiled, text: str) -> tuple[float | None, float | None, str]:
+    """``(flops, bytes accessed, where the flops come from)`` of a compiled step, loop bodies scaled
+    by their trip counts. Deviceless GPU compiles carry no cost analysis: their flops are then the
+    products counted in the HLO, and bytes accessed are unknown (None)."""
+    cost = cost_of(compiled)
+    flops = step_flops(cost["flops"], text)
+    if flops is None:
+        products = sum((m["flops"] or 0) * max(m["executions"], 1) for m in hlo.matmuls(text))
+        return (products or None), None, PRODUCT_FLOPS
+    scale = flops / cost["flops"] if cost["flops"] else 1.0
+    return flops, (cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None), XLA_FLOPS

@@ -8,7 +8,7 @@ import sys
 
 from remat_lab.cli.common import add_model_args, engine_errors, int_arg, policies_arg
 from remat_lab.cli.format import fmt_time, format_table
-from remat_lab.config import LIMITS, RunConfig, human_bytes
+from remat_lab.config import LIMITS, TARGET_NAMES, RunConfig, human_bytes
 from remat_lab.model.models import SEQ_MODELS
 
 
@@ -17,6 +17,12 @@ def add_parsers(sub) -> None:
     adv = sub.add_parser("advise", help="per policy, the largest batch whose compiled peak fits a "
                                         "memory budget, and the fastest policy at its largest batch")
     add_model_args(adv)
+    adv.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET",
+                     help="size for this accelerator without it (see `targets`); no timing there")
+    adv.add_argument("--target-devices", type=int_arg("target_devices"), default=1, metavar="N",
+                     help="devices of the target (with a --mesh over all of them)")
+    adv.add_argument("--mesh", default="", metavar="data=D,fsdp=F,tensor=T",
+                     help="on a target: the mesh over its devices (the batch searched is the global one)")
     adv.add_argument("--budget", default=None, metavar="SIZE",
                      help="device memory to fit, e.g. 256M or 16G (default: the device's memory "
                           "limit, or the run budget on CPU: half the machine's or container's "
@@ -45,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
                            objective=args.objective, repeats=args.repeats, seed=args.seed,
                            batch=1, policy="custom" if args.save_names or args.offload_names
                            else "no_remat", save_names=args.save_names,
-                           offload_names=args.offload_names)
+                           offload_names=args.offload_names, target=args.target,
+                           target_devices=args.target_devices, mesh=args.mesh)
         if not args.no_cache:
             enable_compilation_cache()
         doc = advise(config, args.budget, policies=args.policies, timing=not args.no_time,
@@ -74,8 +81,11 @@ def format_advice(doc: dict) -> str:
              "next batch (over by)": ("-" if r["next_batch"] is None else
                                       f"{r['next_batch']} ({_over(r['next_peak_bytes'], doc)})"),
              "probes": len(r["probes"]),
-             "step time": "-" if r["step_time_s"] is None else fmt_time(r["step_time_s"]),
-             "examples/s": "-" if r["examples_per_s"] is None else f"{r['examples_per_s']:,.0f}",
+             "step time": (fmt_time(r["step_time_s"]) if r["step_time_s"] is not None
+                           else f"~{fmt_time(r['estimate_s'])} (est.)" if r.get("estimate_s") else "-"),
+             "examples/s": (f"{r['examples_per_s']:,.0f}" if r["examples_per_s"] is not None
+                            else f"~{r['examples_per_s_estimate']:,.0f} (est.)"
+                            if r.get("examples_per_s_estimate") else "-"),
              "MFU": pct(r["mfu"]), "HFU": pct(r["hfu"]),
              "note": (f"same program as {r['same_program_as']}" if r.get("same_program_as")
                       else r["not_timed"] or ("" if r["max_batch"] else r["reason"]))}
@@ -83,6 +93,8 @@ def format_advice(doc: dict) -> str:
     head = (f"{c['model']} width={c['width']} depth={c['depth']} stack={c['stack']} {c['dtype']} "
             f"objective={c['objective']}" + (f" seq={c['seq']}" if c["model"] in SEQ_MODELS else "")
             + f"; budget {human_bytes(doc['budget_bytes'])} ({doc['budget_source']})")
+    if doc.get("target"):
+        head += f"\ncompiled for {doc['target']['name']} ({doc['target']['device_kind']}), not run"
     lines = [head, f"searched in {doc['search_s']:.1f} s by compiling only (XLA's compiled peak on "
                    "abstract inputs); " + ("timed at each policy's largest batch, interleaved"
                                            if doc["timed"] else "not timed"), "",

@@ -15,13 +15,18 @@ from collections.abc import Sequence
 
 import jax
 
+from remat_lab.analysis.estimate import BASIS, estimate_step
 from remat_lab.config import (
     BUDGET_ENV,
+    LOCAL,
     ConfigError,
     RunConfig,
     default_budget_bytes,
+    get_target,
+    human_bytes,
     parse_bytes,
 )
+from remat_lab.config.targets import GPU_USABLE_FRACTION, TPU_USABLE_FRACTION
 from remat_lab.model.policies import POLICIES
 from remat_lab.program.backend import device_memory_limit, environment
 from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the advisor's public names
@@ -44,21 +49,62 @@ from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
 
 
 def advice_budget(budget: str | int | None = None, device_limit: int | None = None, *,
-                  ask_device: bool = True) -> tuple[int, str]:
-    """``(bytes, where it came from)``: the given size, else ``$REMAT_LAB_MEMORY_BUDGET``, else the
-    device's memory limit (GPU/TPU), else the run budget (half this machine's or container's memory).
-    Sizes are written as for ``--memory-budget`` (``512M``, ``2G``, bytes). ``device_limit`` with
-    ``ask_device=False``: a limit already known (the app asks its worker), JAX not asked here."""
+                  ask_device: bool = True, target: str = LOCAL) -> tuple[int, str]:
+    """``(bytes, where it came from)``: the given size; on a named target, the memory JAX may use on
+    it (``Target.usable_bytes``: 75 % of a GPU's, JAX's default preallocation, 95 % of a TPU's HBM);
+    else ``$REMAT_LAB_MEMORY_BUDGET``, the device's memory limit (GPU/TPU) or the run budget (half
+    this machine's or container's memory). Sizes are written as for ``--memory-budget`` (``512M``,
+    ``2G``, bytes). ``device_limit`` with ``ask_device=False``: a limit already known (the app asks
+    its worker), JAX not asked here."""
     if budget is not None:
         if isinstance(budget, bool) or (isinstance(budget, int) and budget <= 0):
             raise ConfigError(f"memory budget must be a positive size; got {budget!r}.")
         return (budget if isinstance(budget, int) else parse_bytes(budget)), "given"
+    if target != LOCAL:
+        t = get_target(target)
+        share = GPU_USABLE_FRACTION if t.platform == "cuda" else TPU_USABLE_FRACTION
+        rule = ("JAX's default preallocation on a GPU (XLA_PYTHON_CLIENT_MEM_FRACTION)"
+                if t.platform == "cuda" else "what JAX may use of a TPU's HBM")
+        return t.usable_bytes(), (f"{share:.0%} of the {target}'s {human_bytes(t.memory_bytes)}, "
+                                  f"{rule}; give --budget to change it")
     if os.environ.get(BUDGET_ENV):
         return parse_bytes(os.environ[BUDGET_ENV]), f"${BUDGET_ENV}"
     limit = device_memory_limit() if ask_device and device_limit is None else device_limit
     if limit:
         return int(limit), "the device's memory limit"
     return default_budget_bytes(), "half this machine's (or container's) memory, as for runs"
+
+
+def _estimate_rows(rows: list[dict], configs: dict[str, RunConfig], target: str) -> None:
+    """On a named target nothing runs: each fitting policy's step time and examples/s at its
+    largest batch from the target's roofline (``analysis/estimate.py``), labelled as estimates."""
+    t = get_target(target)
+    for r in rows:
+        r.update(estimate_s=None, examples_per_s_estimate=None)
+        if r["max_batch"] == 0:
+            continue
+        found = probe(configs[r["policy"]].replace(batch=r["max_batch"]))
+        est = estimate_step(found["flops"], found.get("bytes_accessed"), t, configs[r["policy"]].dtype)
+        r["estimate_s"] = est["estimate_s"]
+        if est["estimate_s"]:
+            r["examples_per_s_estimate"] = r["max_batch"] / est["estimate_s"]
+
+
+def _recommend_by_estimate(rows: list[dict], target: str) -> tuple[str | None, list[str], str]:
+    """On a target: the most examples/s by the roofline estimate (not a measurement, so no
+    interval); policies within 2 % of it are named as near-ties."""
+    fits = [r for r in rows if r["max_batch"] > 0 and r.get("examples_per_s_estimate")]
+    if not fits:
+        return _recommend(rows, False)
+    best = max(fits, key=lambda r: r["examples_per_s_estimate"])
+    top = best["examples_per_s_estimate"]
+    ties = [r["policy"] for r in fits if r["examples_per_s_estimate"] >= 0.98 * top]
+    why = (f"{best['policy']} fits batch {best['max_batch']} on the {target}; by the roofline "
+           f"estimate (not measured: nothing runs on a target) it processes {top:,.0f} examples/s")
+    others = [p for p in ties if p != best["policy"]]
+    if others:
+        why += f"; {_names(others)} within 2 % of it by the same estimate"
+    return best["policy"], ties, why
 
 
 def _policy_list(policies: Sequence[str] | None) -> list[str]:
@@ -135,7 +181,9 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     """
     say = progress or (lambda message: None)
     chosen = _policy_list(policies)
-    budget_bytes, budget_source = advice_budget(budget)
+    budget_bytes, budget_source = advice_budget(budget, target=config.target)
+    on_target = config.target != LOCAL
+    timing = timing and not on_target  # nothing runs on a named target: estimates instead
     if not 1 <= max_batch <= MAX_BATCH:
         raise ConfigError(f"max_batch must be from 1 to {MAX_BATCH}; got {max_batch!r}.")
     names = {"save_names": config.save_names, "offload_names": config.offload_names}
@@ -164,11 +212,17 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         r["hardware_flops"] = probe(at)["flops"]
         r["model_flops"] = probe(base_cfg.replace(batch=r["max_batch"]))["flops"]
         r["fingerprint"] = probe(at)["fingerprint"]
+        if r["model_flops"] and r["hardware_flops"]:  # the flops recomputation adds, as a share
+            r["recompute_overhead"] = r["hardware_flops"] / r["model_flops"] - 1
     search_s = time.perf_counter() - t0
 
     timed = time_rows(rows, configs, server_budget, time_budget_s, seed, say) if timing else False
     peak, peak_source = flop_rates(rows) if timed else (None, None)
-    recommended, ties, reason = _recommend(rows, timed)
+    if on_target:
+        _estimate_rows(rows, configs, config.target)
+        recommended, ties, reason = _recommend_by_estimate(rows, config.target)
+    else:
+        recommended, ties, reason = _recommend(rows, timed)
     notes = _notes(configs, rows)
     for r in rows:
         r.pop("fingerprint", None)
@@ -204,13 +258,19 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
             "hfu": "hardware flops / step time / peak FLOP/s",
         },
         "environment": environment(),
+        **({"target": get_target(config.target).as_dict(),
+            "estimate_basis": BASIS} if on_target else {}),
     }
 
 
 def _notes(configs: dict[str, RunConfig], rows: list[dict]) -> list[str]:
     """What this backend cannot show, and rows that were sized but not timed."""
     notes = []
-    if jax.default_backend() == "cpu":
+    target = next(iter(configs.values())).target
+    if target != LOCAL:
+        notes.append(f"Compiled for the {target} without the device: batches are sized by its compiled "
+                     "peak; step times and examples/s are roofline estimates, not measurements.")
+    elif jax.default_backend() == "cpu":
         offload = [p for p, c in configs.items()
                    if POLICIES[p].offloads or p.startswith("offload") or c.offload_names]
         if offload:

@@ -14,13 +14,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-import jax
-
 from remat_lab.analysis import hlo
-from remat_lab.analysis.costs import cost_of, memory_report, step_flops
+from remat_lab.analysis.costs import memory_report, program_flops
 from remat_lab.config import LIMITS, ConfigError, RunConfig, human_bytes
 from remat_lab.program.backend import xla_error
-from remat_lab.program.step import abstract_problem, make_step
+from remat_lab.program.step import abstract_problem, jit_step
 
 MAX_BATCH = LIMITS["batch"][1]
 PROBE_CACHE_ENTRIES = 1024  # a probe is a few numbers: ~1 KB each
@@ -68,7 +66,7 @@ def compile_abstract(config: RunConfig):
     """The jitted step of ``config`` lowered and compiled on abstract inputs (nothing allocated)."""
     problem = abstract_problem(config)
     try:
-        return jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
+        return jit_step(problem).trace(*problem.args).lower().compile()
     except Exception as err:  # XlaRuntimeError and friends
         raise xla_error("compiling", err) from err
 
@@ -90,8 +88,9 @@ def probe(config: RunConfig) -> dict:
     if memory.get("peak_bytes") is None:
         raise ConfigError("this backend gives no compiled memory analysis, so the advisor cannot "
                           "size batches on it.")
-    out = {"batch": config.batch, "peak_bytes": int(memory["peak_bytes"]),
-           "flops": step_flops(cost_of(compiled)["flops"], text),
+    flops, bytes_accessed, _ = program_flops(compiled, text)
+    out = {"batch": config.batch, "peak_bytes": int(memory["peak_bytes"]), "flops": flops,
+           "bytes_accessed": bytes_accessed,
            "fingerprint": hlo.fingerprint(text), "s": time.perf_counter() - t0}
     _PROBES.put(key, out)
     return {**out, "cached": False}

@@ -94,8 +94,8 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
 
 
 def flop_rates(rows: list[dict]) -> tuple[float | None, str | None]:
-    """Fill each timed row's FLOP rates and, against the calibrated peak, its MFU and HFU (and the
-    recomputation's share, HFU - MFU). Returns ``(peak FLOP/s, where it came from)``."""
+    """Fill each timed row's FLOP rates and, against the calibrated peak, its MFU and HFU. Returns
+    ``(peak FLOP/s, where it came from)``."""
     peak, peak_source = None, None
     try:
         roofs = calibrate()
@@ -111,6 +111,4 @@ def flop_rates(rows: list[dict]) -> tuple[float | None, str | None]:
         if peak:
             r["mfu"] = min(r["model_flops_per_s"] / peak, 1.0) if r["model_flops_per_s"] else None
             r["hfu"] = min(r["hardware_flops_per_s"] / peak, 1.0) if r["hardware_flops_per_s"] else None
-            if r["mfu"] is not None and r["hfu"] is not None:
-                r["recompute_overhead"] = r["hfu"] - r["mfu"]
     return peak, peak_source

@@ -12,8 +12,8 @@ import time
 import jax
 import numpy as np
 
-from remat_lab.analysis import collectives, hlo
-from remat_lab.analysis.costs import cost_of, memory_report, step_flops
+from remat_lab.analysis import collectives
+from remat_lab.analysis.costs import cost_of, memory_report, program_flops, step_flops
 from remat_lab.analysis.dissect import Dissection, dissect
 from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.gradcheck import check_gradients
@@ -172,17 +172,9 @@ def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, du
     """What the compiled program alone shows: memory, its timeline, the dissection against the
     no_remat witness on the same backend or target, collectives on a mesh."""
     text = compiled.as_text()
-    cost = cost_of(compiled)
-    flops = step_flops(cost["flops"], text)
-    source = "XLA's cost analysis, loop bodies scaled by their trip counts"
-    if flops is None:  # deviceless GPU compiles carry no cost analysis: count the products
-        flops = sum((m["flops"] or 0) * max(m["executions"], 1) for m in hlo.matmuls(text)) or None
-        source = ("matrix products of the compiled HLO (2 x output elements x contracted size, times "
-                  "their runs); XLA gives no cost analysis for this target, elementwise work left out")
-    out = {"flops": flops, "flops_xla": cost["flops"], "flops_source": source,
-           "memory": memory_report(compiled)}
-    scale = flops / cost["flops"] if flops and cost["flops"] else 1.0
-    out["bytes_accessed"] = cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None
+    flops, bytes_accessed, source = program_flops(compiled, text)
+    out = {"flops": flops, "flops_xla": cost_of(compiled)["flops"], "flops_source": source,
+           "memory": memory_report(compiled), "bytes_accessed": bytes_accessed}
     t0 = time.perf_counter()
     out["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
                                              names=names_of(config.model), paths=problem.paths)
