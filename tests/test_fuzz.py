@@ -36,6 +36,7 @@ from remat_lab.config import (
     coerce_config,
     resolve_budget,
 )
+from remat_lab.program import backend
 from remat_lab.studies import experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +137,7 @@ def stub_engine(tiny_result):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(experiment, "run_experiment", fake_run)
-        mp.setattr(experiment, "enable_compilation_cache", lambda path=None: "/nonexistent")
+        mp.setattr(backend, "enable_compilation_cache", lambda path=None: "/nonexistent")
         mp.delenv("REMAT_LAB_MEMORY_BUDGET", raising=False)
         yield calls
 
