@@ -22,6 +22,7 @@ from streamlit.testing.v1 import AppTest
 from remat_lab.analysis.costs import memory_report
 from remat_lab.cli import main
 from remat_lab.config import MemoryBudgetError, RunConfig, estimate_bytes
+from remat_lab.program import timing
 from remat_lab.program.backend import ExecutionError
 from remat_lab.program.step import build_problem, make_step
 from remat_lab.studies import experiment
@@ -171,7 +172,7 @@ def test_run_failure_releases_the_timing_lock(monkeypatch, capsys):
         assert main(argv) == 1
     err = capsys.readouterr().err
     assert "XLA failed while running: RESOURCE_EXHAUSTED" in err and "Traceback" not in err
-    assert not experiment.TIMING_LOCK.locked()
+    assert not timing.TIMING_LOCK.locked()
     assert main(argv) == 0
 
 
@@ -250,7 +251,7 @@ def test_eight_threads_through_the_cached_entry_point(monkeypatch):
     real_time = experiment.time_executable
 
     def recording(*args, **kwargs):
-        lock_held.append(experiment.TIMING_LOCK.locked())
+        lock_held.append(timing.TIMING_LOCK.locked())
         start = time.perf_counter()
         try:
             return real_time(*args, **kwargs)
@@ -285,7 +286,7 @@ def test_eight_threads_through_the_cached_entry_point(monkeypatch):
     spans = sorted(intervals)
     for (_, end), (start, _) in zip(spans, spans[1:]):
         assert end <= start, "two timings overlapped"
-    assert not experiment.TIMING_LOCK.locked()
+    assert not timing.TIMING_LOCK.locked()
 
 
 def test_two_sessions_on_one_configuration_compute_it_once(monkeypatch, tiny_result):
