@@ -11,8 +11,17 @@ import streamlit as st  # noqa: E402
 from pages import _views  # noqa: E402
 from remat_lab.config import human_bytes  # noqa: E402
 from remat_lab.present import tables  # noqa: E402
-from remat_lab.store import results
+from remat_lab.serve.safe_text import escape_markdown, strip_paths  # noqa: E402
+from remat_lab.store import results, uploads  # noqa: E402
 from remat_lab.store.results import describe_environment  # noqa: E402
+
+CAP, ROWS = results.MAX_BYTES // 2**20, uploads.MAX_ROWS_DRAWN
+
+
+def esc(text: object) -> str:
+    """Uploaded text for Markdown: escaped, and no absolute paths."""
+    return escape_markdown(strip_paths(str(text)))
+
 
 st.header("Open results")
 st.caption("Files written elsewhere — `python -m remat_lab run --json`, `sweep --out`, `compare "
@@ -21,23 +30,41 @@ st.caption("Files written elsewhere — `python -m remat_lab run --json`, `sweep
            "numbers from different machines are never mixed.")
 files = st.file_uploader("Results files (.json, .jsonl)", type=["json", "jsonl"],
                          accept_multiple_files=True, key="results_files",
-                         max_upload_size=results.MAX_BYTES // 2**20,
-                         help=f"Up to {results.MAX_BYTES // 2**20} MiB each. Only read as JSON: "
-                              "nothing in a file is executed.")
+                         max_upload_size=CAP,
+                         help=f"Up to {uploads.MAX_FILES} files and {CAP} MiB in all. Only read as "
+                              "JSON: nothing in a file is executed.")
+st.caption(f"Limits: up to {uploads.MAX_FILES} files and {CAP} MiB per upload, all files together; "
+           f"{results.MAX_KEPT:,} rows kept per file; the first {results.MAX_PROBLEMS} problems of a "
+           f"file listed, then a count; the charts and tables draw the first {ROWS} rows of a sweep "
+           f"(the CSV download has them all) and the first {uploads.MAX_VIEWS} views.")
 if not files:
     st.info("Upload one or more results files to see them here.", icon=":material/upload_file:")
     st.stop()
 
-loaded = [results.load(f.name, f.getvalue()) for f in files]
+# A rerun (any click) finds each file's parse in the cache by the digest kept for its upload.
+known = st.session_state.get("results_digests", {})
+digests, loaded = {}, []
+for f, left in zip(files, uploads.over_total([f.size for f in files])):
+    if left:
+        st.error(f"**{esc(f.name)}**: not read: one upload may hold {uploads.MAX_FILES} files and "
+                 f"{CAP} MiB in all. Open it on its own.")
+        continue
+    item = uploads.open_upload(f.name, f, sha=known.get(f.file_id))
+    digests[f.file_id] = item.sha256
+    loaded.append(item)
+st.session_state["results_digests"] = digests
 for item in loaded:
     if item.problems:
         more = item.bad - len(item.problems)
-        text = "\n".join(f"- {_views.md(p)}" for p in item.problems)
+        text = "\n".join(f"- {esc(p)}" for p in item.problems)
         (st.error if item.count == 0 else st.warning)(
-            f"**{_views.md(item.name)}**: " + ("nothing could be read." if item.count == 0 else
-                                              f"{item.bad} part{'' if item.bad == 1 else 's'} left out; "
-                                              f"{item.count} shown below.")
-            + f"\n\n{text}" + (f"\n- … and {more} more" if more > 0 else ""))
+            f"**{esc(item.name)}**: " + ("nothing could be read." if item.count == 0 else
+                                         f"{item.bad:,} part{'' if item.bad == 1 else 's'} left out; "
+                                         f"{item.count:,} shown below.")
+            + f"\n\n{text}" + (f"\n- … and {more:,} more" if more > 0 else ""))
+    if item.stopped:
+        st.error(f"**{esc(item.name)}**: {esc(item.stopped)}"
+                 + (f" The {item.count:,} documents read before are shown." if item.count else ""))
 
 # One view per file and machine: numbers from different machines never share a chart.
 runs: dict[tuple[str, str], list[dict]] = {}
@@ -51,9 +78,17 @@ if not runs and not compares and not advice:
 machines = ({env for _, env in runs}
             | {describe_environment(d["environment"]) for d in compares + advice})
 if len(machines) > 1:
-    st.info(f"These results come from {len(machines)} machines ({_views.md('; '.join(sorted(machines)))}): "
-            "each is shown on its own, never in one chart.", icon=":material/devices:")
+    shown = sorted(machines)[:12]
+    st.info(f"These results come from {len(machines)} machines ({esc('; '.join(shown))}"
+            f"{' …' if len(machines) > len(shown) else ''}): each is shown on its own, never in one "
+            "chart.", icon=":material/devices:")
 st.sidebar.caption("The settings above are not used on this page: it shows the files' own.")
+
+
+def _environment_line(env: dict | None) -> None:
+    """Which machine made these numbers, in words (uploaded text, escaped)."""
+    st.markdown(f":material/memory: Measured on **{esc(describe_environment(env))}**"
+                + (f" · backend {esc(env.get('backend'))}" if env else ""))
 
 
 def _show_runs(docs: list[dict], n: int, name: str) -> None:
@@ -61,41 +96,58 @@ def _show_runs(docs: list[dict], n: int, name: str) -> None:
     env = next((d.get("environment") for d in docs if d.get("environment")), None)
     if len(done) == 1 and len(docs) == 1:
         c = done[0]["config"]
-        st.subheader(f"Run: {_views.md(c['policy'])} · {_views.md(c['model'])} width {c['width']} "
-                     f"batch {c['batch']}")
-        st.caption(f"From {_views.md(name)}")
-        _views.environment_line(env)
+        st.subheader(f"Run: {esc(c['policy'])} · {esc(c['model'])} width {c['width']} batch {c['batch']}")
+        st.caption(f"From {esc(name)}")
+        _environment_line(env)
+        if "dots" not in done[0]:
+            st.caption("This run's per-dot, residual and timeline detail was too large to keep: its "
+                       "tables are empty.")
         _views.run_view(done[0], key=f"run{n}")
         return
-    st.subheader(f"Sweep: {len(docs)} configuration{'' if len(docs) == 1 else 's'}")
-    st.caption(f"From {_views.md(name)}")
-    _views.environment_line(env)
-    _views.error_rows([d for d in docs if "error" in d])
-    if done:
-        _views.sweep_view(tables.summary_frame(done), key=f"sweep{n}")
+    st.subheader(f"Sweep: {len(docs):,} configuration{'' if len(docs) == 1 else 's'}")
+    st.caption(f"From {esc(name)}")
+    _environment_line(env)
+    errors = [d for d in docs if "error" in d]
+    if len(errors) > ROWS:
+        st.caption(f"Showing the first {ROWS} of {len(errors):,} refused or failed configurations.")
+    _views.error_rows(errors[:ROWS])
+    if not done:
+        return
+    frame = tables.summary_frame(done)
+    if len(frame) > ROWS:  # drawing thousands of rows takes minutes: the first ROWS, and a download
+        st.info(f"Showing the first {ROWS} of {len(frame):,} rows in the charts and the table; "
+                "download the table for all of them.", icon=":material/table_rows:")
+        st.download_button(f"Download all {len(frame):,} rows (CSV)",
+                           tables.export_frame(frame).to_csv(index=False), "remat_lab_sweep_all.csv",
+                           "text/csv", key=f"sweep{n}_all_csv")
+        frame = frame.head(ROWS)
+    _views.sweep_view(frame, key=f"sweep{n}")
 
 
 def _show_compare(doc: dict, n: int, name: str) -> None:
-    st.subheader(f"Comparison: {len(doc['rows'])} policies at {_views.md(doc['config'].get('model'))} "
+    st.subheader(f"Comparison: {len(doc['rows'])} policies at {esc(doc['config'].get('model'))} "
                  f"width {doc['config'].get('width')} batch {doc['config'].get('batch')}")
-    st.caption(f"From {_views.md(name)}")
-    _views.environment_line(doc["environment"])
+    st.caption(f"From {esc(name)}")
+    _environment_line(doc["environment"])
     _views.compare_view(doc, key=f"compare{n}")
 
 
 def _show_advice(doc: dict, n: int, name: str) -> None:
     c = doc["config"]
-    st.subheader(f"Advice: {len(doc['rows'])} policies at {_views.md(c.get('model'))} width "
+    st.subheader(f"Advice: {len(doc['rows'])} policies at {esc(c.get('model'))} width "
                  f"{c.get('width')} depth {c.get('depth')} in {human_bytes(doc['budget_bytes'])}")
-    st.caption(f"From {_views.md(name)}")
-    _views.environment_line(doc["environment"])
+    st.caption(f"From {esc(name)}")
+    _environment_line(doc["environment"])
     _views.advice_view(doc, key=f"advice{n}")
 
 
 views = ([(_show_runs, docs, name) for (name, _), docs in runs.items()]
          + [(_show_compare, doc, item.name) for item in loaded for doc in item.compares]
          + [(_show_advice, doc, item.name) for item in loaded for doc in item.advice])
-for n, (show, what, name) in enumerate(views):
+if len(views) > uploads.MAX_VIEWS:
+    st.info(f"Showing the first {uploads.MAX_VIEWS} of {len(views)} views (one per file and machine, "
+            "comparison or advice); upload the others on their own.", icon=":material/filter_list:")
+for n, (show, what, name) in enumerate(views[:uploads.MAX_VIEWS]):
     try:
         show(what, n, name)
     except Exception as err:  # noqa: BLE001 - a valid-looking document we still cannot draw

@@ -1,23 +1,34 @@
-"""Reading results files (run, sweep, comparison and advice documents) safely: size, schema, types.
+"""Reading results files (run, sweep, comparison and advice documents) safely: size, schema, types, ranges.
 
-Only ``json.loads`` touches the bytes: nothing is executed or unpickled. A file over ``MAX_BYTES`` is
-refused whole; otherwise every document (a line of a ``.jsonl`` file, or the one document of a
-``.json`` file, or each item of a JSON list) is checked on its own, and a bad one is named with
-the reason while the good ones are kept. Documents without ``schema`` (written before it existed)
-are read as schema 1 when they have its shape; a newer schema is refused with a sentence.
+Only ``json`` touches the bytes, one document at a time (``docstream``): nothing is executed or
+unpickled and the whole text is never held. A file over ``MAX_BYTES`` is refused whole; otherwise
+every document (a line of a ``.jsonl`` file, the one document of a ``.json`` file, or each item of a
+JSON list) is checked on its own, types then physical ranges (``docfields``), and a bad one is named
+with the reason while the good ones are kept, compact (only what the views draw). Documents without
+``schema`` (written before it existed) are read as schema 1 when they have its shape; a newer schema
+is refused with a sentence. At most ``MAX_KEPT`` documents are kept per file and the reading stops
+with a sentence when the process's memory would pass its budget.
 """
 
 from __future__ import annotations
 
-import json
+import io
 import math
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from remat_lab.config import ConfigError, RunConfig
+from remat_lab.store import docfields, docstream
+from remat_lab.store.bytecache import deep_size
+from remat_lab.store.docfields import Invalid, echo
 
 SCHEMA = 1
 MAX_BYTES = 20 * 1024 * 1024  # matches the upload widget's limit (20 MB)
 MAX_PROBLEMS = 20  # messages kept per file (the count says how many more)
+MAX_KEPT = 20_000  # runs and error rows kept per file; the reading stops there
+MAX_BIG_KEPT = 20  # comparisons and advice kept per file (each is drawn in full)
+DETAIL_RUNS = 3  # the first runs of a file keep their per-dot, residual and timeline detail
+DETAIL_BYTES = 16 * 1024 * 1024  # ... when that detail takes at most this much memory
 
 NUM = "number"  # int or float, not bool
 OPT = object()  # marker: the key may be missing or null
@@ -25,7 +36,7 @@ OPT = object()  # marker: the key may be missing or null
 
 @dataclass
 class Loaded:
-    """What one file held: valid runs, comparisons and error rows, and a message per bad part."""
+    """What one file held: valid runs, comparisons and error rows (compact), and a message per bad part."""
 
     name: str
     runs: list[dict] = field(default_factory=list)
@@ -34,6 +45,10 @@ class Loaded:
     advice: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     bad: int = 0  # documents refused
+    nbytes: int = 0  # the file's size
+    sha256: str = ""  # of the file's bytes, when the caller hashed them (the cache's key)
+    stopped: str = ""  # why the reading stopped before the end of the file, in words
+    details_dropped: int = 0  # runs kept without their detail tables (too big)
 
     def refuse(self, where: str, why: str) -> None:
         self.bad += 1
@@ -43,10 +58,6 @@ class Loaded:
     @property
     def count(self) -> int:
         return len(self.runs) + len(self.compares) + len(self.errors) + len(self.advice)
-
-
-class Invalid(ValueError):
-    """A document that does not have the documented shape; the message names the field."""
 
 
 def _type_name(value) -> str:
@@ -124,7 +135,8 @@ def _config(raw: dict, *, policy_optional: bool = False) -> None:
     try:
         RunConfig(**values)
     except TypeError as err:
-        raise Invalid(f"config has a field this version does not know ({str(err).split(' ')[-1]})") from None
+        raise Invalid(f"config has a field this version does not know ({echo(str(err).split(' ')[-1], 40)})"
+                      ) from None
     except ConfigError as err:
         raise Invalid(f"config: {err}") from None
 
@@ -136,17 +148,24 @@ def _finite(value, where: str) -> None:
 
 def classify(doc) -> str:
     """The kind of one valid document: run, compare, advice or error. Raises ``Invalid`` with the
-    reason."""
+    reason: a field of the wrong type, or a number outside its physical range."""
+    kind = _kind(doc)
+    docfields.check(kind, doc)
+    return kind
+
+
+def _kind(doc) -> str:
+    """The kind of one document whose fields have the types the views read; ``Invalid`` if not."""
     if not isinstance(doc, dict):
         raise Invalid(f"a document must be a JSON object, not {_type_name(doc)}")
     schema = doc.get("schema", SCHEMA)  # no schema: written before it existed, read as 1
     if not _is(schema, int):
         raise Invalid(f"schema must be a whole number, not {_type_name(schema)}")
     if schema > SCHEMA:
-        raise Invalid(f"written with results schema {schema}; this version reads schema {SCHEMA}: "
+        raise Invalid(f"written with results schema {echo(schema)}; this version reads schema {SCHEMA}: "
                       "open it with a newer Remat Lab")
     if schema < 1:
-        raise Invalid(f"results schema {schema} is not one this version reads (1)")
+        raise Invalid(f"results schema {echo(schema)} is not one this version reads (1)")
     if "error" in doc:
         _check(doc, ERROR_ROW)
         return "error"
@@ -205,69 +224,51 @@ def _advice(doc: dict) -> str:
     return "advice"
 
 
-def _why(err: Exception, text: str, last: bool = True) -> str:
-    """A parse failure in words: cut off when JSON ran out before the document ended."""
-    if isinstance(err, RecursionError):
-        return "nested too deeply to read"
-    if isinstance(err, json.JSONDecodeError) and last and (
-            err.pos >= len(text.rstrip()) - 1 or err.msg.startswith("Unterminated string")):
-        return "cut off (the file ends in the middle of a document)"
-    return f"not valid JSON ({str(err).split(':')[0][:80]})"
+def _keep(loaded: Loaded, kind: str, doc: dict, where: str) -> None:
+    """Keep the compact copy of a valid document; stops the reading past ``MAX_KEPT``."""
+    if kind in ("compare", "advice"):
+        if len(loaded.compares) + len(loaded.advice) >= MAX_BIG_KEPT:
+            loaded.refuse(where, f"not kept: one file may hold at most {MAX_BIG_KEPT} comparisons "
+                                 "and advice")
+            return
+        (loaded.compares if kind == "compare" else loaded.advice).append(docfields.compact(kind, doc))
+        return
+    if kind == "error":
+        loaded.errors.append(docfields.compact(kind, doc))
+    else:
+        detailed = len(loaded.runs) < DETAIL_RUNS and any(doc.get(k) for k in docfields.DETAIL)
+        if detailed and deep_size({k: doc.get(k) for k in docfields.DETAIL}) > DETAIL_BYTES:
+            detailed = False
+            loaded.details_dropped += 1
+        loaded.runs.append(docfields.compact(kind, doc, detailed))
+    if len(loaded.runs) + len(loaded.errors) >= MAX_KEPT:
+        raise docstream.OverBudget(f"reading stopped after {MAX_KEPT:,} documents, the most one "
+                                   "file may give; the rest of the file is not read")
 
 
-def _documents(text: str, name: str, loaded: Loaded) -> list[tuple[str, object]]:
-    """(where, parsed value) for each document of the file; parse failures go to ``loaded``."""
-    stripped = text.strip()
-    if not stripped:
-        loaded.refuse(name, "the file is empty")
-        return []
-    lines = text.splitlines()
-    if not name.lower().endswith(".jsonl"):
-        try:
-            value = json.loads(stripped)
-        except (ValueError, RecursionError) as err:
-            if sum(bool(line.strip()) for line in lines) < 2:  # one document: not JSON lines either
-                loaded.refuse(name, _why(err, stripped))
-                return []
-        else:
-            if isinstance(value, list):
-                return [(f"item {i + 1}", v) for i, v in enumerate(value)]
-            return [("the document", value)]
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append((f"line {i}", json.loads(line)))
-        except (ValueError, RecursionError) as err:
-            loaded.refuse(f"line {i}", _why(err, line, last=i == len(lines)))
-    return out
-
-
-def load(name: str, data: bytes) -> Loaded:
-    """Every valid document of one uploaded file, and a message for each part that is not."""
-    loaded = Loaded(name)
-    if len(data) > MAX_BYTES:
-        loaded.refuse(name, f"{len(data) / 2**20:.1f} MiB is over the {MAX_BYTES // 2**20} MiB limit "
+def load(name: str, data: bytes | BinaryIO, *, guard: docstream.Guard | None = None) -> Loaded:
+    """Every valid document of one uploaded file (``data``: its bytes, or a seekable binary file
+    read as a stream), compact, and a message for each part that is not."""
+    f = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+    size = f.seek(0, io.SEEK_END)
+    loaded = Loaded(name, nbytes=size)
+    if size > MAX_BYTES:
+        loaded.refuse(name, f"{size / 2**20:.1f} MiB is over the {MAX_BYTES // 2**20} MiB limit "
                             "for a results file; split it (JSON lines can be cut at any line)")
         return loaded
-    if b"\x00" in data[:4096]:
-        loaded.refuse(name, "not a text file (binary data); expected .json or .jsonl")
-        return loaded
+    guard = guard or docstream.Guard()
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        loaded.refuse(name, "not UTF-8 text; expected .json or .jsonl")
-        return loaded
-    for where, doc in _documents(text, name, loaded):
-        try:
-            kind = classify(doc)
-        except Invalid as err:
-            loaded.refuse(where, str(err))
-            continue
-        {"run": loaded.runs, "compare": loaded.compares, "error": loaded.errors,
-         "advice": loaded.advice}[kind].append(doc)
-    if loaded.count == 0 and not loaded.problems:
+        guard.check()
+        for where, doc in docstream.documents(f, name, size, loaded.refuse, guard):
+            try:
+                kind = classify(doc)
+            except Invalid as err:
+                loaded.refuse(where, str(err))
+                continue
+            _keep(loaded, kind, doc, where)
+    except docstream.OverBudget as err:
+        loaded.stopped = str(err)
+    if loaded.count == 0 and not loaded.problems and not loaded.stopped:
         loaded.refuse(name, "no documents")
     return loaded
 
