@@ -42,6 +42,7 @@ PAGES = [
     EXPLORE,
     st.Page("pages/compare.py", title="Compare policies", icon=":material/compare_arrows:",
             url_path="compare"),
+    st.Page("pages/targets.py", title="Targets", icon=":material/developer_board:", url_path="targets"),
     st.Page("pages/sweep.py", title="Sweep", icon=":material/stacked_line_chart:", url_path="sweep"),
     st.Page("pages/advisor.py", title="Advisor", icon=":material/recommend:", url_path="advisor"),
     st.Page("pages/inspect.py", title="Inspect", icon=":material/code:", url_path="inspect"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from remat_lab.config import ConfigError, RunConfig, estimate_bytes, human_bytes, resolve_budget
+from remat_lab.config import LOCAL, ConfigError, RunConfig, estimate_bytes, human_bytes, resolve_budget
 from remat_lab.model.models import SEQ_MODELS
 from remat_lab.program.backend import ExecutionError
 from remat_lab.serve import worker
@@ -32,7 +32,10 @@ def budget_or_none() -> int | None:
 
 
 def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
-    """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None."""
+    """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None. On a
+    named target nothing is allocated: never too large (compile-only, ``COMPILE_ONLY_BYTES``)."""
+    if cfg.target != LOCAL:
+        return None
     need, budget = estimate_bytes(cfg), budget_or_none()
     return (need, budget) if budget is not None and need > budget else None
 

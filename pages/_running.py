@@ -19,13 +19,14 @@ from remat_lab.config import (
     resolve_budget,
 )
 from remat_lab.model.models import SEQ_MODELS
+from remat_lab.program import targets
 from remat_lab.program.backend import ExecutionError
 from remat_lab.serve import safe_text, worker
 from remat_lab.store.bytecache import ByteCache
 from remat_lab.studies.experiment import STAGES
 
 STAGE_TEXT = {
-    "waiting": "Waiting: another session is timing a run (one timing at a time)",
+    "waiting": "Waiting for the worker: other visitors' jobs are served in turn, one at a time",
     "building": "Building the model",
     "lowering": "Lowering the step",
     "compiling": "Compiling with XLA",
@@ -69,6 +70,17 @@ def _session_alive():
     return lambda: runtime.is_active_session(session)
 
 
+def _session_id() -> str | None:
+    """This browser session's id: the worker queue's lane (its jobs are served in turn with other
+    sessions', and its newer request replaces its still-queued one). None outside a script run."""
+    try:
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+    except ImportError:  # pragma: no cover - a Streamlit without it
+        return None
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else None
+
+
 def cached_call(kind: str, cache: ByteCache, key: tuple, payload: dict, progress=None,
                 need: int = 0, clean=None) -> dict:
     """``kind`` from ``cache``, else from the worker pool; a finished result is cached even when
@@ -82,7 +94,7 @@ def cached_call(kind: str, cache: ByteCache, key: tuple, payload: dict, progress
         cache.put(key, clean(value) if clean else value)
 
     value = pool().call(kind, payload, key=key, need=need, progress=progress,
-                        alive=_session_alive(), on_done=keep)
+                        alive=_session_alive(), on_done=keep, session=_session_id())
     found = cache.get(key)  # None when larger than the whole cache: shown, not kept
     return found if found is not None else (clean(value) if clean else value)
 
@@ -97,7 +109,8 @@ class _CachedKind:
     def __call__(self, items: tuple, progress=None) -> dict:
         cfg = RunConfig(**dict(items))
         return cached_call(self.kind, _caches()[self.kind], items, {"config": cfg.as_dict()},
-                           progress, need=estimate_process_bytes(cfg), clean=self.clean)
+                           progress, need=(estimate_process_bytes(cfg) if cfg.target == "local"
+                                           else targets.COMPILE_ONLY_BYTES), clean=self.clean)
 
     def clear(self) -> None:
         _caches()[self.kind].clear()
@@ -180,6 +193,10 @@ def show_error(err: Exception) -> None:
             text = re.sub(r" \\\(or raise the budget with .*?\\\)", "", text)
         st.error(f"**This configuration cannot run.** {text}\n\nChange the settings in the sidebar "
                  "(for example a smaller width, batch, seq or depth); the app keeps serving.")
+    elif isinstance(err, worker.TimeLimit):
+        st.error(f"**Stopped.** {text}\n\nThe app keeps serving; a new worker is starting.")
+    elif isinstance(err, worker.Superseded):
+        st.info("This request was replaced by a newer one from this page (one queued job per visitor).")
     elif isinstance(err, worker.WorkerLost):
         st.error(f"**The run was lost.** {text}\n\nThe app keeps serving; the next run starts a "
                  "new worker.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from pages._record import remember_visitor
 from pages._sidebar import controls
 from remat_lab.config import RunConfig
 from remat_lab.program.backend import ExecutionError
@@ -20,6 +21,7 @@ def _environment() -> dict:
 def page_start(title: str, intro: str | None = None) -> RunConfig:
     """Controls, header and environment line; the configuration to use."""
     cfg = controls()
+    remember_visitor()  # public deployments: the browser keeps the token naming its own runs
     st.header(title)
     if intro:
         st.caption(intro)

@@ -20,14 +20,18 @@ from remat_lab.config import (
     CHOICES,
     DTYPES,
     LIMITS,
+    LOCAL,
     OBJECTIVES,
+    TARGET_NAMES,
     ConfigError,
     RunConfig,
     estimate_bytes,
     human_bytes,
+    mesh_devices,
 )
 from remat_lab.model.models import SEQ_MODELS, names_of
 from remat_lab.model.policies import GROUPS, POLICIES
+from remat_lab.present.target_charts import target_label, target_name
 from remat_lab.serve.safe_text import escape_markdown
 
 NAME_CHOICES = ("save", "offload", "recompute")  # the custom editor, one control per checkpoint name
@@ -58,8 +62,22 @@ def _custom_names(ss) -> dict:
 
 def describe(cfg: RunConfig) -> str:
     shape = "x".join(map(str, cfg.input_shape))
+    if cfg.target != LOCAL:
+        return (f"{cfg.model} {cfg.dtype} x:({shape}) depth {cfg.depth}, {cfg.policy}, "
+                f"{cfg.objective}, compiled for {target_name(cfg.target)}")
     return (f"{cfg.model} {cfg.dtype} x:({shape}) depth {cfg.depth}, {cfg.policy}, "
             f"{cfg.objective}, {cfg.repeats} repeats")
+
+
+def _with_target(cfg: RunConfig, target: str) -> RunConfig:
+    """``cfg`` compiled for ``target``: a named target holds the mesh's devices (one without a mesh)."""
+    if target == LOCAL:
+        return cfg
+    try:
+        return cfg.replace(target=target, target_devices=mesh_devices(cfg.mesh))
+    except ConfigError as err:  # should not happen: the mesh's devices are what the target needs
+        st.warning(f"{escape_markdown(err)} Running locally.")
+        return cfg
 
 
 def _width_from_slider() -> None:
@@ -101,6 +119,10 @@ def _render_controls(page: str | None = None) -> RunConfig:
     sb.title("Remat Lab")
     sb.caption("What a JAX checkpoint policy does to a Flax NNX model.")
     flag = sb.empty()  # the over-budget flag goes here, above the controls, once they are read
+    sb.selectbox("Target", TARGET_NAMES, key="target", format_func=target_label,
+                 help="local: this machine runs and times the step. A GPU or TPU: the step is "
+                      "compiled for it without the device (memory, products, an estimated time; "
+                      "nothing runs). With a device mesh the target has the mesh's devices.")
     sb.radio("Model", CHOICES["model"], key="model", horizontal=True,
              help="mlp: relu(l2(relu(l1(x)))); seq_mixer adds token mixing whose dots pair batch axes; "
                   "transformer: a pre-norm decoder block (causal attention, gated MLP) with "
@@ -140,14 +162,15 @@ def _render_controls(page: str | None = None) -> RunConfig:
             sb.segmented_control(f"`{name}`", NAME_CHOICES, key=f"custom_{name}")
     sb.radio("Objective", OBJECTIVES, key="objective", horizontal=True)
     sb.number_input("Timed repeats", min_value=LIMITS["repeats"][0], max_value=LIMITS["repeats"][1],
-                    step=1, key="repeats")
+                    step=1, key="repeats", disabled=ss["target"] != LOCAL,
+                    help="Only local runs are timed; a named target is compiled, not run.")
     try:
-        cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in CONTROL_KEYS},
-                        **_custom_names(ss))
+        cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in CONTROL_KEYS
+                           if k != "target"}, **_custom_names(ss))
     except ConfigError as err:  # should not happen: every control offers valid values only
         st.warning(f"{escape_markdown(err)} Using the defaults.")
         cfg = DEFAULT
-    cfg = _mesh.apply(cfg)  # device mesh controls, only with more than one device
+    cfg = _with_target(_mesh.apply(cfg), ss["target"])  # mesh controls: with several devices only
     for text in warnings:
         st.warning(text)
     write_url(cfg)

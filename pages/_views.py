@@ -99,7 +99,12 @@ def run_view(doc: dict, key: str) -> None:
     cols[0].metric("Median step time", human_seconds(stt["median"]) if stt else "not timed")
     cols[1].metric("Peak memory", human_bytes(mem["peak_bytes"]) if mem else "n/a")
     cols[2].metric("Saved / recomputed", f"{tot.get('dots_saved', '-')} / {tot.get('dots_recomputed', '-')}")
-    cols[3].metric("Gradient check", {True: "ok", False: "MISMATCH"}.get(grad.get("ok"), "n/a"))
+    cols[3].metric("Gradient check", {True: "ok", False: "MISMATCH"}.get(grad.get("ok"), "not run"))
+    if isinstance(doc.get("target"), dict):  # compiled for a named target: nothing was run
+        est = (doc.get("timing") or {}).get("estimate_s")
+        st.caption(f"Compiled for {md(doc['target'].get('name'))} without the device: no step time "
+                   "was measured, no gradients checked" + (f"; estimated step time {human_seconds(est)} "
+                   "(a roofline estimate, not a measurement)." if est else "."))
     if hlo.get("identical_to"):
         st.caption(f"Same compiled program as {safe_text.escape_markdown(hlo['identical_to'])}.")
     left, mid, right = st.columns(3)

@@ -10,14 +10,16 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import ConfigError, RunConfig, human_bytes, parse_bytes, resolve_budget  # noqa: E402
+from remat_lab.config import LOCAL, ConfigError, RunConfig, human_bytes, parse_bytes, resolve_budget
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import (
     reproduce,
     tables,  # noqa: E402
 )
 from remat_lab.program.backend import ExecutionError  # noqa: E402
-from remat_lab.store.bytecache import ByteCache  # noqa: E402
+from remat_lab.serve import quotas
+from remat_lab.store import history
+from remat_lab.store.bytecache import ByteCache
 from remat_lab.studies import advisor
 
 
@@ -27,21 +29,25 @@ def _advice_cache() -> ByteCache:
     return ByteCache(4 << 20, "advice")
 
 
-def _advise(model: RunConfig, budget: int, policies: list[str], timing: bool, say) -> dict:
+def _advise(model: RunConfig, budget: int, policies: list[str], timing: bool, say,
+            max_batch: int | None) -> dict:
     """The advice, from the cache or the worker pool. Timing runs each policy at its largest batch,
     one at a time, within this server's budget: the need is twice that budget (device program and
     host work) or the user's budget if smaller; sizing only compiles."""
     allowed = min(budget, resolve_budget(None, _sidebar._device_limit()))
     need = 2 * allowed + (48 << 20) if timing else 64 << 20
-    key = (tuple(sorted(model.as_dict().items())), budget, tuple(policies), timing)
+    key = (tuple(sorted(model.as_dict().items())), budget, tuple(policies), timing, max_batch)
     return _running.cached_call("advise" if timing else "advise_sizes", _advice_cache(), key,
-                                {"config": model.as_dict(), "budget": budget, "policies": policies},
-                                say, need=need)
+                                {"config": model.as_dict(), "budget": budget, "policies": policies,
+                                 "max_batch": max_batch}, say, need=need)
 
 
-def _default_budget() -> tuple[int, str]:
+def _default_budget(target: str) -> tuple[int, str]:
     """Not cached here: the device limit is (``_sidebar._device_limit``), and a limit missing while
-    the worker starts must not become the default for the server's lifetime."""
+    the worker starts must not become the default for the server's lifetime. On a named target:
+    the memory JAX may use there."""
+    if target != LOCAL:
+        return advisor.advice_budget(None, target=target)
     return advisor.advice_budget(None, _sidebar._device_limit(), ask_device=False)
 
 
@@ -58,7 +64,8 @@ cfg = _shared.page_start(
     "Advisor", "The largest batch each policy fits in a memory budget, and which policy trains the "
                "most examples per second there. The model comes from the sidebar (its batch and "
                "policy are what the advisor searches, so they are ignored here).")
-default_bytes, default_source = _default_budget()
+default_bytes, default_source = _default_budget(cfg.target)
+public = history.public_mode()
 left, right = st.columns([1, 2])
 budget_text = left.text_input("Device memory budget", value=_size_text(default_bytes), max_chars=64,
                               key="advisor_budget",
@@ -66,28 +73,47 @@ budget_text = left.text_input("Device memory budget", value=_size_text(default_b
 left.caption(f"Default {human_bytes(default_bytes)}: {default_source}.")
 default = [p for p, entry in POLICIES.items()
            if entry.group == "jax" or (entry.group == "maxtext" and cfg.model == "transformer")]
+if public:  # a shared server: a bounded advice per click (serve/quotas.py)
+    default = default[:quotas.PUBLIC_ADVISOR_MAX_POLICIES]
 chosen = right.multiselect("Policies", list(POLICIES), default=default, key="advisor_policies",
-                           format_func=_sidebar.policy_label)
-timing = right.toggle("Time each policy at its largest batch (examples/s, MFU, HFU)", value=True,
-                      key="advisor_timing",
+                           format_func=_sidebar.policy_label,
+                           max_selections=quotas.PUBLIC_ADVISOR_MAX_POLICIES if public else None)
+on_target = cfg.target != LOCAL
+timing = right.toggle("Time each policy at its largest batch (examples/s, MFU, HFU)",
+                      value=not on_target, key="advisor_timing", disabled=on_target,
                       help="Off: sizes only. The search compiles and never allocates; timing runs "
-                           "the step at each policy's largest batch, on this server.")
+                           "the step at each policy's largest batch, on this server. On a named "
+                           "target nothing runs: examples/s are roofline estimates.")
+timing = timing and not on_target
 try:
     budget = parse_bytes(budget_text)
 except ConfigError as err:
     st.error("**Budget not understood.** Write a size such as 512M, 16G or 80G, or a number of bytes.")
     st.text(str(err))  # plain text: the message quotes what was typed
     st.stop()
+if public and budget > quotas.PUBLIC_ADVISOR_MAX_BUDGET:
+    st.error(f"**Budget too large for this shared server.** Write at most "
+             f"{human_bytes(quotas.PUBLIC_ADVISOR_MAX_BUDGET)} (more than any one accelerator has).")
+    st.stop()
 if not chosen:
     st.info("Pick at least one policy.")
     st.stop()
-if cfg.mesh:
+if cfg.mesh and not on_target:
     st.info("The advisor sizes the one-device program: the sidebar's mesh is left out here.")
     cfg = cfg.replace(mesh="")
 model = cfg.replace(batch=1, policy="no_remat", save_names=(), offload_names=())
 if "custom" in chosen:
     model = cfg.replace(batch=1)
 key = (model, budget, tuple(chosen), timing)
+max_batch = quotas.PUBLIC_ADVISOR_MAX_BATCH if public else None
+if public:
+    limits = quotas.deadlines()
+    stops = [quotas.deadline_for(limits, k) for k in ("advise", "advise_sizes")]
+    stop = ("" if None in stops else
+            f"; it stops after {stops[0]:.0f} s (sizes only: {stops[1]:.0f} s)")
+    st.caption(f"This server is shared: an advice takes at most {quotas.PUBLIC_ADVISOR_MAX_POLICIES} "
+               f"policies, a budget up to {human_bytes(quotas.PUBLIC_ADVISOR_MAX_BUDGET)} and batches "
+               f"up to {quotas.PUBLIC_ADVISOR_MAX_BATCH}{stop}. The command line has no limits.")
 clicked = st.button("Find the largest batches", key="advisor_run", type="primary")
 if not (clicked or st.session_state.get("_advisor_done") == key):
     st.info("Each policy's batch is found by compiling only (nothing is allocated): a few seconds "
@@ -97,7 +123,7 @@ if not (clicked or st.session_state.get("_advisor_done") == key):
 with st.status(f"Advising on {len(chosen)} policies…", expanded=False) as status:
     say = lambda message: status.update(label=f"{message}…", state="running")  # noqa: E731
     try:
-        doc = _advise(model, budget, list(chosen), timing, say)
+        doc = _advise(model, budget, list(chosen), timing, say, max_batch)
     except (ConfigError, ExecutionError) as err:
         status.update(label="The advisor failed", state="error")
         doc, error = None, err
@@ -114,7 +140,7 @@ st.session_state["_advisor_done"] = key
 _views.advice_view(doc, key="advisor")
 st.markdown("The same advice from the command line:")
 exact = _size_text(budget) if parse_bytes(_size_text(budget)) == budget else str(budget)
-st.code(reproduce.advise_command(model, exact, chosen, timing), language="bash")
+st.code(reproduce.advise_command(model, exact, chosen, timing, max_batch), language="bash")
 a, b = st.columns(2)
 a.download_button("Download CSV", tables.advice_frame(doc).to_csv(index=False), "remat_lab_advice.csv",
                   "text/csv", key="advisor_csv")

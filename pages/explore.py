@@ -9,13 +9,10 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _mesh, _running, _shared  # noqa: E402
-from remat_lab.config import human_bytes, human_seconds  # noqa: E402
-from remat_lab.present import (
-    charts,
-    reproduce,
-    tables,  # noqa: E402
-)
+from pages import _mesh, _running, _shared, _sidebar  # noqa: E402
+from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
+from remat_lab.present import charts, reproduce, tables  # noqa: E402
+from remat_lab.present.target_charts import target_name  # noqa: E402
 
 
 def _sig3(value: float, units: list[tuple[float, str]]) -> str:
@@ -44,9 +41,24 @@ def short_flops(f: float) -> str:
 
 cfg = _shared.page_start("Explore", "One configuration: how fast, how much memory, and which "
                                     "products the backward pass saves or recomputes.")
+ON = {"gpu": "h100", "tpu": "tpu-v5e"}  # one click to the same configuration compiled for each
+others = [t for t in (LOCAL, *ON.values()) if t != cfg.target][:2]
+with st.container(horizontal=True):
+    for t in others if not _sidebar.over_budget(cfg) else []:  # over budget: the sidebar's flag only
+        st.button(f"Compile this for {target_name(t)}" if t != LOCAL else "Run this locally",
+                  key=f"explore_on_{t}", on_click=st.session_state.__setitem__, args=("target", t),
+                  icon=":material/memory:" if t != LOCAL else ":material/play_arrow:")
 result = _running.run_one(cfg, keep_texts=False, button_key="explore_run")
 if result is None:
     st.stop()
+tgt, timing, name = result.get("target") or {}, result.get("timing") or {}, target_name(cfg.target)
+est = timing.get("estimate") or {}
+if tgt:
+    st.info(f"**Compiled for {name}** ({tgt['device_kind']}, {human_bytes(tgt['memory_bytes'])} per "
+            "device) without the device: the memory, the per-dot table and the timeline are the "
+            "compiled program's. Nothing ran, so no step time was measured and the gradients were not "
+            f"checked. The time shown is an **estimate**: {timing.get('estimate_basis')}.",
+            icon=":material/memory:")
 
 st_ = result["step_time_s"]
 mem = result["memory"] or {}
@@ -56,9 +68,15 @@ roof = result.get("roofline") or {}
 hlo = result.get("hlo") or {}
 # Three cards a row: at a 1024 px window each card is about 180 px wide, enough for "157 µs".
 row1, row2, row3 = st.columns(3), st.columns(3), st.columns(3)
-row1[0].metric("Median step time", short_seconds(st_["median"]),
-               help=f"{st_['repeats']} timed runs of the compiled step after {st_['warmup']} warm-up")
-row1[0].caption(f"p25–p75: {human_seconds(st_['p25'])} – {human_seconds(st_['p75'])}")
+if st_:
+    row1[0].metric("Median step time", short_seconds(st_["median"]),
+                   help=f"{st_['repeats']} timed runs of the compiled step after {st_['warmup']} warm-up")
+    row1[0].caption(f"p25–p75: {human_seconds(st_['p25'])} – {human_seconds(st_['p75'])}")
+else:
+    row1[0].metric("Measured step time", "none", help=timing.get("reason"))
+    row1[0].caption(f"not measured: compiled for {name} without the device"
+                    + (f" · estimate {short_seconds(timing['estimate_s'])}, see below"
+                       if timing.get("estimate_s") else ""))
 row1[1].metric("Peak memory", short_bytes(mem["peak_bytes"]) if mem else "n/a",
                help="generated_code + argument + output − alias + temp (XLA memory analysis)")
 row1[1].caption((f"temp {human_bytes(mem.get('temp_bytes', 0))}" if mem else "no memory analysis")
@@ -88,13 +106,17 @@ row2[1].metric("Saved / recomputed", f"{tot['dots_saved']} / {tot['dots_recomput
                help="Forward dot_generals whose result is saved vs recomputed in the backward jaxpr "
                     "(before XLA optimises; the compiled program may differ)")
 row2[1].caption("forward dots, per the jaxpr")
-row2[2].metric("Gradient check", "ok" if grad["ok"] else "MISMATCH",
-               help=f"Loss and every gradient leaf vs {grad['reference']}, with bounds from the "
-                    f"dtype's precision (rtol {grad['rtol']:.2g}); and the step has remat exactly "
-                    "when the policy asks for it")
-loss_err = "no loss (grad)" if grad["loss_err"] is None else f"loss err {grad['loss_err']:.2g}"
-remat = "remat applied" if grad["remat_applied"] else "no remat"
-row2[2].caption(f"grad rel err {grad['grad_max_rel_err']:.2g} · {loss_err} · {remat}")
+if grad["ok"] is None:  # compiled for a target: nothing ran to check
+    row2[2].metric("Gradient check", "not run", help=grad.get("reason"))
+    row2[2].caption(f"not run: {grad.get('reason')}")
+else:
+    row2[2].metric("Gradient check", "ok" if grad["ok"] else "MISMATCH",
+                   help=f"Loss and every gradient leaf vs {grad['reference']}, with bounds from the "
+                        f"dtype's precision (rtol {grad['rtol']:.2g}); and the step has remat exactly "
+                        "when the policy asks for it")
+    loss_err = "no loss (grad)" if grad["loss_err"] is None else f"loss err {grad['loss_err']:.2g}"
+    remat = "remat applied" if grad["remat_applied"] else "no remat"
+    row2[2].caption(f"grad rel err {grad['grad_max_rel_err']:.2g} · {loss_err} · {remat}")
 
 row3[0].metric("Compile time", short_seconds(result["compile"]["compile_s"]),
                help="XLA compile of the step (a persistent-cache hit is fast)")
@@ -105,12 +127,19 @@ row3[1].metric("FLOPs per step", short_flops(flops) if flops else "n/a",
 row3[1].caption(f"{100 * (flops / base_flops - 1):+.0f} % vs no_remat" if flops and base_flops
                 else "no_remat not compared")
 rate = result.get("achieved_flops_per_s")
-row3[2].metric("Achieved FLOP/s", short_flops(rate) if rate else "n/a",
-               help="XLA's flop count of the step / median step time")
-row3[2].caption(f"{100 * roof['achieved_fraction']:.1f} % of the {roof['peak_source']} peak "
-                f"{short_flops(roof['peak_flops_per_s'])}FLOP/s" if roof.get("achieved_fraction")
-                else "peak unknown", help=roof.get("peak_note"))
-if not grad["ok"]:
+if tgt:
+    row3[2].metric("Estimated step time", short_seconds(est["estimate_s"]) if est.get("estimate_s")
+                   else "n/a", help=timing.get("estimate_basis"))
+    row3[2].caption(f"estimate, not measured: {est.get('bound') or 'un'}-bound at {name}'s spec "
+                    f"{short_flops(est.get('peak_flops_per_s') or 0)}FLOP/s, "
+                    f"{short_bytes(est.get('bandwidth_bytes_per_s') or 0)}/s")
+else:
+    row3[2].metric("Achieved FLOP/s", short_flops(rate) if rate else "n/a",
+                   help="XLA's flop count of the step / median step time")
+    row3[2].caption(f"{100 * roof['achieved_fraction']:.1f} % of the {roof['peak_source']} peak "
+                    f"{short_flops(roof['peak_flops_per_s'])}FLOP/s" if roof.get("achieved_fraction")
+                    else "peak unknown", help=roof.get("peak_note"))
+if grad["ok"] is False:
     st.error("Gradient check failed: " + "; ".join(grad["failures"][:5]))
 
 CHECK = st.column_config.CheckboxColumn
@@ -149,7 +178,10 @@ if not notes:
     st.success("The policy's verdicts, the backward jaxpr and the compiled program agree on every dot.")
 
 left, mid, right = st.columns(3)
-left.plotly_chart(charts.make_step_time_figure(tables.samples_frame(result)), width="stretch")
+if st_:
+    left.plotly_chart(charts.make_step_time_figure(tables.samples_frame(result)), width="stretch")
+else:
+    left.info(f"No timed runs: compiled for {name} without the device.")
 mid.plotly_chart(charts.make_memory_figure(tables.memory_frame([result])), width="stretch")
 right.plotly_chart(charts.make_residuals_figure(tables.residual_layer_kind_frame(result)),
                    width="stretch")

@@ -19,12 +19,14 @@ from remat_lab.store import history
 from remat_lab.store.results import describe_environment  # noqa: E402
 
 ss = st.session_state
-public = history.public_mode(st.get_option("server.address"))
-session = _record.session_id()
+public = history.public_mode()
+session = _record.visitor_id()
+_record.remember_visitor()
 st.header("History")
 st.caption("Every run this app or `python -m remat_lab run|compare|sweep` completed, kept in "
-           f"{'this server' if public else f'`{history.db_path()}`'} (SQLite). "
-           + ("This is a shared server: you see the runs of your own session and those the operator "
+           f"{'this server' if public else f'`{history.db_path().name}` in `{history.HOME_ENV}`'} "
+           "(SQLite). "
+           + ("This is a shared server: you see the runs of this browser and those the operator "
               "shared, and nothing can be deleted here." if public else
               "Pick runs to compare them or download them; delete what you no longer need."))
 st.sidebar.caption("The settings above are not used on this page: it shows the recorded runs' own.")

@@ -13,6 +13,8 @@ from pages import _record, _running, _shared, _sidebar, _views  # noqa: E402
 from remat_lab.config import human_bytes  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import tables  # noqa: E402
+from remat_lab.serve.quotas import PUBLIC_SWEEP_MAX_RUNS  # noqa: E402
+from remat_lab.store import history  # noqa: E402
 from remat_lab.studies import sweep
 
 ss = st.session_state
@@ -54,9 +56,19 @@ rows = ss.setdefault("sweep_docs", {})
 keys = [sweep.config_key(c.as_dict()) for c in grid]
 todo = [c for c, k in zip(grid, keys) if "error" in rows.get(k, {"error": None})]
 done = len(grid) - len(todo)
+# On a public server one click runs at most PUBLIC_SWEEP_MAX_RUNS configurations (a 1,872-run grid
+# would hold the worker ~1.6 h); Resume runs the next ones. Said before the click.
+cap = PUBLIC_SWEEP_MAX_RUNS if history.public_mode() else None
+batch = todo[:cap] if cap else todo
 runs = f"{len(grid)} run{'' if len(grid) == 1 else 's'}"
 label = (f"Run sweep ({runs})" if not done else
          f"Resume sweep ({len(todo)} of {len(grid)} left)" if todo else f"Sweep done ({runs})")
+if len(batch) < len(todo):
+    label = (f"Run the first {len(batch)} of {runs}" if not done else
+             f"Resume sweep (next {len(batch)} of {len(todo)} left)")
+    st.info(f"This server is shared: one click runs at most {cap} configurations, so other visitors' "
+            f"runs are not held up. This grid has {len(todo)} left to run: **{label}** now, then "
+            "click again for the next ones (completed rows are kept).", icon=":material/group:")
 a, b = st.columns([1, 4])
 start = a.button(label, key="sweep_run", type="primary", disabled=not todo)
 if b.button("Clear results", key="sweep_clear"):
@@ -66,17 +78,19 @@ if b.button("Clear results", key="sweep_clear"):
 if start:
     bar = st.progress(done / len(grid), text=f"{done} of {len(grid)} runs done")
     t0 = time.perf_counter()
-    with st.status(f"Sweeping {len(todo)} configurations…", expanded=False) as status:
+    with st.status(f"Sweeping {len(batch)} configurations…", expanded=False) as status:
         run = lambda c: _running.run_config(c, status, prefix=f"w{c.width} b{c.batch} {c.policy}: ")
-        for i, outcome in enumerate(sweep.run_grid([c.as_dict() for c in todo], run), 1):
+        for i, outcome in enumerate(sweep.run_grid([c.as_dict() for c in batch], run), 1):
             rows[sweep.config_key(outcome.row["config"])] = outcome.row  # kept if interrupted
             if "error" not in outcome.row:
                 _record.record(outcome.row, kind="sweep")
             spent = time.perf_counter() - t0
             bar.progress((done + i) / len(grid), text=f"{done + i} of {len(grid)} runs done · about "
-                                                      f"{spent / i * (len(todo) - i):.0f} s left")
+                                                      f"{spent / i * (len(batch) - i):.0f} s left")
         status.update(label=f"Done: sweep of {len(grid)} configurations", state="complete")
-    ss["sweep_note"] = f"Swept {len(todo)} configurations in {time.perf_counter() - t0:.1f} s."
+    ss["sweep_note"] = (f"Swept {len(batch)} configurations in {time.perf_counter() - t0:.1f} s."
+                        + (f" {len(todo) - len(batch)} left: click **Resume sweep** for the next ones."
+                           if len(batch) < len(todo) else ""))
     st.rerun()  # the button and the rows as they are now
 
 if note := ss.pop("sweep_note", None):

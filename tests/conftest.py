@@ -31,6 +31,9 @@ def _history_in_temp(tmp_path_factory):
 # The app's runs go to a worker process (remat_lab.serve.worker); the AppTest pages run them in-process
 # instead, so tests can patch the engine. tests/test_worker.py and the e2e server use real workers.
 os.environ.setdefault("REMAT_LAB_WORKERS", "0")
+# Public mode is the default of a deployed app (store.history.public_mode); the tests (and their
+# servers) see a private instance, as before, unless a test sets REMAT_LAB_PUBLIC itself.
+os.environ.setdefault("REMAT_LAB_PUBLIC", "0")
 
 
 @functools.lru_cache(maxsize=64)

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -66,12 +67,12 @@ def test_a_public_deployment_shows_a_visitor_their_session_and_shared_runs(home,
     assert seen == {mine, cli}
     assert set(history.documents([mine, theirs, cli], session_id="me", public=True)) == {mine, cli}
     assert {r["id"] for r in history.list_runs(session_id="me")} == {mine, theirs, cli}  # locally: all
-    assert history.public_mode("127.0.0.1") is False and history.public_mode("localhost") is False
-    assert history.public_mode(None) is True and history.public_mode("0.0.0.0") is True
+    monkeypatch.delenv("REMAT_LAB_PUBLIC", raising=False)  # the tests' conftest sets 0
+    assert history.public_mode() is True  # unset: public, whatever address the server listens on
     monkeypatch.setenv("REMAT_LAB_PUBLIC", "0")
-    assert history.public_mode("0.0.0.0") is False
+    assert history.public_mode() is False
     monkeypatch.setenv("REMAT_LAB_PUBLIC", "1")
-    assert history.public_mode("localhost") is True
+    assert history.public_mode() is True
 
 
 def test_concurrent_writers_threads_and_two_processes_lose_no_row(home):
@@ -114,7 +115,7 @@ def test_a_damaged_file_is_a_clear_error_and_recording_says_so(home):
     with pytest.raises(history.HistoryError, match="cannot be used .*Move the file away"):
         history.list_runs()
     problem = history.try_record(_doc(8))
-    assert problem and str(home / "history.sqlite3") in problem
+    assert problem and "history.sqlite3" in problem and str(home) not in problem  # no folder shown
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cli = subprocess.run([sys.executable, "-m", "remat_lab", "history", "--json"], env=env,
                          capture_output=True, text=True, timeout=120)
@@ -158,3 +159,67 @@ def test_history_page_and_sweep_keep_serving_with_a_damaged_file(home):
     assert not at.exception and not at.error
     assert any("median_ms" in df.value.columns for df in at.dataframe)  # the run is shown anyway
     assert "cannot be used" in at.session_state["_history_off"]  # recording off, said once in a toast
+
+
+def test_the_history_file_is_held_to_its_bound_oldest_runs_out(home, monkeypatch):
+    monkeypatch.setenv("REMAT_LAB_HISTORY_MAX_BYTES", "300K")
+    ids = []
+    for i in range(120):  # ~12.5 KB each, as an app run: 1.5 MB unbounded
+        doc = {**_doc(i), "pad": f"x{i}" * 4000}
+        ids.append(history.record(doc, source="app", session_id="v"))
+    with history.connect() as con:
+        assert history.used_bytes(con) <= 300 << 10
+    kept = {r["id"] for r in history.list_runs(limit=1000)}
+    assert ids[-1] in kept and ids[0] not in kept and 10 < len(kept) < 120
+    assert kept == set(ids[-len(kept):])  # the newest ones, oldest out first
+    files = [p for p in home.iterdir() if p.name.startswith("history.sqlite3")]
+    assert sum(p.stat().st_size for p in files) < 2 * (300 << 10) + (4 << 20)  # + WAL before checkpoint
+    monkeypatch.setenv("REMAT_LAB_HISTORY_MAX_BYTES", "0")  # no bound
+    assert history.max_bytes() is None
+
+
+def test_a_result_shown_again_adds_no_row_only_a_visitor_link(home):
+    doc = _doc(64)
+    first = history.record(doc, source="app", session_id="visitor-a")
+    assert history.record(doc, source="app", session_id="visitor-a") is None  # a reload
+    assert history.record(doc, source="app", session_id="visitor-b") is None  # another visitor, cached
+    assert history.record(doc, source="cli") is None
+    assert history.count() == 1
+    for who in ("visitor-a", "visitor-b"):  # both saw it: both find it in their history
+        assert [r["id"] for r in history.list_runs(session_id=who, public=True)] == [first]
+        assert set(history.documents([first], session_id=who, public=True)) == {first}
+    assert history.list_runs(session_id="visitor-c", public=True) == []
+    assert history.delete([first]) == 1 and history.count() == 0
+    with history.connect() as con:
+        assert con.execute("SELECT COUNT(*) FROM visitors").fetchone()[0] == 0
+
+
+def test_a_locked_history_skips_the_write_quickly_without_a_path(home):
+    history.record(_doc(1))
+    holder = sqlite3.connect(home / "history.sqlite3", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        t0 = time.perf_counter()
+        err = history.try_record_error(_doc(2), source="app", session_id="v", timeout=0.3)
+        took = time.perf_counter() - t0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert isinstance(err, history.HistoryBusy) and took < 5, took
+    assert "busy" in str(err) and str(home) not in str(err) and "history.sqlite3" in str(err)
+    assert history.count() == 1
+
+
+def test_history_errors_name_the_file_never_its_folder(home):
+    home.mkdir(parents=True)
+    con = sqlite3.connect(home / "history.sqlite3")
+    con.execute("PRAGMA user_version = 99")
+    con.close()
+    with pytest.raises(history.HistoryError) as newer:
+        history.count()
+    (home / "history.sqlite3").unlink()
+    (home / "history.sqlite3").mkdir()  # a folder where the file should be
+    with pytest.raises(history.HistoryError) as unusable:
+        history.count()
+    for err in (newer.value, unusable.value):
+        assert "history.sqlite3" in str(err) and str(home) not in str(err) and "/" not in str(err), err

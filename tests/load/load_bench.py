@@ -8,7 +8,9 @@ its use). The server runs with the README's settings (``REMAT_LAB_MEMORY_BUDGET=
 worker) and is moved into the cgroup before it execs, so its worker is in it too. The sequence:
 the default page (first answer with a warm worker, then the cached answer), the width-4096 bf16
 link, ``--wide`` distinct width-2048 models, ``--small`` distinct small configurations,
-``--sessions`` concurrent sessions, a worker killed with SIGKILL and the next answer. After each
+``--sessions`` concurrent sessions, a worker killed with SIGKILL and the next answer, then (unless
+``--no-uploads``; ``--only-uploads`` runs just these) uploads on Open results: a 20 MiB junk file, a
+20 MiB file of valid sweep rows, one after the other, then both from two sessions at once. After each
 step: the server alive?, its RSS and its worker's, the cgroup's peak usage and OOM kills. Not in
 CI: it measures, it does not test.
 """
@@ -151,6 +153,53 @@ class Bench:
             pass
 
 
+def upload_files(folder: Path) -> tuple[Path, Path]:
+    """The 20 MiB junk and 20 MiB valid files of ``tests/test_uploads.py``, written to ``folder``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_uploads import write_junk, write_valid
+
+    junk, valid = folder / "junk.jsonl", folder / "valid.jsonl"
+    write_junk(junk, 20 * MIB - 4096)
+    write_valid(valid, 20 * MIB - 4096)
+    return junk, valid
+
+
+def upload(b: Bench, page, path: Path) -> tuple[float, str]:
+    """Open results with ``path`` uploaded: seconds until idle, and the first alert or "ok"."""
+    page.goto(url(b.base, "results"), wait_until="domcontentloaded")
+    wait_idle(page, timeout=300_000)
+    t0 = time.perf_counter()
+    page.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(path))
+    page.wait_for_timeout(1000)
+    wait_idle(page, timeout=300_000)
+    alerts = page.get_by_test_id("stAlertContentError").all_inner_texts()
+    return time.perf_counter() - t0, " ".join(alerts[0].split())[:160] if alerts else "ok"
+
+
+def upload_steps(b: Bench, folder: Path) -> None:
+    junk, valid = upload_files(folder)
+    p = b.page()
+    for path in (junk, valid):
+        took, said = upload(b, p, path)
+        b.record(f"upload {path.name} (20 MiB)", seconds=round(took, 2), said=said)
+    took, said = upload(b, p, valid)
+    b.record("upload valid.jsonl again (cached parse)", seconds=round(took, 2), said=said)
+    pages = [b.page(), b.page()]
+    t0 = time.perf_counter()
+    for q, path in zip(pages, (junk, valid)):
+        q.goto(url(b.base, "results"), wait_until="domcontentloaded")
+        wait_idle(q, timeout=300_000)
+        q.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(path))
+    for q in pages:
+        q.wait_for_timeout(1000)
+        wait_idle(q, timeout=300_000)
+    said = [(q.get_by_test_id("stAlertContentError").all_inner_texts() or ["ok"])[0][:60] for q in pages]
+    b.record("uploads from two sessions at once (junk, valid)", seconds=round(time.perf_counter() - t0, 1),
+             said=said)
+    for q in pages + [p]:
+        q.context.close()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit-mib", type=int, default=1024)
@@ -161,9 +210,17 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8650)
     ap.add_argument("--log", default="/tmp/remat_lab_load_server.log")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-uploads", action="store_true", help="skip the Open results upload steps")
+    ap.add_argument("--only-uploads", action="store_true", help="run only the Open results upload steps")
+    ap.add_argument("--upload-dir", default="/tmp/remat_lab_load_uploads")
     args = ap.parse_args(argv)
+    folder = Path(args.upload_dir)
+    folder.mkdir(parents=True, exist_ok=True)
     b = Bench(args)
     try:
+        if args.only_uploads:
+            upload_steps(b, folder)
+            return 0 if all(r["server_alive"] for r in b.rows) else 1
         p = b.page()
         took, said = b.visit(p, "", width="16", batch="2", repeats="1")  # waits for the warm worker
         b.record("first page (tiny config, worker warm-up)", seconds=round(took, 2), said=said)
@@ -214,6 +271,8 @@ def main(argv=None) -> int:
         time.sleep(0.5)
         took, said = b.visit(p, "", width="72", batch="5", repeats="2")
         b.record("worker killed, next answer", seconds=round(took, 2), said=said)
+        if not args.no_uploads:
+            upload_steps(b, folder)
     finally:
         b.close()
     if args.json:
@@ -223,3 +282,49 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------- the queue's fairness (issue 21)
+
+
+def queue_fairness(deadline_s: float = 8.0) -> dict:
+    """One worker, no browser: session A's slow run (stopped at ``deadline_s``) then a second run,
+    session B's tiny run; B's wait, A's second's, and the bound (A's stop + B's own run + a restart).
+
+        PYTHONPATH=src python -c "import sys; sys.path.insert(0, 'tests/load'); import load_bench as b;
+        print(b.queue_fairness())"
+    """
+    from remat_lab.config import RunConfig
+    from remat_lab.serve.worker import Pool, TimeLimit
+
+    slow = RunConfig(width=512, batch=256, repeats=1000, warmup=100)
+    tiny = RunConfig(width=16, batch=2, repeats=1, warmup=0)
+    pool = Pool(size=1, deadlines={"run": deadline_s})
+    try:
+        pool._ensure(0)
+        t0, done = time.perf_counter(), {}
+
+        def at(name):
+            return lambda value: done.setdefault(name, round(time.perf_counter() - t0, 2))
+
+        a1 = pool.submit("run", {"config": slow.as_dict()}, key=slow, session="A")
+        while "building" not in a1.stages:
+            time.sleep(0.05)
+        a2 = pool.submit("run", {"config": tiny.replace(width=24).as_dict()}, key="a2", session="A",
+                         on_done=at("a2"))
+        b1 = pool.submit("run", {"config": tiny.as_dict()}, key="b1", session="B", on_done=at("b1"))
+        try:
+            a1.wait()
+            stopped = None
+        except TimeLimit as err:
+            stopped = str(err)
+        a1_end = round(time.perf_counter() - t0, 2)
+        b1.wait()
+        a2.wait()
+        row = {"deadline_s": deadline_s, "a1_ended_s": a1_end, "a1_stopped": stopped,
+               "b1_done_s": done.get("b1"), "a2_done_s": done.get("a2"),
+               "b_before_a2": done.get("b1", 1e9) < done.get("a2", 1e9)}
+    finally:
+        pool.close()
+    print(json.dumps(row), flush=True)
+    return row

@@ -9,8 +9,10 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -21,6 +23,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from remat_lab.analysis import hlotext
 from remat_lab.analysis.layers import layer_of, layer_of_path
+from remat_lab.program import backend
 
 PHASES = ("parameter", "output", "forward", "recomputed", "backward", "other")
 MAX_POINTS = 2000
@@ -227,9 +230,13 @@ def compile_dumped(lowered: jax.stages.Lowered):
     """``lowered.compile()`` with XLA's dump on, read and deleted: ``(compiled, Dump | None)``.
 
     The dump is None when nothing was compiled (a persistent-cache hit) or the backend wrote none.
-    The dump options are not part of JAX's cache key, so caching is unaffected.
+    The dump options are not part of JAX's cache key, so caching is unaffected. The folder is named
+    for this process (``remat_lab_timeline_<pid>_…``) so a later process removes it if this one is
+    killed mid-compile (``clean_stale_dump_folders``, once per process, here).
     """
-    folder = tempfile.mkdtemp(prefix="remat_lab_timeline_")
+    if not _CLEANED:
+        _CLEANED.append(clean_stale_dump_folders())
+    folder = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}_")
     try:
         compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
         live_range = _read(folder, "after_optimizations-live-range.txt")
@@ -242,12 +249,51 @@ def compile_dumped(lowered: jax.stages.Lowered):
     return compiled, Dump(live_range, assignment, hlo or "")
 
 
+_TMP_PREFIX = "remat_lab_timeline_"
+_TMP_NAME = re.compile(rf"^{_TMP_PREFIX}(\d+)_")
+_LEGACY_AGE_S = 6 * 3600  # folders named before the pid was in the name: removed when this old
+_CLEANED: list[int] = []
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: asks whether the process exists, sends nothing
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, as another user
+        return True
+    return True
+
+
+def clean_stale_dump_folders(folder: str | None = None) -> int:
+    """Remove XLA dump folders (``compile_dumped``'s) left in the temp folder by killed processes:
+    those named for a process that is gone, and unnamed ones older than six hours; how many."""
+    folder = folder or tempfile.gettempdir()
+    removed = 0
+    for path in glob.glob(os.path.join(glob.escape(folder), f"{_TMP_PREFIX}*")):
+        m = _TMP_NAME.match(os.path.basename(path))
+        try:
+            if m and sys.platform != "win32":  # Windows' os.kill would end the process
+                stale = not _alive(int(m.group(1)))
+            else:
+                stale = time.time() - os.path.getmtime(path) > _LEGACY_AGE_S
+        except OSError:
+            continue
+        if stale and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 # Dumps kept by the compiled program's text: a persistent-cache hit compiles nothing and dumps
 # nothing, so without these every new session would compile an uncached copy for the timeline.
 _DUMPS: dict[str, Dump] = {}
 _DUMPS_KEPT = 16  # a dump's texts are up to a few MiB for deep loop stacks: keep a few
 _DUMP_DIR = "timeline_dumps"  # beside the persistent compilation cache, gzip-compressed JSON
-
+DUMPS_MAX_ENV = "REMAT_LAB_DUMPS_MAX_BYTES"
+DUMPS_MAX_BYTES = 64 << 20  # least recently used out; ~5-60 KB per small configuration
 
 
 def _dump_key(compiled) -> str | None:
@@ -282,6 +328,8 @@ def _keep_dump(key: str | None, dump: Dump) -> None:
         with open(tmp, "wb") as f:  # the cache directory only (REMAT_LAB_CACHE_DIR)
             f.write(gzip.compress(json.dumps(asdict(dump)).encode()))
         os.replace(tmp, path)
+        backend.prune(os.path.dirname(path), backend.byte_limit(DUMPS_MAX_ENV, DUMPS_MAX_BYTES),
+                      ("*.json.gz", "*.tmp"))
     except OSError:  # a read-only or full cache directory: the in-process copy still serves
         pass
 
@@ -295,6 +343,7 @@ def _find_dump(key: str | None) -> Dump | None:
     if path is None or not os.path.exists(path):
         return None
     try:
+        os.utime(path)  # used now: the last to go when the dumps are pruned
         with open(path, "rb") as f:
             fields = json.loads(gzip.decompress(f.read()))
         dump = Dump(fields["live_range"], fields["assignment"], fields["hlo"])

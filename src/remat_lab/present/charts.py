@@ -31,6 +31,7 @@ from remat_lab.present.study_charts import (
     make_relative_heatmap_figure,
     make_sweep_figure,
 )
+from remat_lab.present.target_charts import make_targets_peak_figure  # noqa: F401
 from remat_lab.present.timeline_charts import make_timeline_figure, make_timeline_overlay_figure
 
 __all__ = [

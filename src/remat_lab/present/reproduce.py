@@ -36,16 +36,30 @@ def cli_command(cfg: RunConfig) -> str:
     """The ``python -m remat_lab run ... --json`` call that gives the same numbers as the app."""
     parts = ["python -m remat_lab run", *_shape_flags(cfg), f"--policy {cfg.policy}", *_name_flags(cfg),
              f"--objective {cfg.objective}", f"--repeats {cfg.repeats}"]
-    if cfg.mesh:  # emulated CPU devices where there are no accelerators (ignored on GPU/TPU)
+    parts += _target_flags(cfg)
+    if cfg.mesh and cfg.target == "local":  # emulated CPU devices where there are no accelerators
         parts += [f"--mesh {cfg.mesh}", f"--host-devices {mesh_devices(cfg.mesh)}"]
+    elif cfg.mesh:  # a named target's devices: compiled for, no host devices needed
+        parts += [f"--mesh {cfg.mesh}"]
     return " ".join(parts + ["--json"])
 
 
-def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: bool = True) -> str:
+def _target_flags(cfg: RunConfig) -> list[str]:
+    """``--target`` (and its devices) for a configuration compiled for a named accelerator."""
+    if cfg.target == "local":
+        return []
+    return [f"--target {cfg.target}"] + ([f"--target-devices {cfg.target_devices}"]
+                                          if cfg.target_devices > 1 else [])
+
+
+def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: bool = True,
+                   max_batch: int | None = None) -> str:
     """The ``python -m remat_lab advise ... --json`` call behind the Advisor page's answer."""
     parts = ["python -m remat_lab advise", *_shape_flags(cfg, batch=False),
              f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", f"--budget {budget}",
-             f"--policies {','.join(policies)}", *(_name_flags(cfg) if "custom" in policies else [])]
+             f"--policies {','.join(policies)}", *(_name_flags(cfg) if "custom" in policies else []),
+             *_target_flags(cfg), *([f"--mesh {cfg.mesh}"] if cfg.mesh and cfg.target != "local" else []),
+             *([f"--max-batch {max_batch}"] if max_batch else [])]
     return " ".join(parts + ([] if timing else ["--no-time"]) + ["--json"])
 
 

@@ -373,3 +373,19 @@ def advice_probes_frame(doc: dict | None) -> pd.DataFrame:
              "answer": p["batch"] == r["max_batch"]}
             for r in (doc or {}).get("rows", []) for p in r.get("probes") or []]
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
+
+
+# ---------------------------------------------------------------- across targets (across_targets)
+
+TARGET_COLUMNS = ["target", "policy", "peak_bytes", "peak_mib", "temp_mib", "fits", "estimate_ms",
+                  "excess_dots_vs_no_remat", "platform", "device_kind", "memory_bytes"]
+
+
+def across_targets_frame(doc: dict | None) -> pd.DataFrame:
+    """One row per (target, policy) of an across-targets document, in its order; sizes in MiB too."""
+    mib = lambda v: None if v is None else v / MIB  # noqa: E731
+    rows = [{**{c: r.get(c) for c in TARGET_COLUMNS}, "peak_mib": mib(r.get("peak_bytes")),
+             "temp_mib": mib(r.get("temp_bytes")),
+             "estimate_ms": None if r.get("estimate_s") is None else r["estimate_s"] * 1e3}
+            for r in (doc or {}).get("rows", [])]
+    return pd.DataFrame(rows, columns=TARGET_COLUMNS)

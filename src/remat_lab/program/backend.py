@@ -2,21 +2,97 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import sys
+import threading
 
 import flax
 import jax
 import jaxlib
 
-from remat_lab.config import ConfigError
+from remat_lab.config import ConfigError, parse_bytes
+
+CACHE_MAX_ENV = "REMAT_LAB_CACHE_MAX_BYTES"
+CACHE_MAX_BYTES = 256 << 20  # JAX's compiled executables: 43-340 KB per configuration on XLA CPU
+_CACHE_FILES = ("*-cache",)  # JAX's entries (its "-atime" stamps, when JAX evicts itself, stay)
+_PRUNE_LOCK = threading.Lock()
+_CACHE = {"dir": None, "dirty": False, "listening": False}
 
 
 class ExecutionError(RuntimeError):
     """XLA failed to compile or run a configuration; the message says what to change."""
 
 
+def byte_limit(env: str, default: int) -> int | None:
+    """``$env`` as a size (``256M``, ``1G``, bytes); ``0``/``off`` = no bound (None); unset or
+    unreadable = ``default``."""
+    text = os.environ.get(env, "").strip().lower()
+    if text in ("0", "off", "none", "unlimited"):
+        return None
+    try:
+        return parse_bytes(text) if text else default
+    except ConfigError:
+        print(f"remat_lab: warning: {env}={text[:40]!r} is not a size; using {default} bytes.",
+              file=sys.stderr)
+        return default
+
+
+def prune(folder: str, max_bytes: int | None, patterns: tuple[str, ...] = ("*",),
+          keep: float = 1.0) -> int:
+    """Delete ``folder``'s files matching ``patterns``, least recently used first (the later of
+    access and modification time), until they total at most ``keep * max_bytes``; bytes deleted.
+
+    Files another process deletes meanwhile are skipped; nothing happens without a bound.
+    """
+    if not max_bytes or not folder:
+        return 0
+    files = []
+    for pattern in patterns:
+        for path in glob.glob(os.path.join(glob.escape(folder), pattern)):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            files.append((max(st.st_atime, st.st_mtime), path, st.st_size))
+    total, target, freed = sum(f[2] for f in files), int(max_bytes * keep), 0
+    with _PRUNE_LOCK:
+        for _, path, size in sorted(files):
+            if total <= target:
+                break
+            try:
+                os.remove(path)  # only files the caller's patterns name, in its cache folder
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            total, freed = total - size, freed + size
+    return freed
+
+
+def prune_compilation_cache(folder: str | None = None) -> int:
+    """Hold the compile cache folder to ``$REMAT_LAB_CACHE_MAX_BYTES``; bytes deleted."""
+    folder = folder or _CACHE["dir"] or jax.config.jax_compilation_cache_dir
+    return prune(folder, byte_limit(CACHE_MAX_ENV, CACHE_MAX_BYTES), _CACHE_FILES)
+
+
+def _on_cache_event(event: str, **_kwargs) -> None:
+    """JAX's monitoring events: before a new entry is written (``cache_misses``) make room for it
+    (down to 15/16 of the bound); at the next compile after a write, hold the bound exactly."""
+    try:
+        if event == "/jax/compilation_cache/cache_misses":
+            _CACHE["dirty"] = True
+            prune(_CACHE["dir"], byte_limit(CACHE_MAX_ENV, CACHE_MAX_BYTES), _CACHE_FILES, keep=15 / 16)
+        elif event == "/jax/compilation_cache/compile_requests_use_cache" and _CACHE["dirty"]:
+            _CACHE["dirty"] = False
+            prune_compilation_cache()
+    except Exception:  # noqa: BLE001 - a listener must never break a compile
+        pass
+
+
 def enable_compilation_cache(path: str | None = None) -> str:
-    """Turn on JAX's persistent compilation cache (default ``~/.cache/remat_lab/jax``)."""
+    """Turn on JAX's persistent compilation cache (default ``~/.cache/remat_lab/jax``), held to
+    ``$REMAT_LAB_CACHE_MAX_BYTES`` (default 256 MiB, least recently used entries out)."""
     path = path or os.environ.get("REMAT_LAB_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "remat_lab", "jax")
     try:
@@ -33,6 +109,11 @@ def enable_compilation_cache(path: str | None = None) -> str:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _CACHE["dir"] = path
+    if not _CACHE["listening"]:
+        _CACHE["listening"] = True
+        jax.monitoring.register_event_listener(_on_cache_event)
+    prune_compilation_cache(path)  # start-up: a smaller bound than last time takes effect now
     return path
 
 

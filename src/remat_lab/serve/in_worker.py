@@ -39,8 +39,9 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
     if kind in ("advise", "advise_sizes"):  # the timed advice, and the compile-only one
         from remat_lab.studies import advisor
 
+        bound = {"max_batch": int(payload["max_batch"])} if payload.get("max_batch") else {}
         return advisor.advise(cfg, int(payload["budget"]), policies=list(payload["policies"]),
-                              timing=kind == "advise", progress=progress)
+                              timing=kind == "advise", progress=progress, **bound)
     raise ValueError(f"unknown job kind {kind!r}")
 
 

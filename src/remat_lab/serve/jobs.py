@@ -1,7 +1,9 @@
 """A job of the pool and its callers: one request that every equal caller shares, and what they may see.
 
 A caller ``wait``s on a ``Job`` (its stages come back as they happen); when every caller has left,
-the job is abandoned. ``WorkerLost`` and ``Abandoned`` are the errors that only a worker pool gives.
+the job is abandoned. ``WorkerLost`` (and its ``TimeLimit``: stopped at the kind's deadline),
+``Abandoned`` (and its ``Superseded``: replaced by the same session's newer request) are the
+errors that only a worker pool gives.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ class Abandoned(ExecutionError):
     """Every caller of a job left before it finished; the job was stopped (nobody sees this)."""
 
 
+class TimeLimit(WorkerLost):
+    """The job ran past its kind's deadline (``quotas``): its worker was killed and replaced."""
+
+
+class Superseded(Abandoned):
+    """The job was still queued when the same session asked for another; the newer one replaced it."""
+
+
 class Job:
     """One request; callers ``wait`` on it, sharing its result."""
 
@@ -35,6 +45,7 @@ class Job:
         self.value = self.error = None
         self.done = threading.Event()
         self.waiters = 0
+        self.sessions: set = set()  # the sessions that asked for it (None: callers without one)
         self._lock = threading.Lock()
 
     def abandoned(self) -> bool:

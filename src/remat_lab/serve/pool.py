@@ -1,11 +1,13 @@
-"""The server's side of the process boundary: a pool of recyclable worker processes fed from one job queue.
+"""The server's side of the process boundary: recyclable worker processes fed from one fair job queue.
 
 A ``Pool`` (no Streamlit) owns ``size`` worker processes (``spawn``: JAX is not fork-safe), each
-fed by one dispatcher thread from a shared job queue; equal jobs in flight are one ``Job``. A dead
-worker fails only its job (``WorkerLost``) and is replaced; a job nobody waits for is stopped
-(``Abandoned``); a worker is recycled after ``max_runs`` jobs or above ``max_rss``; a job's estimate
-must fit under the memory limit first; timed kinds hold one lock (one timing at a time).
-``shared_pool`` is the process's pool.
+fed by one dispatcher thread from a job queue served round-robin by session (``fairqueue``); equal
+jobs in flight are one ``Job``. A session has at most one queued job: a newer request replaces
+its queued one (``Superseded``). A job past its kind's deadline (``quotas``) has its worker killed
+and replaced (``TimeLimit``). A dead worker fails only its job (``WorkerLost``) and is replaced; a
+job nobody waits for is stopped (``Abandoned``); a worker is recycled after ``max_runs`` jobs or
+above ``max_rss``; a job's estimate must fit under the memory limit first; timed kinds hold one
+lock (one timing at a time). ``shared_pool`` is the process's pool.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from remat_lab.config import ConfigError, MemoryBudgetError, human_bytes, limits
 from remat_lab.program.backend import ExecutionError
+from remat_lab.serve import quotas
+from remat_lab.serve.fairqueue import FairQueue
 from remat_lab.serve.in_worker import execute, serve
-from remat_lab.serve.jobs import Abandoned, Job, WorkerLost
+from remat_lab.serve.jobs import Abandoned, Job, Superseded, TimeLimit, WorkerLost
 
 TIMED = ("run", "compare", "advise")
 MARGIN = 64 << 20  # left free under the limit, for the server's own page work
@@ -88,23 +92,30 @@ class _Worker:
 
 
 class Pool:
-    """``size`` worker processes behind one job queue (``size=0``: in the caller's thread)."""
+    """``size`` worker processes behind one fair job queue (``size=0``: in the caller's thread).
+
+    ``deadlines``: seconds per job kind over ``quotas.deadlines()`` (None for a kind: no deadline);
+    a pool of size 0 has none (nothing to kill).
+    """
 
     def __init__(self, size: int = 1, *, max_runs: int = 40, max_rss: int | None = None,
                  margin: int = MARGIN, env: dict | None = None, start_timeout: float = 120.0,
-                 limit: int | None = None) -> None:
+                 limit: int | None = None, deadlines: Mapping[str, float | None] | None = None) -> None:
         self.size, self.max_runs, self.margin = size, max_runs, margin
         self.limit = limit or limits.memory_limit()
         # Recycle above half the limit by default: a worker that big cannot take the next large job.
         self.max_rss = max_rss or self.limit // 2
         self.env, self.start_timeout = dict(env or {}), start_timeout
         self.timing_lock = threading.Lock()
-        self._jobs: queue.Queue = queue.Queue()
+        self.deadlines = quotas.deadlines(deadlines)
+        self._jobs = FairQueue()
+        self._queued: dict[Hashable, Job] = {}  # session -> its one queued job
         self._in_flight: dict[Any, Job] = {}
         self._lock = threading.Lock()
         self.workers: list[_Worker | None] = [None] * size
         self._busy = [False] * size
-        self.deaths = self.recycled = 0
+        self.deaths = self.recycled = self.stopped = 0
+        self._closed = False
         self._threads = [threading.Thread(target=self._dispatch, args=(i,), daemon=True,
                                           name=f"remat-lab-dispatch-{i}") for i in range(size)]
         for t in self._threads:
@@ -114,14 +125,17 @@ class Pool:
 
     def submit(self, kind: str, payload: dict, key: Any = None, need: int = 0,
                on_done: Callable[[Any], None] | None = None,
-               progress: Callable[[str], None] | None = None) -> Job:
+               progress: Callable[[str], None] | None = None, session: Hashable = None) -> Job:
         """The job for ``key`` (an equal one in flight is shared), with one more waiter.
 
         ``need``: the job's estimated bytes (checked against the limit before it runs);
         ``on_done``: called with the value when the job succeeds, whoever still waits;
-        ``progress``: for a pool of size 0, called with each stage as the job runs here.
+        ``progress``: for a pool of size 0, called with each stage as the job runs here;
+        ``session``: who asks (the queue's lane). A session's still-queued job is replaced by its
+        newer request: the older one ends with ``Superseded`` unless another session shares it.
         """
         key = (kind, key) if key is not None else None
+        replaced = None
         with self._lock:
             job = self._in_flight.get(key) if key is not None else None
             fresh = job is None or job.done.is_set()
@@ -132,19 +146,41 @@ class Pool:
                     self._in_flight[key] = job
             with job._lock:
                 job.waiters += 1
+            job.sessions.add(session)
+            if self.size and session is not None:
+                old = self._queued.get(session)
+                if old is not None and old is not job:
+                    replaced = self._withdraw(old, session)
+                if fresh or self._jobs.holds(job):
+                    self._queued[session] = job
+            if fresh and self.size:
+                if len(self._jobs) or any(self._busy):
+                    job.stages.append("waiting")
+                self._jobs.put(job, session)
+        if replaced is not None:
+            replaced.finish(error=Superseded("replaced by a newer request of the same session"))
+            self._forget(replaced)
         if fresh and self.size == 0:
             self._inline(job, progress)
-        elif fresh:
-            if self._jobs.qsize() or any(self._busy):
-                job.stages.append("waiting")
-            self._jobs.put(job)
         return job
+
+    def _withdraw(self, old: Job, session: Hashable) -> Job | None:
+        """Take ``session`` off its queued job ``old`` (under ``_lock``); ``old`` when nobody else
+        wants it and it was taken out of the queue (the caller finishes it)."""
+        del self._queued[session]
+        old.sessions.discard(session)
+        if not self._jobs.discard(old):  # already running: it finishes for whoever still waits
+            return None
+        if old.sessions:  # shared with another session: queued again in that one's lane
+            self._jobs.put(old, next(iter(old.sessions)))
+            return None
+        return old
 
     def call(self, kind: str, payload: dict, *, key: Any = None, need: int = 0,
              progress: Callable[[str], None] | None = None, alive: Callable[[], bool] | None = None,
-             on_done: Callable[[Any], None] | None = None) -> Any:
+             on_done: Callable[[Any], None] | None = None, session: Hashable = None) -> Any:
         """Submit and wait: the job's value, or its error raised here."""
-        job = self.submit(kind, payload, key, need, on_done, progress)
+        job = self.submit(kind, payload, key, need, on_done, progress, session)
         ran_here = getattr(job, "thread", None) == threading.get_ident()
         return job.wait(None if ran_here else progress, alive)  # stages already shown if ran here
 
@@ -154,8 +190,11 @@ class Pool:
             threading.Thread(target=self._ensure, args=(i,), daemon=True).start()
 
     def close(self) -> None:
+        self._closed = True
         for _ in self._threads:
-            self._jobs.put(None)
+            self._jobs.stop()
+        for job in self._jobs.drain():
+            job.finish(error=WorkerLost("the server is shutting down"))
         for i, w in enumerate(self.workers):
             if w is not None:
                 w.stop()
@@ -191,6 +230,8 @@ class Pool:
         dead = None
         with self._lock:
             w = self.workers[i]
+            if self._closed:
+                raise WorkerLost("the server is shutting down")
             if w is None or not w.process.is_alive():
                 dead, w = w, _Worker(self.env)
                 self.workers[i] = w
@@ -212,6 +253,10 @@ class Pool:
     def _dispatch(self, i: int) -> None:
         while (job := self._jobs.get()) is not None:
             self._busy[i] = True
+            with self._lock:  # running now: no longer any session's queued job
+                for s in job.sessions:
+                    if self._queued.get(s) is job:
+                        del self._queued[s]
             try:
                 self._run(i, job)
             except Exception as err:  # never let a dispatcher die
@@ -248,8 +293,16 @@ class Pool:
                 lock.release()
 
     def _exchange(self, i: int, w: _Worker, job: Job) -> None:
+        limit = quotas.deadline_for(self.deadlines, job.kind)
+        ends = time.monotonic() + limit if limit else None
         w.requests.put((job.id, job.kind, job.payload))
         while True:
+            if ends is not None and time.monotonic() > ends:
+                self.stopped += 1
+                self._replace(i, kill=True)
+                job.finish(error=TimeLimit(quotas.stopped_message(job.kind, limit)))
+                threading.Thread(target=self._restart, args=(i,), daemon=True).start()
+                return
             try:
                 msg = w.replies.get(timeout=0.2)
             except queue.Empty:
@@ -281,6 +334,13 @@ class Pool:
                 self.recycled += 1
                 self._replace(i, kill=False)
             return
+
+    def _restart(self, i: int) -> None:
+        """Start worker ``i`` again now (after a stop), so the next job does not wait for it."""
+        try:
+            self._ensure(i)
+        except WorkerLost:  # closed meanwhile, or it did not start: the next job tries again
+            pass
 
     def _death_message(self, code: int | None) -> str:
         if code == -signal.SIGKILL:

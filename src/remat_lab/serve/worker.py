@@ -2,8 +2,16 @@
 
 A ``Pool`` (no Streamlit) owns ``size`` worker processes (``spawn``: JAX is not fork-safe), each
 fed by one dispatcher thread from a shared job queue. A job is a kind (``run``, ``programs``,
-``compare``, ``environment``, ``device_limit``) and a picklable payload; its stages come back as
-they happen. Equal jobs in flight are one job (concurrent sessions share one computation).
+``compare``, ``advise``, ``advise_sizes``, ``environment``, ``device_limit``) and a picklable
+payload; its stages come back as they happen. Equal jobs in flight are one job (concurrent
+sessions share one computation).
+
+* The queue is served round-robin by session (``fairqueue``: the session served least recently
+  goes next), so one visitor's burst cannot hold back another's run. A session has at most one
+  queued job: its newer request replaces the queued one (``Superseded``), a running one is kept.
+* Every job kind has a wall-clock deadline (``quotas.DEADLINES_S``, scaled by
+  ``$REMAT_LAB_JOB_DEADLINE_S``): past it the worker is killed and a new one started, and the
+  caller gets ``TimeLimit`` ("Stopped after 180 s, this server's limit for an advice; …").
 
 * A worker that dies (the kernel's out-of-memory killer, an XLA abort) fails only its job, with
   ``WorkerLost`` ("this configuration ran out of memory in the worker (limit X)"); a new worker
@@ -22,13 +30,16 @@ they happen. Equal jobs in flight are one job (concurrent sessions share one com
 pool). Workers turn on the persistent compilation cache and warm up with a tiny untimed run.
 
 Its parts: ``in_worker`` (what a worker process runs: ``execute``, the ``serve`` loop, ``WARM``),
-``jobs`` (``Job``, shared by equal callers; ``WorkerLost``, ``Abandoned``) and ``pool`` (``Pool``:
-its processes, dispatch, recycling and memory check; ``shared_pool``). This module names them all.
+``jobs`` (``Job``, shared by equal callers; ``WorkerLost``, ``TimeLimit``, ``Abandoned``,
+``Superseded``), ``fairqueue`` (``FairQueue``), ``quotas`` (deadlines, public bounds) and ``pool``
+(``Pool``: its processes, dispatch, recycling and memory check; ``shared_pool``). This module
+names them all.
 """
 
+from remat_lab.serve.fairqueue import FairQueue
 from remat_lab.serve.in_worker import WARM, error_reply, execute, serve
-from remat_lab.serve.jobs import Abandoned, Job, WorkerLost
+from remat_lab.serve.jobs import Abandoned, Job, Superseded, TimeLimit, WorkerLost
 from remat_lab.serve.pool import MARGIN, TIMED, Pool, shared_pool
 
-__all__ = ["MARGIN", "TIMED", "WARM", "Abandoned", "Job", "Pool", "WorkerLost", "error_reply", "execute",
-           "serve", "shared_pool"]
+__all__ = ["MARGIN", "TIMED", "WARM", "Abandoned", "FairQueue", "Job", "Pool", "Superseded", "TimeLimit",
+           "WorkerLost", "error_reply", "execute", "serve", "shared_pool"]

@@ -1,0 +1,91 @@
+"""What one job and one click may cost on a shared server: wall-clock deadlines per job kind, public bounds.
+
+A job that runs past its kind's deadline has its worker killed and replaced (``pool.Pool``), and the
+visitor reads ``stopped_message``. The deadlines are set for a 2-core CPU container (Streamlit
+Community Cloud) with margin over the slowest job the app's own limits allow, so they stop only
+runaway jobs; ``$REMAT_LAB_JOB_DEADLINE_S`` scales them all (its value is the ``run`` deadline,
+the other kinds keep their ratio to it; ``0`` or ``off``: no deadlines, for a private server).
+The clock starts when the worker receives the job: waiting in the queue, for the timing lock or for
+a worker to start does not count.
+
+Public servers (``store.history.public_mode``) also bound what one click may queue: a Sweep click
+runs at most ``PUBLIC_SWEEP_MAX_RUNS`` configurations (Resume runs the next ones), and the Advisor
+is bounded by ``PUBLIC_ADVISOR_*`` (policies, searched batches, budget).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+DEADLINE_ENV = "REMAT_LAB_JOB_DEADLINE_S"
+
+# Seconds of worker time per job kind, and why. Measured on 2 shared cores: a default run ~5 s,
+# the slowest test run (mlp 512 x 256, 1000 repeats) ~15 s, the 17-policy transformer advice at
+# 1000T that started issue 21 131 s (7.7 s per policy, every probe at batches up to 65536).
+DEADLINES_S: dict[str, float] = {
+    # A backend question: under a second on a started worker; a hung backend is stopped quickly.
+    "environment": 30.0,
+    "device_limit": 30.0,
+    # Compile and analyses, no timing: the largest model under a 1 GiB container's budget compiles
+    # (step, no_remat witness, gradient reference) in about 30 s.
+    "programs": 90.0,
+    # The same plus the timed loop (up to 1000 repeats + 100 warm-up) and the gradient check.
+    "run": 120.0,
+    # Every selected policy compiled, then timed interleaved: up to 17 policies of ~8 s each.
+    "compare": 240.0,
+    # Compile-only probes: a public advice has at most 8 policies x ~27 probes, usually 3 to 6 each.
+    "advise_sizes": 120.0,
+    # The probes, then each policy compiled at its largest batch and timed (~8 s in all).
+    "advise": 180.0,
+}
+DEFAULT_DEADLINE_S = 120.0  # a kind not in the table
+
+# What each kind is called in the visitor's sentence, and what to try instead.
+_WHAT = {
+    "environment": ("a question about the backend", "reload the page"),
+    "device_limit": ("a question about the backend", "reload the page"),
+    "programs": ("a program listing", "try a smaller model (width, batch, seq or depth)"),
+    "run": ("a run", "try a smaller model (width, batch, seq or depth) or fewer repeats"),
+    "compare": ("a comparison", "try fewer policies or a smaller model"),
+    "advise_sizes": ("an advice", "try fewer policies or a smaller model"),
+    "advise": ("an advice", "try fewer policies, a smaller model or turning timing off"),
+}
+
+PUBLIC_SWEEP_MAX_RUNS = 48  # one click: ~48 x 5 s = 4 min of worker time, not 1.6 h
+PUBLIC_ADVISOR_MAX_POLICIES = 8  # JAX's 7 policies and one more; the issue's advice had 17
+PUBLIC_ADVISOR_MAX_BATCH = 4096  # the search's ceiling: at most 2*log2(4096)+3 = 27 probes per policy
+PUBLIC_ADVISOR_MAX_BUDGET = 256 << 30  # above any one accelerator's memory today (H200: 141 GB)
+
+
+def deadlines(overrides: Mapping[str, float] | None = None, env: Mapping[str, str] | None = None
+              ) -> dict[str, float | None]:
+    """Seconds per job kind (None: no deadline), ``$REMAT_LAB_JOB_DEADLINE_S`` applied, then
+    ``overrides`` (a pool's own, e.g. tests' tiny deadlines); key ``"default"`` for other kinds."""
+    table: dict[str, float | None] = {**DEADLINES_S, "default": DEFAULT_DEADLINE_S}
+    text = (os.environ if env is None else env).get(DEADLINE_ENV, "").strip().lower()
+    if text in ("0", "off", "none", "no"):
+        table = dict.fromkeys(table)
+    elif text:
+        try:
+            run_s = float(text)
+        except ValueError:
+            run_s = math.nan
+        if math.isfinite(run_s) and run_s > 0:
+            scale = run_s / DEADLINES_S["run"]
+            table = {k: v * scale for k, v in table.items()}
+    table.update(overrides or {})
+    return table
+
+
+def deadline_for(table: Mapping[str, float | None], kind: str) -> float | None:
+    """The deadline of ``kind`` in ``table`` (its ``"default"`` for a kind it does not name)."""
+    return table[kind] if kind in table else table.get("default")
+
+
+def stopped_message(kind: str, seconds: float) -> str:
+    """The visitor's sentence for a job stopped at its deadline."""
+    what, hint = _WHAT.get(kind, ("this job", "try a smaller request"))
+    shown = f"{seconds:.0f}" if seconds >= 10 else f"{seconds:.1f}"
+    return f"Stopped after {shown} s, this server's limit for {what}; {hint}."
