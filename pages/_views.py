@@ -4,7 +4,6 @@ comparison, an advice."""
 from __future__ import annotations
 
 import json
-import re
 
 import pandas as pd
 import streamlit as st
@@ -22,8 +21,9 @@ SWEEP_SHOWN = ["policy", "width", "batch", "model", "seq", "depth", "dtype", "ob
 
 
 def md(text: object) -> str:
-    """``text`` from a file or a database, escaped so that Markdown shows it as plain text."""
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~:$])", r"\\\1", str(text))
+    """``text`` from a file or a database, as plain text in Markdown (the one escaping path,
+    ``safe_text.escape_markdown``: links, images, HTML, colour and maths shown as typed)."""
+    return safe_text.escape_markdown(text)
 
 
 def environment_line(env: dict | None, what: str = "Measured on") -> None:
