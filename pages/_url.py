@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import _mesh
-from remat_lab.config import CHOICES, LIMITS, LOCAL, NAME_FIELDS, ConfigError, RunConfig, coerce_config
+from remat_lab.config import CHOICES, LIMITS, NAME_FIELDS, ConfigError, RunConfig, coerce_config
 from remat_lab.serve.safe_text import code_span, escape_markdown
 
 CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy",
@@ -65,8 +65,7 @@ def read_url_once() -> list[str]:
 
 
 def write_url(cfg: RunConfig) -> None:
-    wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS
-              if (k != "heads" or cfg.model == "transformer") and (k != "target" or cfg.target != LOCAL)}
+    wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS if k != "heads" or cfg.model == "transformer"}
     wanted.update({k: ",".join(getattr(cfg, k)) for k in NAME_FIELDS if getattr(cfg, k)})
     wanted.update(_mesh.url_params(cfg))
     if {k: st.query_params.get(k) for k in st.query_params} != wanted:

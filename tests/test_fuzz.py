@@ -66,6 +66,8 @@ def _valid_text(name: str):
         return st.integers(lo, min(hi, 64)).map(str)
     if name in ("save_names", "offload_names"):  # the custom policy's checkpoint names
         return st.sampled_from(["l1", "l1,l2", "query_proj", "context,mlpwo", "scores"])
+    if name in ("tie_embeddings", "compile_only"):  # yes/no fields, as a URL or form writes them
+        return st.sampled_from(["true", "false"])
     if name == "mesh":  # the device mesh (sharding.py); the stubbed engine builds none
         return st.sampled_from(["", "data=1", "fsdp=2", "data=2,tensor=2"])
     return st.sampled_from(CHOICES[name])

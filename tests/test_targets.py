@@ -132,7 +132,7 @@ def test_advisor_on_h100_is_exact_to_one_batch():
     for row in doc["rows"]:
         b = row["max_batch"]
         assert 0 < b < 65536
-        at = lambda n: run_experiment(cfg.replace(policy=row["policy"], batch=n))["memory"]["peak_bytes"]
+        at = lambda n, p=row["policy"]: run_experiment(cfg.replace(policy=p, batch=n))["memory"]["peak_bytes"]
         assert at(b) <= doc["budget_bytes"] < at(b + 1)
         assert row["examples_per_s_estimate"] > 0 and row["step_time_s"] is None
     assert "roofline estimate" in doc["reason"]

@@ -56,7 +56,7 @@ def test_explore_on_h100_names_it_measures_nothing_and_labels_the_estimate():
 def test_explore_offers_a_gpu_target_one_click_away():
     at = _app("pages/explore.py", **TINY).run()
     assert not at.exception
-    assert "target" not in at.query_params  # local: the address bar stays as it was
+    assert at.query_params["target"] == "local"  # local, as every other setting: written out
     assert any(m.label == "Median step time" for m in at.metric)
     at.button(key="explore_on_h100").click().run()
     assert not at.exception
@@ -71,7 +71,7 @@ def test_a_bad_target_in_the_url_warns_and_runs_locally():
     warnings = [w.value for w in at.warning]
     assert any("URL parameter `target`" in w and "h1000" in w and "`local`" in w for w in warnings)
     assert at.selectbox(key="target").value == "local"
-    assert "target" not in at.query_params
+    assert at.query_params["target"] == "local"
 
 
 def test_the_sidebar_labels_targets_with_their_memory():

@@ -51,6 +51,10 @@ The loss is compared apart: ``|loss - ref| <= (C_LOSS * u + C_ACC * sqrt(n) * u_
 with ``n`` the number of output entries (each may round to a neighbouring value, ``C_LOSS = 2``;
 the float32 sum of ``n`` terms may be reordered).
 
+**The llm**'s reference is ``reference_llm.py`` (same rules). Its bound uses ``K = max(width,
+mlp_dim, vocab, batch * seq)`` and the transformer's per-element allowance; the loss bound the mean
+``|ce|`` over the ``batch * (seq - 1)`` labelled positions in place of ``sum|out|``.
+
 **Structure.** ``remat_applied(jaxpr)`` says whether the traced step contains a remat equation
 (primitive ``remat2`` in current JAX, ``checkpoint``/``remat`` in others; nested jaxprs included);
 it must match the policy's registry entry (``remat=True`` for all but ``no_remat``), else the check
@@ -67,6 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core
 
+from remat_lab.analysis.reference_llm import llm_loss_and_abs
 from remat_lab.model.policies import get_policy
 
 REFERENCE = "plain jax.numpy, no NNX, no remat"
@@ -80,7 +85,7 @@ C_ELEM = 1.0  # half an ulp of the leaf's largest entry
 # both stacks, two seeds): legitimate per-element differences reach 6 u * S. Its per-element
 # allowance is C_ELEM_DEEP * sqrt(depth) instead of C_ELEM; a leaf-wide 1 % error is still caught
 # by the scale test, which does not change.
-C_ELEM_DEEP = {"transformer": 6.0}
+C_ELEM_DEEP = {"transformer": 6.0, "llm": 6.0}
 C_SCALE = 1.0  # a leaf-wide scale error of half an ulp
 C_NOISE = 6.0  # three standard deviations of one-ulp noise projected on the leaf
 C_ACC = 4.0  # float32 accumulation: C_ACC * sqrt(terms) * u_acc
@@ -137,6 +142,9 @@ def _transformer_block(h: jax.Array, p: dict) -> jax.Array:
     return h + (gate * jax.lax.logistic(gate) * up) @ p["wo.kernel"]
 
 
+BLOCK_LEAVES["llm"] = BLOCK_LEAVES["transformer"]  # the llm block's leaves have the same names
+
+
 def _stacked(paths, depth: int) -> bool:
     """True for a scan stack's parameters: ``blocks.l1.kernel`` with a leading layer axis."""
     return depth > 1 and not any(p.startswith("blocks.0.") for p in paths)
@@ -176,6 +184,8 @@ def reference_loss(params: dict, x: jax.Array, model: str, depth: int) -> jax.Ar
 
 
 def _loss_and_abs(params: dict, x: jax.Array, model: str, depth: int):
+    if model == "llm":
+        return llm_loss_and_abs(params, x, depth)
     out = reference_forward(params, x, model, depth)
     return jnp.sum(out, dtype=jnp.float32), jnp.sum(jnp.abs(out), dtype=jnp.float32)
 
@@ -185,13 +195,20 @@ def _compiled(model: str, depth: int, shapes: tuple, x_shape: tuple, dtype: str,
     fn = jax.jit(jax.value_and_grad(functools.partial(_loss_and_abs, model=model, depth=depth),
                                     has_aux=True))
     params = {path: jax.ShapeDtypeStruct(shape, dtype) for path, shape in shapes}
-    lowered = fn.lower(params, jax.ShapeDtypeStruct(x_shape, dtype))
+    x_dtype = jnp.int32 if model == "llm" else dtype
+    lowered = fn.lower(params, jax.ShapeDtypeStruct(x_shape, x_dtype))
     # The default compile is how the step itself is compiled; the other rounds every intermediate.
     return lowered.compile() if excess else lowered.compile(
         compiler_options={"xla_allow_excess_precision": False})
 
 
 def _check_paths(paths: list[str], depth: int, model: str = "mlp") -> None:
+    if model == "llm":  # the blocks under layers., then the embedding, final norm and lm_head
+        _check_paths([p[7:] for p in paths if p.startswith("layers.")], depth, "transformer")
+        outer, need = {p for p in paths if p[:7] != "layers."}, {"embed.embedding", "final_norm.scale"}
+        if not need <= outer <= need | {"lm_head.kernel"}:
+            raise ValueError(f"unexpected llm parameter paths {sorted(outer)}")
+        return
     if depth == 1:
         prefixes = [""]
     elif _stacked(paths, depth):
@@ -217,7 +234,7 @@ def reference_loss_and_grads(problem, dtype=None, *, excess_precision: bool = Tr
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
     _check_paths(problem.paths, cfg.depth, cfg.model)
     params = {p: jnp.asarray(leaf).astype(dtype) for p, leaf in zip(problem.paths, problem.leaves)}
-    x = jnp.asarray(problem.x).astype(dtype)
+    x = jnp.asarray(problem.x) if cfg.model == "llm" else jnp.asarray(problem.x).astype(dtype)
     shapes = tuple(sorted((p, tuple(v.shape)) for p, v in params.items()))
     fn = _compiled(cfg.model, cfg.depth, shapes, tuple(x.shape), dtype.name, excess_precision)
     (loss, abs_sum), grads = fn(params, x)
@@ -251,8 +268,12 @@ def _c_elem(config) -> float:
 
 def bound_parameters(config) -> dict:
     """The bound's parameters for ``config`` (see the module docstring)."""
-    rows = math.prod(config.input_shape[:-1])
-    k = max(config.width * (4 if config.model == "transformer" else 1), rows)  # 4w: the MLP's wo
+    if config.model == "llm":
+        rows = config.batch * config.seq
+        k = max(config.width, config.mlp_dim_used, config.vocab, rows)
+    else:
+        rows = math.prod(config.input_shape[:-1])
+        k = max(config.width * (4 if config.model == "transformer" else 1), rows)  # 4w: the MLP's wo
     return {"u": UNIT_ROUNDOFF[config.dtype], "u_acc": ACC_ROUNDOFF, "K": k, "d": config.depth,
             "acc": C_ACC * math.sqrt(config.depth * k) * ACC_ROUNDOFF, "rtol_ulps": RTOL_ULPS,
             "c_elem": _c_elem(config), "c_scale": C_SCALE, "c_noise": C_NOISE, "c_acc": C_ACC,
@@ -335,7 +356,7 @@ def _compare(problem, grads, loss, ref) -> dict:
     loss_err = None
     if loss is not None:
         loss_err = abs(float(loss) - ref_loss)
-        n_out = math.prod(cfg.input_shape)
+        n_out = cfg.batch * (cfg.seq - 1) if cfg.model == "llm" else math.prod(cfg.input_shape)
         loss_tol = (C_LOSS * u + C_ACC * math.sqrt(n_out) * ACC_ROUNDOFF) * abs_out
         if not loss_err <= loss_tol:  # also catches NaN
             failures.append(f"loss: {float(loss):.8g} vs {ref_loss:.8g} (bound {loss_tol:.3g})")

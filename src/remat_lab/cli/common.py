@@ -13,7 +13,17 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from remat_lab.config import DTYPES, LIMITS, OBJECTIVES, TARGET_NAMES, ConfigError, RunConfig
+from remat_lab.config import (
+    DTYPES,
+    LIMITS,
+    OBJECTIVES,
+    PRESET_FIELDS,
+    PRESETS,
+    STEPS,
+    TARGET_NAMES,
+    ConfigError,
+    RunConfig,
+)
 from remat_lab.model.models import MODELS
 from remat_lab.model.policies import DEFAULT_POLICY, POLICIES
 from remat_lab.model.stacks import STACKS
@@ -127,19 +137,45 @@ def list_arg(kind):
 # ---------------------------------------------------------------- flag groups
 
 
+class Given(argparse.Action):
+    """Store the value and remember that the flag was given (``given``): a ``--preset`` fills only
+    the fields no flag set."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        given(namespace).add(self.dest)
+
+
+class GivenBool(argparse.BooleanOptionalAction):
+    """``--x`` / ``--no-x``, remembered as given like ``Given``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        given(namespace).add(self.dest)
+
+
+def given(namespace: argparse.Namespace) -> set:
+    """The destinations of the flags given on the command line (those stored by ``Given``)."""
+    if not hasattr(namespace, "given_flags"):
+        namespace.given_flags = set()
+    return namespace.given_flags
+
+
 def add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
     """The model and its sizes (``batch``: with ``--batch``; the advisor searches the batch)."""
     d = RunConfig()
-    p.add_argument("--model", choices=MODELS, default=d.model)
-    p.add_argument("--width", type=int_arg("width"), default=d.width, help="features D (1..16384)")
+    p.add_argument("--model", choices=MODELS, default=d.model, action=Given)
+    p.add_argument("--width", type=int_arg("width"), default=d.width, action=Given,
+                   help="features D (1..16384)")
     if batch:
         p.add_argument("--batch", type=int_arg("batch"), default=d.batch,
                        help="examples B; 0 = the seed's single vector x: (width,) (mlp only)")
-    p.add_argument("--seq", type=int_arg("seq"), default=d.seq,
-                   help="sequence length N (seq_mixer, transformer)")
-    p.add_argument("--heads", type=int_arg("heads"), default=d.heads,
-                   help="attention heads (transformer; must divide width)")
-    p.add_argument("--depth", type=int_arg("depth"), default=d.depth, help="remat'd blocks (1..16)")
+    p.add_argument("--seq", type=int_arg("seq"), default=d.seq, action=Given,
+                   help="sequence length N (seq_mixer, transformer: 1..4096; llm 2..32768)")
+    p.add_argument("--heads", type=int_arg("heads"), default=d.heads, action=Given,
+                   help="attention heads (transformer, llm; must divide width unless --head-dim)")
+    p.add_argument("--depth", type=int_arg("depth"), default=d.depth, action=Given,
+                   help="remat'd blocks (1..16; llm 1..128)")
     p.add_argument("--stack", choices=STACKS, default=d.stack,
                    help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
     p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
@@ -156,6 +192,7 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offload-names", type=names_arg, default=(), metavar="A,B",
                    help="policy custom: checkpoint names offloaded to pinned host memory")
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
+    add_llm_args(p)
     add_mesh_args(p)
     p.add_argument("--repeats", type=int_arg("repeats"), default=d.repeats)
     p.add_argument("--warmup", type=int_arg("warmup"), default=d.warmup)
@@ -167,6 +204,32 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--code", action="store_true",
                    help="print self-contained Flax code for this configuration and exit")
     p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
+
+
+def add_llm_args(p: argparse.ArgumentParser) -> None:
+    """The decoder LM's settings, the training step, microbatches, presets and compile-only."""
+    d = RunConfig()
+    p.add_argument("--vocab", type=int_arg("vocab"), default=d.vocab, action=Given,
+                   help="llm: vocabulary size")
+    p.add_argument("--kv-heads", type=int_arg("kv_heads"), default=d.kv_heads, action=Given,
+                   help="llm: key/value heads (grouped-query attention; 0 = heads)")
+    p.add_argument("--head-dim", type=int_arg("head_dim"), default=d.head_dim, action=Given,
+                   help="llm: attention head size (0 = width / heads)")
+    p.add_argument("--mlp-dim", type=int_arg("mlp_dim"), default=d.mlp_dim, action=Given,
+                   help="llm: the gated MLP's hidden size (0 = 4 x width)")
+    p.add_argument("--tie-embeddings", action=GivenBool, default=d.tie_embeddings,
+                   help="llm: the vocabulary projection is the embedding's transpose")
+    p.add_argument("--param-dtype", choices=DTYPES, default=d.param_dtype or None,
+                   help="llm: weights and optimizer state (default: --dtype)")
+    p.add_argument("--step", choices=STEPS, default=d.step,
+                   help="grad: the objective's gradients; train: value_and_grad + adamw update, "
+                        "parameters and optimizer state donated")
+    p.add_argument("--microbatches", type=int_arg("microbatches"), default=d.microbatches,
+                   help="accumulate the gradient over this many slices of the batch (must divide it)")
+    p.add_argument("--preset", choices=list(PRESETS), default=None, metavar="NAME",
+                   help=f"a published llm shape ({', '.join(PRESETS)}); other flags override it")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile with abstract parameters and inputs: nothing allocated, nothing run")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -204,10 +267,21 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     """The ``RunConfig`` that run, explain and compare's flags describe (raises ConfigError)."""
     keys = ("model", "width", "batch", "seq", "depth", "stack", "dtype", "policy", "objective",
             "repeats", "warmup", "seed")
-    return RunConfig(**{k: getattr(args, k) for k in keys}, heads=args.heads,
-                     save_names=args.save_names, offload_names=args.offload_names,
-                     mesh=getattr(args, "mesh", ""), target=getattr(args, "target", "local"),
-                     target_devices=getattr(args, "target_devices", 1))
+    values = dict({k: getattr(args, k) for k in keys}, heads=args.heads,
+                  save_names=args.save_names, offload_names=args.offload_names,
+                  mesh=getattr(args, "mesh", ""), target=getattr(args, "target", "local"),
+                  target_devices=getattr(args, "target_devices", 1))
+    llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
+           "compile_only")
+    values.update({k: getattr(args, k) for k in llm if hasattr(args, k)})
+    if getattr(args, "param_dtype", None):
+        values["param_dtype"] = args.param_dtype
+    preset = getattr(args, "preset", None)
+    if not preset:
+        return RunConfig(**values)
+    chosen = given(args)  # a preset's fields come from it unless a flag set them
+    return RunConfig.from_preset(preset, **{k: v for k, v in values.items()
+                                            if k not in (*PRESET_FIELDS, "model") or k in chosen})
 
 
 # ---------------------------------------------------------------- devices and the history

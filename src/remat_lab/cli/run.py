@@ -1,4 +1,9 @@
-"""The run and explain subcommands: one configuration compiled and dissected (run also times it)."""
+"""The run and explain subcommands: one configuration compiled and dissected (run also times it).
+
+``--compile-only`` (or a named ``--target``) compiles on abstract inputs, nothing allocated or run;
+``--step train`` reports the whole training step's memory (``run_experiment``), while the timing,
+the gradient check and the per-dot tables are the gradient step's.
+"""
 
 from __future__ import annotations
 
@@ -53,19 +58,42 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_run(result: dict) -> str:
-    """``run``'s document as text: the configuration, compile, time, flops, gradients, memory, tables."""
-    c, env, st, mem = result["config"], result["environment"], result["step_time_s"], result["memory"]
+def _config_line(c: dict) -> str:
+    """The configuration's headline: model, sizes, dtype, policy and what applies to the model."""
     head = (f"{c['model']} width={c['width']} batch={c['batch']} depth={c['depth']} {c['dtype']} "
             f"policy={c['policy']} objective={c['objective']}"
             + (f" seq={c['seq']}" if c["model"] in SEQ_MODELS else "")
-            + (f" heads={c['heads']}" if c["model"] == "transformer" else "")
+            + (f" heads={c['heads']}" if c["model"] in ("transformer", "llm") else "")
             + (f" save_names={','.join(c['save_names']) or '-'} offload_names="
                f"{','.join(c['offload_names']) or '-'}" if c["policy"] == "custom" else ""))
-    lines = [head, (f"on {env['backend']} ({env['device_kind']}) x{env['device_count']}, jax "
+    if c["model"] == "llm":
+        head += (f" vocab={c.get('vocab')} kv_heads={c.get('kv_heads') or c['heads']}"
+                 f" head_dim={c.get('head_dim') or c['width'] // c['heads']}"
+                 f" mlp_dim={c.get('mlp_dim') or 4 * c['width']}"
+                 f" tie_embeddings={c.get('tie_embeddings')}"
+                 f" param_dtype={c.get('param_dtype') or c['dtype']}"
+                 + (f" preset={c['preset']}" if c.get("preset") else ""))
+    extra = [f"step={c['step']}" if c.get("step", "grad") != "grad" else "",
+             f"microbatches={c['microbatches']}" if c.get("microbatches", 1) > 1 else "",
+             "compile-only" if c.get("compile_only") else ""]
+    return " ".join([head, *(e for e in extra if e)])
+
+
+def _model_line(m: dict | None) -> list[str]:
+    if not m:
+        return []
+    return [f"model: {m['parameters']:,} parameters ({human_bytes(m['parameter_bytes'])}); optimizer "
+            f"state {human_bytes(m['optimizer_state_bytes'])}"]
+
+
+def format_run(result: dict) -> str:
+    """``run``'s document as text: the configuration, compile, time, flops, gradients, memory, tables."""
+    c, env, st, mem = result["config"], result["environment"], result["step_time_s"], result["memory"]
+    lines = [_config_line(c), (f"on {env['backend']} ({env['device_kind']}) x{env['device_count']}, jax "
                     f"{env['jax']}, flax {env['flax']}"), ""]
     lines.append(f"compile: lower {result['compile']['lower_s']:.3f} s, "
                  f"compile {result['compile']['compile_s']:.3f} s")
+    lines += _model_line(result.get("model"))
     if st:
         lines.append(f"step time: median {fmt_time(st['median'])} (p25 {fmt_time(st['p25'])}, "
                      f"p75 {fmt_time(st['p75'])}, min {fmt_time(st['min'])}, "
@@ -87,12 +115,13 @@ def format_run(result: dict) -> str:
                  else f"loss: {result['loss']:.6g}")
     g = result["gradient_check"]
     timing = result.get("timing") or {}
-    if timing.get("measured") is False:  # a named target: compiled for, not run
-        t = result["target"]
-        lines.insert(1, f"compiled for {t['name']} ({t['device_kind']}), not run")
+    if timing.get("measured") is False:  # compile-only: a named target, or --compile-only
+        t = result.get("target")
+        lines.insert(1, f"compiled for {t['name']} ({t['device_kind']}), not run" if t
+                     else "compiled only: nothing allocated or run")
         est = timing.get("estimate_s")
-        lines.append("step time: not measured; estimate "
-                     + (fmt_time(est) if est else "unavailable") + f" ({timing['estimate_basis']})")
+        lines.append(f"step time: not measured; estimate {fmt_time(est)} ({timing['estimate_basis']})"
+                     if est else f"step time: not measured ({timing['estimate_basis']})")
         lines.append(f"gradient check: not run ({g['reason']})")
     else:
         loss_err = "" if g["loss_err"] is None else f"loss error {g['loss_err']:.3g}, "
@@ -110,6 +139,10 @@ def format_run(result: dict) -> str:
             f"{human_bytes(mem['generated_code_bytes'])}; XLA peak field "
             f"{human_bytes(mem['xla_peak_memory_bytes'] or 0)}"
             + (" (on CPU it leaves out temp)" if env["backend"] == "cpu" else ""))
+        kinds = mem.get("by_kind") or {}
+        if kinds:
+            lines.append("memory by kind at the peak: " + ", ".join(
+                f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in kinds.items() if k != "method"))
     else:
         lines.append("memory: this backend gives no compiled memory analysis")
     if result.get("sharding"):

@@ -14,11 +14,25 @@ from .budget import (
     estimate_process_bytes,
     human_bytes,
     human_seconds,
+    llm_parameters,
+    optimizer_state_bytes,
     parse_bytes,
     resolve_budget,
 )
-from .catalog import DEFAULT_POLICY, MODELS, NAMES, POLICY_IDS, SEQ_MODELS, STACKS, names_of
+from .catalog import (
+    DEFAULT_POLICY,
+    MODELS,
+    NAMES,
+    POLICY_IDS,
+    PRESET_FIELDS,
+    PRESET_NAMES,
+    PRESETS,
+    SEQ_MODELS,
+    STACKS,
+    names_of,
+)
 from .run import (
+    BOOL_FIELDS,
     BUDGET_ENV,
     CHOICES,
     DTYPES,
@@ -27,6 +41,8 @@ from .run import (
     MESH_AXES,
     NAME_FIELDS,
     OBJECTIVES,
+    PARAM_DTYPES,
+    STEPS,
     ConfigError,
     MemoryBudgetError,
     RunConfig,
@@ -34,6 +50,7 @@ from .run import (
     format_mesh,
     mesh_devices,
     parse_mesh,
+    preset_fields,
 )
 from .targets import LOCAL, TARGET_NAMES, TARGETS, Target, get_target
 
@@ -43,5 +60,7 @@ __all__ = [
     "PROCESS_FACTOR", "SEQ_MODELS", "STACKS", "ConfigError", "MemoryBudgetError", "RunConfig",
     "check_budget", "coerce_config", "default_budget_bytes", "estimate_bytes", "estimate_process_bytes",
     "format_mesh", "human_bytes", "human_seconds", "mesh_devices", "names_of", "parse_bytes", "parse_mesh",
-    "resolve_budget", "LOCAL", "TARGET_NAMES", "TARGETS", "Target", "get_target",
+    "resolve_budget", "BOOL_FIELDS", "PARAM_DTYPES", "PRESETS", "PRESET_FIELDS", "PRESET_NAMES",
+    "STEPS", "llm_parameters", "optimizer_state_bytes", "preset_fields", "LOCAL", "TARGET_NAMES",
+    "TARGETS", "Target", "get_target",
 ]

@@ -18,14 +18,60 @@ def _itemsize(dtype: str) -> int:
     return 2 if dtype == "bfloat16" else 4
 
 
+def llm_parameters(config: RunConfig) -> int:
+    """The llm's parameter count, from its shape (the model's own count: ``tests/test_presets.py``)."""
+    w, hd = config.width, config.head_dim_used
+    attn = w * hd * (2 * config.heads + 2 * config.kv_heads_used)  # q, o; k, v
+    block = attn + 3 * w * config.mlp_dim_used + 2 * w  # gated MLP, two norm scales
+    embed = config.vocab * w * (1 if config.tie_embeddings else 2)
+    return config.depth * block + embed + w
+
+
+def optimizer_state_bytes(config: RunConfig) -> int:
+    """adamw's state for ``step="train"``: two moments per parameter in the parameter dtype (0 for
+    the gradient step)."""
+    return 0 if config.step != "train" else 2 * _parameter_count(config) * _itemsize(
+        config.param_dtype_used)
+
+
+def _parameter_count(config: RunConfig) -> int:
+    if config.model == "llm":
+        return llm_parameters(config)
+    w, d = config.width, config.depth
+    if config.model == "transformer":
+        return d * (16 * w * w + 2 * w)
+    return d * 2 * (w * w + w)
+
+
+def _llm_bytes(config: RunConfig) -> int:
+    """The llm's estimate: parameters, gradients, a reference copy and adamw's state; per block
+    the projections, the (B, H, N, N) scores and the MLP of one microbatch; the logits in the
+    dtype with their float32 log-softmax and gradient."""
+    item, pitem = _itemsize(config.dtype), _itemsize(config.param_dtype_used)
+    n = _parameter_count(config)
+    b = config.batch // config.microbatches
+    rows = b * config.seq
+    fixed = n * (2 * pitem + item) + optimizer_state_bytes(config) + (n * 4 if config.microbatches > 1 else 0)
+    w, hd = config.width, config.head_dim_used
+    act = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd + 4 * config.mlp_dim_used) * item
+    act += 3 * b * config.heads * config.seq * config.seq * 4
+    logits = rows * config.vocab * (2 * item + 8)
+    return 2 * (fixed + config.depth * act + logits) + (1 << 20)
+
+
 def estimate_bytes(config: RunConfig) -> int:
     """An upper estimate of the device bytes the step needs, computed without JAX.
 
     Parameters, their gradients and a copy for the reference run; per block the activations the
     forward and backward can hold at once (for seq_mixer also the (B, N, N) scores, for the
     transformer the (B, H, N, N) scores and the 4x wide MLP), all with a factor of 2 for XLA's
-    temporaries. Checked against compiled figures in the tests.
+    temporaries. Checked against compiled figures in the tests. A ``compile_only`` configuration
+    allocates nothing of its size: 1 MiB (the compile's own memory is ``COMPILE_WORKSPACE``).
     """
+    if config.compile_only:
+        return 1 << 20
+    if config.model == "llm":
+        return _llm_bytes(config)
     item = _itemsize(config.dtype)
     w = config.width
     rows = max(config.batch, 1) * (config.seq if config.model in SEQ_MODELS else 1)
@@ -41,7 +87,7 @@ def estimate_bytes(config: RunConfig) -> int:
         act += 4 * max(config.batch, 1) * config.seq * config.seq * 4  # scores, softmax, grads
         act += 4 * rows * w * item
     f32_acc = rows * w * 4  # the float32 loss accumulation of the output
-    return 2 * (3 * params + config.depth * act + f32_acc) + (1 << 20)
+    return 2 * (3 * params + config.depth * act + f32_acc) + optimizer_state_bytes(config) + (1 << 20)
 
 
 def estimate_process_bytes(config: RunConfig) -> int:

@@ -1,20 +1,28 @@
-"""The names a configuration may use: models and their checkpoint names, stacks, policy ids (no JAX).
+"""The names a configuration may use: models and their checkpoint names, stacks, policy ids, presets (no JAX).
 
-The model layer builds what these names stand for (``model/models.py``, ``model/stacks.py``,
-``model/policies.py``); ``model/policies.py`` checks at import that its registry has exactly
-``POLICY_IDS``, in this order.
+The model layer builds what these names stand for (``model/models.py``, ``model/llm.py``,
+``model/stacks.py``, ``model/policies.py``); ``model/policies.py`` checks at import that its registry
+has exactly ``POLICY_IDS``, in this order. ``PRESETS``: published model shapes (``presets.json``).
 """
 
 from __future__ import annotations
 
-MODELS = ("mlp", "seq_mixer", "transformer")
-SEQ_MODELS = ("seq_mixer", "transformer")  # x: (batch, seq, width)
+import json
+from pathlib import Path
+
+MODELS = ("mlp", "seq_mixer", "transformer", "llm")
+# Models that use seq: x is (batch, seq, width), or for llm integer tokens (batch, seq).
+SEQ_MODELS = ("seq_mixer", "transformer", "llm")
 # The checkpoint_name tags of each model's block, in program order (MaxText's for the transformer).
 NAMES = {
     "mlp": ("l1", "l2"),
     "seq_mixer": ("l1", "scores", "mix", "l2"),
     "transformer": ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0",
                     "mlpwi_1", "mlpwo"),
+    # The decoder LM: MaxText's block names; "embed" (the token embedding's output) and "logits"
+    # (the vocabulary projection) lie outside the per-block remat, so a policy cannot move them.
+    "llm": ("embed", "query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0",
+            "mlpwi_1", "mlpwo", "logits"),
 }
 
 
@@ -35,3 +43,10 @@ POLICY_IDS = (
     "custom",
 )
 DEFAULT_POLICY = "dots_with_no_batch_dims_saveable"
+
+
+# Published decoder shapes, by name: the llm fields they fill, their source and parameter count.
+PRESET_FIELDS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab", "seq",
+                 "tie_embeddings")
+PRESETS: dict[str, dict] = json.loads((Path(__file__).with_name("presets.json")).read_text())["presets"]
+PRESET_NAMES = ("", *PRESETS)  # "" = no preset

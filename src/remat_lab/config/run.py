@@ -8,11 +8,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .catalog import DEFAULT_POLICY, MODELS, POLICY_IDS, SEQ_MODELS, STACKS, names_of
+from .catalog import (
+    DEFAULT_POLICY,
+    MODELS,
+    POLICY_IDS,
+    PRESET_FIELDS,
+    PRESET_NAMES,
+    PRESETS,
+    SEQ_MODELS,
+    STACKS,
+    names_of,
+)
 from .targets import LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES
 
 DTYPES = ("float32", "bfloat16")
 OBJECTIVES = ("value_and_grad", "grad")
+STEPS = ("grad", "train")  # the objective's gradient step, or a whole optax.adamw training step
+PARAM_DTYPES = ("", *DTYPES)  # "" = the compute dtype
+BOOL_FIELDS = ("tie_embeddings", "compile_only")
 BUDGET_ENV = "REMAT_LAB_MEMORY_BUDGET"
 MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in mesh order (sharding.py)
 MAX_MESH_DEVICES = 4096
@@ -24,11 +37,18 @@ LIMITS = {
     "seq": (1, 4096),
     "heads": (1, 256),
     "depth": (1, 16),
+    "vocab": (2, 262144),
+    "kv_heads": (0, 256),  # 0 = heads (multi-head attention)
+    "head_dim": (0, 1024),  # 0 = width // heads
+    "mlp_dim": (0, 131072),  # 0 = 4 * width
+    "microbatches": (1, 1024),
     "repeats": (1, 1000),
     "warmup": (0, 100),
     "seed": (0, 2**31 - 1),
     "target_devices": (1, MAX_TARGET_DEVICES),
 }
+# The llm's own ranges (published shapes: 32 blocks, 8192 tokens and more); the others keep LIMITS.
+LLM_LIMITS = {"seq": (1, 32768), "depth": (1, 128)}
 CHOICES = {
     "model": MODELS,
     "stack": STACKS,
@@ -36,6 +56,9 @@ CHOICES = {
     "policy": POLICY_IDS,
     "objective": OBJECTIVES,
     "target": TARGET_NAMES,
+    "param_dtype": PARAM_DTYPES,
+    "step": STEPS,
+    "preset": PRESET_NAMES,
 }
 
 
@@ -97,14 +120,39 @@ class RunConfig:
     mesh: str = ""  # "" = one device; else e.g. "data=2,tensor=2" (see parse_mesh, program/mesh.py)
     target: str = LOCAL  # "local": the attached backend, run and timed; else compiled for (targets.py)
     target_devices: int = 1  # devices of the target the program is placed on (the mesh's, if any)
+    # The decoder LM (model "llm"; other models ignore these): vocabulary, grouped-query attention
+    # (kv_heads key/value heads shared by heads // kv_heads query heads each; 0 = heads), head size
+    # (0 = width // heads), the gated MLP's hidden size (0 = 4 * width), whether the vocabulary
+    # projection is the embedding's transpose.
+    vocab: int = 512
+    kv_heads: int = 0
+    head_dim: int = 0
+    mlp_dim: int = 0
+    tie_embeddings: bool = False
+    param_dtype: str = ""  # weights and optimizer state; "" = dtype (as before this field)
+    step: str = "grad"  # "grad": the objective; "train": value_and_grad + optax.adamw, donated
+    microbatches: int = 1  # gradient accumulation over this many microbatches (lax.scan)
+    preset: str = ""  # the published shape the llm fields came from (PRESETS), "" = none
+    compile_only: bool = False  # abstract parameters, state and input: compiled, never allocated
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> RunConfig:
+        """The llm of preset ``name`` (``PRESETS``), with ``overrides`` (explicit values win)."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {_show(name)}; choose one of: {', '.join(PRESETS)}.")
+        return cls(**{"model": "llm", **preset_fields(name), **overrides, "preset": name})
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in NAME_FIELDS or f.name == "mesh":
                 continue  # checked below, once model, policy and sizes are known
+            if f.name in BOOL_FIELDS:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{f.name} must be true or false, not {_show(value)}.")
+                continue
             if f.name in LIMITS:
-                lo, hi = LIMITS[f.name]
+                lo, hi = (LLM_LIMITS if self.model == "llm" else LIMITS).get(f.name, LIMITS[f.name])
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ConfigError(f"{f.name} must be a whole number from {lo} to {hi}, "
                                       f"not {_show(value)}.")
@@ -121,9 +169,47 @@ class RunConfig:
         if self.model == "transformer" and self.width % self.heads:
             raise ConfigError(f"width {self.width} is not divisible by heads {self.heads}; the "
                               "transformer splits width into heads of equal size.")
+        self._check_llm()
+        self._check_step()
         self._check_names()
         self._check_mesh()
         self._check_target()
+
+    def _check_llm(self) -> None:
+        """The decoder LM's shape: heads split into kv_heads groups, an even head size (rotary
+        embedding), two tokens at least (next-token labels); a preset only for the llm."""
+        if self.preset and self.model != "llm":
+            raise ConfigError(f"preset {self.preset} is a decoder LM: use model llm (e.g. "
+                              f"RunConfig.from_preset({self.preset!r})), or no preset.")
+        if self.model != "llm":
+            return
+        if self.seq < 2:
+            raise ConfigError("the llm predicts each next token: it needs seq of 2 or more.")
+        if self.heads % self.kv_heads_used:
+            raise ConfigError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}; "
+                              "each key/value head serves an equal group of query heads.")
+        if not self.head_dim and self.width % self.heads:
+            raise ConfigError(f"width {self.width} is not divisible by heads {self.heads}; set "
+                              "head_dim, or a width that heads divides.")
+        if self.head_dim_used % 2:
+            raise ConfigError(f"head size {self.head_dim_used} is odd; the rotary position "
+                              "embedding rotates pairs of features, so it must be even.")
+
+    def _check_step(self) -> None:
+        """Training steps, microbatches and compile-only against the objective, batch and mesh."""
+        if self.step == "train" and self.objective != "value_and_grad":
+            raise ConfigError("step train computes the loss and its gradients (value_and_grad) "
+                              "and updates with adamw; objective grad is for step grad.")
+        if self.microbatches > 1 and (self.batch == 0 or self.batch % self.microbatches):
+            raise ConfigError(f"batch {self.batch} cannot be split into {self.microbatches} equal "
+                              f"microbatches; use a batch that is a multiple of {self.microbatches}.")
+        if self.param_dtype and self.param_dtype != self.dtype and self.model not in ("llm",):
+            raise ConfigError(f"param_dtype differs from dtype only for the llm; {self.model} keeps "
+                              "its parameters in its dtype.")
+        if self.mesh and (self.model == "llm" or self.step == "train" or self.microbatches > 1
+                          or self.compile_only):
+            raise ConfigError("the llm, step train, microbatches and compile_only run on one device "
+                              f"for now; leave the mesh out (mesh {self.mesh!r} given).")
 
     def _check_target(self) -> None:
         """A named target holds the mesh's devices (or one); ``local`` uses the attached ones."""
@@ -186,10 +272,45 @@ class RunConfig:
         return asdict(self)
 
     @property
+    def kv_heads_used(self) -> int:
+        """Key/value heads: ``kv_heads``, or ``heads`` when 0."""
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim_used(self) -> int:
+        """The attention head size: ``head_dim``, or ``width // heads`` when 0."""
+        return self.head_dim or self.width // self.heads
+
+    @property
+    def mlp_dim_used(self) -> int:
+        """The gated MLP's hidden size: ``mlp_dim``, or ``4 * width`` when 0."""
+        return self.mlp_dim or 4 * self.width
+
+    @property
+    def param_dtype_used(self) -> str:
+        """The parameters' (and optimizer state's) dtype: ``param_dtype``, or ``dtype`` when ""."""
+        return self.param_dtype or self.dtype
+
+    @property
+    def preset_overrides(self) -> dict:
+        """The preset's fields this configuration changes: ``{field: (preset's, this)}``."""
+        if not self.preset:
+            return {}
+        return {k: (v, getattr(self, k)) for k, v in preset_fields(self.preset).items()
+                if getattr(self, k) != v}
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
+        if self.model == "llm":
+            return (self.batch, self.seq)  # integer tokens
         if self.model in SEQ_MODELS:
             return (self.batch, self.seq, self.width)
         return (self.width,) if self.batch == 0 else (self.batch, self.width)
+
+
+def preset_fields(name: str) -> dict:
+    """The ``RunConfig`` fields preset ``name`` sets (``PRESET_FIELDS``)."""
+    return {k: PRESETS[name][k] for k in PRESET_FIELDS}
 
 
 def parse_mesh(text: object) -> dict[str, int]:
@@ -253,5 +374,13 @@ def coerce_config(raw: dict) -> RunConfig:
             value = int(text)
         if name in NAME_FIELDS:
             value = _names_tuple(name, value)
+        if name in BOOL_FIELDS and isinstance(value, str):
+            text = value.strip().lower()
+            if text not in ("true", "false", "1", "0"):
+                raise ConfigError(f"{name} must be true or false, not {value[:40]!r}.")
+            value = text in ("true", "1")
         values[name] = value
+    preset = values.get("preset")
+    if preset and preset in PRESETS:  # the preset fills what is not given (explicit values win)
+        return RunConfig.from_preset(preset, **{k: v for k, v in values.items() if k != "preset"})
     return RunConfig(**values)

@@ -1,6 +1,7 @@
-"""The NNX blocks: the seed's MLP, a sequence mixer and a pre-norm transformer decoder block.
+"""The NNX blocks: the seed's MLP, a sequence mixer and a pre-norm transformer decoder block; ``build_model``.
 
 The sequence mixer's products pair batch axes; every block is built into a stack (``stacks.py``).
+The decoder language model (``llm``) is in ``llm.py``; ``build_model`` builds every model.
 
 Every layer call runs inside a ``jax.named_scope`` (``l1``, ``mix``, ``l2``; the transformer's
 ``attn_norm``, ``q_proj``, ``k_proj``, ``v_proj``, ``attn``, ``o_proj``, ``mlp_norm``, ``wi_0``, ``wi_1``,
@@ -21,6 +22,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from remat_lab.config.catalog import MODELS, NAMES, SEQ_MODELS, names_of  # noqa: F401
+from remat_lab.model.llm import LLM
 from remat_lab.model.stacks import build_stack
 
 MLP_RATIO = 4  # the transformer's gated MLP: hidden = 4 * width
@@ -115,10 +117,15 @@ class Transformer(nnx.Module):
 
 
 def build_model(model: str, width: int, depth: int, *, seed: int, dtype,
-                stack: str = "loop", heads: int = 4) -> nnx.Module:
+                stack: str = "loop", heads: int = 4, **llm) -> nnx.Module:
     """The model for a configuration: the bare block when depth is 1, else a stack of ``depth``
     blocks built as ``stack`` (``"loop"`` or ``"scan"``, see ``stacks.py``). ``heads``: the
-    transformer's attention heads (other models ignore it)."""
+    transformer's attention heads (other models ignore it). ``llm``: the decoder LM's settings
+    (``vocab``, ``kv_heads``, ``head_dim``, ``mlp_dim``, ``tie_embeddings``, ``param_dtype``; see
+    ``llm_options``)."""
+    if model == "llm":
+        return LLM(width=width, depth=depth, heads=heads, stack=stack, rngs=nnx.Rngs(seed),
+                   dtype=dtype, **llm)
     if model == "transformer":
         def make(rngs: nnx.Rngs) -> nnx.Module:
             return Transformer(width, heads=heads, rngs=rngs, dtype=dtype)
@@ -128,3 +135,14 @@ def build_model(model: str, width: int, depth: int, *, seed: int, dtype,
         def make(rngs: nnx.Rngs) -> nnx.Module:
             return block(width, rngs=rngs, dtype=dtype)
     return build_stack(make, depth, stack, rngs=nnx.Rngs(seed))
+
+
+def llm_options(config, dtypes: dict) -> dict:
+    """``build_model``'s llm settings for a ``RunConfig`` (``{}`` for other models); ``dtypes``
+    maps dtype names to JAX dtypes."""
+    if config.model != "llm":
+        return {}
+    return {"vocab": config.vocab, "kv_heads": config.kv_heads_used,
+            "head_dim": config.head_dim_used, "mlp_dim": config.mlp_dim_used,
+            "tie_embeddings": config.tie_embeddings,
+            "param_dtype": dtypes[config.param_dtype_used]}

@@ -3,21 +3,28 @@
 Following the Flax examples, the model, the loss and the step are three small separate things:
 ``build_model`` (models.py), ``loss_fn`` (here) and ``make_step`` (here). The module is split once
 (``nnx.split``); the step takes the flat list of parameter arrays so that calling the compiled
-executable costs as little as possible.
+executable costs as little as possible. The llm's loss is its next-token cross-entropy (``llm.py``),
+the other models' the sum of their output. ``microbatches`` > 1 accumulates the gradient over equal
+slices of the batch in a ``lax.scan`` (float32 accumulators). ``step="train"``: ``jit_program`` is
+value_and_grad plus an ``optax.adamw`` update, parameters and optimizer state donated
+(``program_args`` gives fresh buffers each call); ``jit_step`` stays the gradient step.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from remat_lab.config import LOCAL, ConfigError, RunConfig
-from remat_lab.model.models import build_model
+from remat_lab.model.llm import next_token_loss
+from remat_lab.model.models import build_model, llm_options
 from remat_lab.model.policies import build_policy, get_policy
 from remat_lab.model.stacks import run_stack
 from remat_lab.program import mesh as sharding
@@ -39,6 +46,7 @@ class Problem:
     loss: Callable[[list[jax.Array], jax.Array], jax.Array]
     mesh: jax.sharding.Mesh | None = None  # config.mesh built (sharding.py); None on one device
     specs: tuple | None = None  # each leaf's PartitionSpec on the mesh
+    opt_state: object = None  # step "train": adamw's state over the leaves (abstract if they are)
 
     @property
     def args(self) -> tuple[list[jax.Array], jax.Array]:
@@ -70,15 +78,26 @@ def _path_name(path) -> str:
 # (bitwise the same values as eager initialisation) rather than op by op: eagerly, every op at a
 # new shape is a separate compile (or persistent-cache lookup), which cost more than compiling the
 # step itself. Arrays are immutable, so sharing them is safe.
+def _llm_key(config: RunConfig) -> tuple:
+    """The llm's build settings as a hashable key (param_dtype by name); () for other models."""
+    opts = llm_options(config, DTYPES)
+    return tuple(sorted({**opts, "param_dtype": config.param_dtype_used}.items())) if opts else ()
+
+
+def _llm_kwargs(llm: tuple) -> dict:
+    opts = dict(llm)
+    return {**opts, "param_dtype": DTYPES[opts["param_dtype"]]} if opts else {}
+
+
 @functools.lru_cache(maxsize=4)
 def _parameters(model_name: str, width: int, depth: int, seed: int, dtype_name: str, stack: str,
-                heads: int = 4):
+                heads: int = 4, llm: tuple = ()):
     found = {}
 
     def init():
         graphdef, state = nnx.split(build_model(model_name, width, depth, seed=seed,
                                                 dtype=DTYPES[dtype_name], stack=stack,
-                                                heads=heads))
+                                                heads=heads, **_llm_kwargs(llm)))
         found["graphdef"] = graphdef  # static structure, no arrays
         return state
 
@@ -89,20 +108,31 @@ def _parameters(model_name: str, width: int, depth: int, seed: int, dtype_name: 
 
 
 @functools.lru_cache(maxsize=4)
-def _input(shape: tuple[int, ...], seed: int, dtype_name: str) -> jax.Array:
+def _input(shape: tuple[int, ...], seed: int, dtype_name: str, vocab: int = 0) -> jax.Array:
+    """The input from the seed: normal values in the dtype, or for the llm (``vocab`` > 0)
+    uniform integer tokens in ``[0, vocab)``."""
+    key = jax.random.key(seed + 1)
+    if vocab:
+        return jax.jit(lambda: jax.random.randint(key, shape, 0, vocab, dtype=jnp.int32))()
     dtype = DTYPES[dtype_name]
-    return jax.jit(lambda: jax.random.normal(jax.random.key(seed + 1), shape, dtype=dtype))()
+    return jax.jit(lambda: jax.random.normal(key, shape, dtype=dtype))()
+
+
+def input_dtype(config: RunConfig):
+    """The input's dtype: int32 tokens for the llm, else the compute dtype."""
+    return jnp.int32 if config.model == "llm" else DTYPES[config.dtype]
 
 
 @functools.lru_cache(maxsize=8)
 def _abstract_parameters(model_name: str, width: int, depth: int, dtype_name: str, stack: str,
-                         heads: int = 4):
+                         heads: int = 4, llm: tuple = ()):
     """Shapes and dtypes of ``_parameters``' leaves, traced with ``jax.eval_shape``: no array made."""
     found = {}
 
     def init():
         graphdef, state = nnx.split(build_model(model_name, width, depth, seed=0,
-                                                dtype=DTYPES[dtype_name], stack=stack, heads=heads))
+                                                dtype=DTYPES[dtype_name], stack=stack, heads=heads,
+                                                **_llm_kwargs(llm)))
         found["graphdef"] = graphdef
         return state
 
@@ -114,6 +144,13 @@ def _abstract_parameters(model_name: str, width: int, depth: int, dtype_name: st
 
 def _loss_fn(config: RunConfig, graphdef, treedef, gather: Callable | None = None) -> Callable:
     block_fn = _block_fn(config, gather)
+    if config.model == "llm":
+        def lm_loss(leaves: list[jax.Array], tokens: jax.Array) -> jax.Array:
+            """Mean next-token cross-entropy, in float32 (``llm.next_token_loss``)."""
+            model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+            return next_token_loss(model(tokens, block_fn), tokens)
+
+        return lm_loss
 
     def loss(leaves: list[jax.Array], x: jax.Array) -> jax.Array:
         """Sum of the model output, accumulated in float32."""
@@ -125,11 +162,14 @@ def _loss_fn(config: RunConfig, graphdef, treedef, gather: Callable | None = Non
 
 def build_problem(config: RunConfig) -> Problem:
     """Build the model and input of ``config`` and the scalar loss over flat parameter leaves."""
+    if config.compile_only:
+        return abstract_problem(config)
     graphdef, treedef, leaves, paths = _parameters(config.model, config.width, config.depth,
                                                    config.seed, config.dtype, config.stack,
-                                                   config.heads)
+                                                   config.heads, _llm_key(config))
     leaves, paths = list(leaves), list(paths)
-    x = _input(config.input_shape, config.seed, config.dtype)
+    x = _input(config.input_shape, config.seed, config.dtype,
+               config.vocab if config.model == "llm" else 0)
     mesh = specs = gather = None
     if config.mesh:  # the sharded path (sharding.py): the same values, laid out on the mesh
         mesh = sharding.build_mesh(config.mesh)
@@ -138,7 +178,8 @@ def build_problem(config: RunConfig) -> Problem:
         x = sharding.place([x], [sharding.input_spec(config)], mesh)[0]
         gather = sharding.gathered(config, mesh) if "fsdp" in config.mesh else None
     loss = _loss_fn(config, graphdef, treedef, gather)
-    return Problem(config, graphdef, treedef, leaves, paths, x, loss, mesh, specs)
+    opt_state = jax.jit(optimizer(config).init)(leaves) if config.step == "train" else None
+    return Problem(config, graphdef, treedef, leaves, paths, x, loss, mesh, specs, opt_state)
 
 
 def abstract_problem(config: RunConfig, config_file: str | None = None) -> Problem:
@@ -147,20 +188,25 @@ def abstract_problem(config: RunConfig, config_file: str | None = None) -> Probl
     one device (the advisor's probes); on a named target placed on its compile-only devices, over
     the mesh when there is one (``config_file``: the user's own GPU target description)."""
     graphdef, treedef, leaves, paths = _abstract_parameters(config.model, config.width, config.depth,
-                                                            config.dtype, config.stack, config.heads)
-    x = jax.ShapeDtypeStruct(config.input_shape, DTYPES[config.dtype])
+                                                            config.dtype, config.stack, config.heads,
+                                                            _llm_key(config))
+    x = jax.ShapeDtypeStruct(config.input_shape, input_dtype(config))
     if config.target == LOCAL:
         if config.mesh:
             raise ConfigError("compile-only probes run on one device; leave the mesh out (mesh "
                               f"{config.mesh!r} given).")
+        opt_state = (jax.eval_shape(optimizer(config).init, list(leaves))
+                     if config.step == "train" else None)
         return Problem(config, graphdef, treedef, list(leaves), list(paths), x,
-                       _loss_fn(config, graphdef, treedef))
+                       _loss_fn(config, graphdef, treedef), opt_state=opt_state)
     devices = targets.target_devices(config.target, config.target_devices, config_file)
     if not config.mesh:
         one = jax.sharding.SingleDeviceSharding(devices[0])
         place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one)
+        opt_state = (jax.tree_util.tree_map(place, jax.eval_shape(optimizer(config).init, list(leaves)))
+                     if config.step == "train" else None)
         return Problem(config, graphdef, treedef, [place(a) for a in leaves], list(paths), place(x),
-                       _loss_fn(config, graphdef, treedef))
+                       _loss_fn(config, graphdef, treedef), opt_state=opt_state)
     mesh = sharding.build_mesh(config.mesh, devices)
     specs = tuple(sharding.param_specs(jax.tree_util.tree_unflatten(treedef, list(leaves)), config))
     put = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
@@ -172,15 +218,87 @@ def abstract_problem(config: RunConfig, config_file: str | None = None) -> Probl
 
 
 def problem_for(config: RunConfig) -> Problem:
-    """The problem a configuration compiles: real arrays locally, abstract ones on a named target."""
-    return build_problem(config) if config.target == LOCAL else abstract_problem(config)
+    """The problem a configuration compiles: real arrays locally, abstract ones on a named target
+    or when ``compile_only``."""
+    local = config.target == LOCAL and not config.compile_only
+    return build_problem(config) if local else abstract_problem(config)
+
+
+LEARNING_RATE = 1e-4  # adamw's (constant) step size; memory and time do not depend on it
+
+
+def optimizer(config: RunConfig) -> optax.GradientTransformation:
+    """The training step's optimizer: ``optax.adamw``, moments in the parameters' dtype."""
+    return optax.adamw(LEARNING_RATE)
+
+
+def _value_and_grad(problem: Problem) -> Callable:
+    """(leaves, x) -> (loss, grads), over ``microbatches`` slices of the batch when more than one:
+    a ``lax.scan`` adding each slice's loss and gradients in float32 (the llm's mean loss and its
+    gradients are then divided by the count, the summed losses' are not)."""
+    vg = jax.value_and_grad(problem.loss)
+    k = problem.config.microbatches
+    if k == 1:
+        return vg
+    mean = problem.config.model == "llm"
+
+    def accumulated(leaves: list[jax.Array], x: jax.Array):
+        xs = x.reshape(k, x.shape[0] // k, *x.shape[1:])
+
+        def body(carry, xb):
+            total, acc = carry
+            loss, grads = vg(leaves, xb)
+            return (total + loss, [a + g.astype(jnp.float32) for a, g in zip(acc, grads)]), None
+
+        init = (jnp.zeros((), jnp.float32), [jnp.zeros(leaf.shape, jnp.float32) for leaf in leaves])
+        with jax.named_scope("microbatches"):
+            (total, acc), _ = jax.lax.scan(body, init, xs)
+        scale = 1.0 / k if mean else 1.0
+        return total * scale, [(a * scale).astype(leaf.dtype) for a, leaf in zip(acc, leaves)]
+
+    return accumulated
 
 
 def make_step(problem: Problem) -> Callable:
-    """The un-jitted step: (leaves, x) -> (loss, grads) or grads, per the objective."""
+    """The un-jitted gradient step: (leaves, x) -> (loss, grads) or grads, per the objective."""
     if problem.config.objective == "grad":
-        return jax.grad(problem.loss)
-    return jax.value_and_grad(problem.loss)
+        if problem.config.microbatches == 1:
+            return jax.grad(problem.loss)
+        vg = _value_and_grad(problem)
+        return lambda leaves, x: vg(leaves, x)[1]
+    return _value_and_grad(problem)
+
+
+def make_train_step(problem: Problem) -> Callable:
+    """The un-jitted training step: (leaves, opt_state, x) -> (loss, new leaves, new opt_state)."""
+    vg, tx = _value_and_grad(problem), optimizer(problem.config)
+
+    def train(leaves: list[jax.Array], opt_state, x: jax.Array):
+        loss, grads = vg(leaves, x)
+        with jax.named_scope("optimizer"):
+            updates, opt_state = tx.update(grads, opt_state, leaves)
+            return loss, optax.apply_updates(leaves, updates), opt_state
+
+    return train
+
+
+def jit_program(problem: Problem) -> Callable:
+    """The jitted program ``config.step`` asks for: the gradient step (``jit_step``), or the
+    training step with the parameters and optimizer state donated (arguments 0 and 1)."""
+    if problem.config.step != "train":
+        return jit_step(problem)
+    return jax.jit(make_train_step(problem), donate_argnums=(0, 1))
+
+
+def program_args(problem: Problem) -> tuple:
+    """``jit_program``'s arguments: ``problem.args``, or for step train ``(leaves, opt_state, x)``
+    as fresh buffers (copies: donation consumes them, the cached parameters stay)."""
+    if problem.config.step != "train":
+        return problem.args
+    leaves, state = problem.leaves, problem.opt_state
+    if not isinstance(problem.x, jax.ShapeDtypeStruct):
+        leaves, state = jax.tree_util.tree_map(jnp.copy, (leaves, state))
+    return leaves, state, problem.x
 
 
 def jit_step(problem: Problem) -> Callable:
@@ -188,3 +306,15 @@ def jit_step(problem: Problem) -> Callable:
     if problem.mesh is None:
         return jax.jit(make_step(problem))
     return sharding.jit_step(problem, make_step(problem))
+
+
+def _nbytes(tree) -> int:
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree_util.tree_leaves(tree))
+
+
+def model_report(problem: Problem) -> dict:
+    """The run document's ``model``: the parameter count of the built model (its leaves: real or
+    abstract), their bytes and the optimizer state's bytes (0 for the gradient step)."""
+    return {"parameters": sum(math.prod(a.shape) for a in problem.leaves),
+            "parameter_bytes": _nbytes(problem.leaves),
+            "optimizer_state_bytes": _nbytes(problem.opt_state) if problem.opt_state is not None else 0}

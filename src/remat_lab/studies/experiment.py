@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from remat_lab.analysis import collectives
+from remat_lab.analysis.by_kind import memory_by_kind
 from remat_lab.analysis.costs import cost_of, memory_report, program_flops, step_flops
 from remat_lab.analysis.dissect import Dissection, dissect
 from remat_lab.analysis.estimate import estimate_step
@@ -27,7 +28,15 @@ from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the stud
     xla_error,
 )
 from remat_lab.program.mesh import to_host
-from remat_lab.program.step import build_problem, jit_step, problem_for
+from remat_lab.program.step import (
+    Problem,
+    build_problem,
+    jit_program,
+    jit_step,
+    model_report,
+    problem_for,
+    program_args,
+)
 from remat_lab.program.timing import (
     MIN_WARMUP_S,
     Progress,
@@ -80,7 +89,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     XLA fails. With ``timing=False`` the step is compiled and dissected but not timed.
     """
     progress = progress or (lambda stage: None)
-    if config.target != LOCAL:
+    if config.target != LOCAL or config.compile_only:
         return _run_on_target(config, progress)
     check_budget(config, resolve_budget(budget, device_memory_limit()))
 
@@ -164,7 +173,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     result["totals"] = dis.totals
     result["notes"] = dis.notes
     result["texts"] = dis.texts
-    return result
+    return _with_program(config, result, problem)
 
 
 def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, dump, progress: Progress
@@ -193,10 +202,41 @@ def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, du
     return out
 
 
+def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
+    """The document completed with the model's sizes, the whole training step's memory (step
+    train: the AdamW update compiled with parameters and state donated; the timing, the gradient
+    check and the dissection stay the gradient step's) and the memory by kind at the peak."""
+    model = model_report(problem)
+    result["model"] = model
+    if config.step == "train":
+        t0 = time.perf_counter()
+        try:
+            compiled = jit_program(problem).lower(*program_args(problem)).compile()
+        except Exception as err:
+            raise xla_error("compiling the training step", err) from err
+        result["compile"]["train_compile_s"] = time.perf_counter() - t0
+        result["memory_gradient_step"] = result["memory"]
+        result["memory"] = memory_report(compiled)
+        result["notes"] = [*result["notes"], (
+            "memory is the whole training step's (the AdamW update, parameters and optimizer state "
+            "donated); the step time, the gradient check and the per-dot tables are the gradient "
+            "step's, whose remat decisions are the same")]
+    logits = 0
+    if config.model == "llm":
+        rows = config.batch // max(config.microbatches, 1) * config.seq
+        logits = rows * config.vocab * (2 if config.dtype == "bfloat16" else 4)
+    if result["memory"]:
+        result["memory"]["by_kind"] = memory_by_kind(result["memory"], model,
+                                                     train=config.step == "train", logits_bytes=logits)
+    return result
+
+
 def _run_on_target(config: RunConfig, progress: Progress) -> dict:
-    """Compile-only: the step lowered on abstract inputs placed on the target's devices, compiled
-    for it, analysed; nothing is allocated or run, so no step time and no gradient check."""
-    target = get_target(config.target)
+    """Compile-only (a named target, or ``compile_only``): the step lowered on abstract inputs
+    (placed on the target's devices), compiled, analysed; nothing is allocated or run, so no step
+    time and no gradient check."""
+    target = None if config.target == LOCAL else get_target(config.target)
+    where = "this machine" if target is None else config.target
     progress("building")
     problem = problem_for(config)
     progress("lowering")
@@ -209,14 +249,17 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         compiled, dump = compile_dumped(lowered)
         t2 = time.perf_counter()
     except Exception as err:
-        raise xla_error(f"compiling for {config.target}", err) from err
+        raise xla_error(f"compiling for {where}", err) from err
     sec = _compiled_sections(config, problem, traced, lowered, compiled, dump, progress)
     dis, base = sec["dissection"], sec["baseline"]
-    estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype)
-    reason = f"compiled for {config.target} without the device: nothing was run"
+    if target is not None:
+        estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype)
+        reason = f"compiled for {config.target} without the device: nothing was run"
+    else:
+        estimate = {"estimate_s": None, "basis": "compile-only on this machine: no step time"}
+        reason = "compile-only: nothing was allocated or run"
     result = {
         "schema": 1, "config": config.as_dict(), "environment": environment(),
-        "target": target.as_dict(),
         "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1, "timeline_s": sec["timeline_s"]},
         "step_time_s": None,
         "timing": {"measured": False, "estimate_s": estimate["estimate_s"],
@@ -229,8 +272,10 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
                      "peak_bytes": (base["memory"] or {}).get("peak_bytes")},
         "gradient_check": {"ok": None, "reason": reason + " (the check compares computed gradients)"},
     }
+    if target is not None:
+        result["target"] = target.as_dict()
     if "sharding" in sec:
         result["sharding"] = sec["sharding"]
     result.update(residuals=dis.residuals, dots=dis.dots, totals=dis.totals, notes=dis.notes,
                   texts=dis.texts)
-    return result
+    return _with_program(config, result, problem)

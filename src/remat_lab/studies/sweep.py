@@ -27,7 +27,9 @@ AXES = ("model", "width", "batch", "seq", "depth", "stack", "dtype", "policy")
 
 def config_key(config: dict) -> str:
     """A configuration as a canonical string: the identity used to skip finished rows."""
-    defaults = {"target": "local", "target_devices": 1}  # fields newer than some sweep files
+    defaults = {"target": "local", "target_devices": 1, "vocab": 512, "kv_heads": 0, "head_dim": 0,
+                "mlp_dim": 0, "tie_embeddings": False, "param_dtype": "", "step": "grad",
+                "microbatches": 1, "preset": "", "compile_only": False}  # newer than some sweep files
     return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in sorted(config.items())
                        if not (k in defaults and v == defaults[k])}, sort_keys=True)
 

@@ -1,0 +1,147 @@
+"""A decoder language model: token embedding, decoder blocks (GQA, rotary), final norm, vocabulary loss.
+
+``LLM`` is Llama-shaped: ``embed`` (``vocab x width``), ``depth`` ``DecoderBlock``s in a stack
+(``stacks.py``: scan or loop, each block through the step's ``block_fn``, i.e. ``nnx.remat`` with the
+policy), a final RMSNorm and the vocabulary projection (``lm_head``, or the embedding's transpose
+when ``tie_embeddings``). A block is the transformer block of ``models.py`` extended: grouped-query
+attention (``kv_heads`` key/value heads, each shared by ``heads // kv_heads`` query heads), head size
+``head_dim`` (which need not be ``width // heads``), rotary position embedding on queries and keys
+(base ``ROPE_THETA``, halves rotated as in Llama/MaxText), a gated SiLU MLP of hidden size
+``mlp_dim``; no biases. Checkpoint names are MaxText's (``query_proj``, ``key_proj``,
+``value_proj`` after the rotation, ``context``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``)
+plus ``embed`` and ``logits`` outside the blocks (no per-block policy reaches them).
+
+**Logits.** ``next_token_loss`` follows MaxText's default: the full ``(batch, seq, vocab)`` logits
+in the compute dtype (one matrix product; nothing tiled over the vocabulary), then log-softmax and
+cross-entropy in float32 (the logits upcast inside the loss, as MaxText's
+``cross_entropy_with_logits`` does). So the step holds the logits in the dtype, their float32
+log-softmax and its gradient: no more than that real implementation. Labels are the inputs shifted
+by one (``labels[:, t] = tokens[:, t + 1]``); the last position has no label and weight 0; the loss
+is the mean over the ``batch * (seq - 1)`` labelled positions. Attention scores are softmaxed in
+float32 and the probabilities cast back to the dtype. Initialisation: embedding and ``lm_head``
+normal(0.02) (Hugging Face's ``initializer_range``), so the loss at init is close to ``ln(vocab)``;
+projections flax's default (lecun normal); norm scales 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from remat_lab.model.stacks import build_stack, run_stack
+
+ROPE_THETA = 10000.0  # the rotary base frequency (shapes, memory and FLOPs do not depend on it)
+EMBED_INIT_STD = 0.02
+
+
+def rotary(x: jax.Array, theta: float = ROPE_THETA) -> jax.Array:
+    """Rotate ``x: (B, N, H, K)`` by position (axis 1): pairs ``(i, i + K/2)``, angles in float32."""
+    n, k = x.shape[1], x.shape[-1]
+    inv_freq = theta ** (-jnp.arange(0, k, 2, dtype=jnp.float32) / k)  # (K/2,)
+    angles = jnp.arange(n, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (N, K/2)
+    sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Grouped-query causal attention: ``q: (B, N, H, K)``, ``k, v: (B, N, G, K)``, G divides H."""
+    b, n, h, d = q.shape
+    g = k.shape[2]
+    q = q.reshape(b, n, g, h // g, d)
+    scores = jnp.einsum("bngrk,bmgk->bgrnm", q, k) / math.sqrt(d)
+    causal = jnp.tril(jnp.ones((n, n), dtype=bool))
+    scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    p = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bgrnm,bmgk->bngrk", p, v).reshape(b, n, h, d)
+
+
+class DecoderBlock(nnx.Module):
+    """A pre-norm decoder block on ``x: (B, N, width)``: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``."""
+
+    def __init__(self, width: int, *, heads: int, kv_heads: int, head_dim: int, mlp_dim: int,
+                 rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+        kw = dict(use_bias=False, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        norm = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.attn_norm = nnx.RMSNorm(width, **norm)
+        self.q_proj = nnx.LinearGeneral(width, (heads, head_dim), **kw)
+        self.k_proj = nnx.LinearGeneral(width, (kv_heads, head_dim), **kw)
+        self.v_proj = nnx.LinearGeneral(width, (kv_heads, head_dim), **kw)
+        self.o_proj = nnx.LinearGeneral((heads, head_dim), width, axis=(-2, -1), **kw)
+        self.mlp_norm = nnx.RMSNorm(width, **norm)
+        self.wi_0 = nnx.Linear(width, mlp_dim, **kw)
+        self.wi_1 = nnx.Linear(width, mlp_dim, **kw)
+        self.wo = nnx.Linear(mlp_dim, width, **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        with jax.named_scope("attn_norm"):
+            h = self.attn_norm(x)
+        with jax.named_scope("q_proj"):
+            q = checkpoint_name(rotary(self.q_proj(h)), "query_proj")  # (B, N, H, K)
+        with jax.named_scope("k_proj"):
+            k = checkpoint_name(rotary(self.k_proj(h)), "key_proj")  # (B, N, G, K)
+        with jax.named_scope("v_proj"):
+            v = checkpoint_name(self.v_proj(h), "value_proj")
+        with jax.named_scope("attn"):
+            context = checkpoint_name(causal_attention(q, k, v), "context")
+        with jax.named_scope("o_proj"):
+            x = x + checkpoint_name(self.o_proj(context), "out_proj")
+        with jax.named_scope("mlp_norm"):
+            h = self.mlp_norm(x)
+        with jax.named_scope("wi_0"):
+            gate = checkpoint_name(self.wi_0(h), "mlpwi_0")
+        with jax.named_scope("wi_1"):
+            up = checkpoint_name(self.wi_1(h), "mlpwi_1")
+        with jax.named_scope("wo"):
+            return x + checkpoint_name(self.wo(jax.nn.silu(gate) * up), "mlpwo")
+
+
+class LLM(nnx.Module):
+    """Embedding, a stack of ``DecoderBlock``s, final RMSNorm, vocabulary projection (tied or not)."""
+
+    def __init__(self, *, vocab: int, width: int, depth: int, heads: int, kv_heads: int,
+                 head_dim: int, mlp_dim: int, tie_embeddings: bool, stack: str, rngs: nnx.Rngs,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        init = nnx.initializers.normal(EMBED_INIT_STD)
+        self.embed = nnx.Embed(vocab, width, dtype=dtype, param_dtype=param_dtype,
+                               embedding_init=init, rngs=rngs)
+
+        def make(r: nnx.Rngs) -> nnx.Module:
+            return DecoderBlock(width, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                mlp_dim=mlp_dim, rngs=r, dtype=dtype, param_dtype=param_dtype)
+
+        self.layers = build_stack(make, depth, stack, rngs=rngs)
+        self.final_norm = nnx.RMSNorm(width, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.lm_head = None if tie_embeddings else nnx.Linear(
+            width, vocab, use_bias=False, kernel_init=init, rngs=rngs, dtype=dtype,
+            param_dtype=param_dtype)
+
+    def __call__(self, tokens: jax.Array,
+                 block_fn: Callable[[nnx.Module, jax.Array], jax.Array] | None = None) -> jax.Array:
+        """The logits ``(B, N, vocab)`` in the compute dtype; each block through ``block_fn``."""
+        with jax.named_scope("embed"):
+            h = checkpoint_name(self.embed(tokens), "embed")
+        h = run_stack(self.layers, block_fn or (lambda block, y: block(y)), h)
+        with jax.named_scope("final_norm"):
+            h = self.final_norm(h)
+        with jax.named_scope("logits"):
+            logits = self.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+            return checkpoint_name(logits, "logits")
+
+
+def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy of ``logits: (B, N, V)`` against ``tokens`` shifted by one, in
+    float32; the last position (no next token) has weight 0."""
+    labels = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    weights = (jnp.arange(tokens.shape[1]) < tokens.shape[1] - 1).astype(jnp.float32)
+    with jax.named_scope("loss"):
+        lf = logits.astype(jnp.float32)
+        lse = jax.nn.logsumexp(lf, axis=-1)
+        picked = jnp.take_along_axis(lf, labels[..., None], axis=-1)[..., 0]
+        ce = (lse - picked) * weights
+        return jnp.sum(ce) / (tokens.shape[0] * (tokens.shape[1] - 1))
