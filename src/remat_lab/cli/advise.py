@@ -6,9 +6,16 @@ import argparse
 import json
 import sys
 
-from remat_lab.cli.common import add_model_args, engine_errors, int_arg, policies_arg
+from remat_lab.cli.common import (
+    add_llm_args,
+    add_model_args,
+    config_from,
+    engine_errors,
+    int_arg,
+    policies_arg,
+)
 from remat_lab.cli.format import fmt_time, format_table
-from remat_lab.config import LIMITS, TARGET_NAMES, RunConfig, human_bytes
+from remat_lab.config import LIMITS, TARGET_NAMES, human_bytes
 from remat_lab.model.models import SEQ_MODELS
 
 
@@ -17,6 +24,7 @@ def add_parsers(sub) -> None:
     adv = sub.add_parser("advise", help="per policy, the largest batch whose compiled peak fits a "
                                         "memory budget, and the fastest policy at its largest batch")
     add_model_args(adv)
+    add_llm_args(adv)
     adv.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET",
                      help="size for this accelerator without it (see `targets`); no timing there")
     adv.add_argument("--target-devices", type=int_arg("target_devices"), default=1, metavar="N",
@@ -46,13 +54,9 @@ def main(args: argparse.Namespace) -> int:
     from remat_lab.studies.advisor import advise
 
     with engine_errors():
-        config = RunConfig(model=args.model, width=args.width, seq=args.seq, heads=args.heads,
-                           depth=args.depth, stack=args.stack, dtype=args.dtype,
-                           objective=args.objective, repeats=args.repeats, seed=args.seed,
-                           batch=1, policy="custom" if args.save_names or args.offload_names
-                           else "no_remat", save_names=args.save_names,
-                           offload_names=args.offload_names, target=args.target,
-                           target_devices=args.target_devices, mesh=args.mesh)
+        args.batch, args.warmup = 1, 0  # the advisor searches the batch; nothing warms up
+        args.policy = "custom" if args.save_names or args.offload_names else "no_remat"
+        config = config_from(args)
         if not args.no_cache:
             enable_compilation_cache()
         doc = advise(config, args.budget, policies=args.policies, timing=not args.no_time,
