@@ -140,7 +140,10 @@ def test_cli_json_document(tmp_path, monkeypatch):
     assert set(doc["memory"]) == {
         "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
         "host_argument_bytes", "host_output_bytes", "host_alias_bytes", "host_temp_bytes",
-        "host_generated_code_bytes", "peak_bytes", "xla_peak_memory_bytes"}
+        "host_generated_code_bytes", "peak_bytes", "xla_peak_memory_bytes",
+        "by_kind"}  # issue 23's contract: what fills the memory at the peak
+    assert {"parameters", "optimizer_state", "gradients", "activations", "logits", "other",
+            "method"} == set(doc["memory"]["by_kind"])
     assert {"reference", "independent", "loss_err", "grad_max_abs_err", "grad_max_rel_err", "rtol", "atol",
             "remat_applied", "remat_expected", "ok", "failures"} <= set(doc["gradient_check"])
     assert {"dot_count", "excess_dots_vs_no_remat", "excess_flops_vs_no_remat", "identical_to",
