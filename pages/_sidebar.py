@@ -12,10 +12,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages import _mesh
+from pages import _llm, _mesh
 from pages._budget import budget_message, budget_or_none, over_budget
 from pages._budget import device_limit as _device_limit  # noqa: F401 - the pages ask for it here
-from pages._url import CONTROL_KEYS, DEFAULT, read_url_once, write_url
+from pages._url import CONTROL_KEYS, DEFAULT, LLM_KEYS, read_url_once, write_url
 from remat_lab.config import (
     CHOICES,
     DTYPES,
@@ -37,7 +37,7 @@ from remat_lab.serve.safe_text import escape_markdown
 NAME_CHOICES = ("save", "offload", "recompute")  # the custom editor, one control per checkpoint name
 POW2_WIDTHS = [2 ** i for i in range(3, 13)]  # 8 .. 4096
 POW2_BATCHES = [2 ** i for i in range(0, 13)]  # 1 .. 4096
-POW2_SEQS = [2 ** i for i in range(0, 11)]  # 1 .. 1024
+POW2_SEQS = [2 ** i for i in range(0, 11)]  # 1 .. 1024 (the llm: up to 32768)
 
 _ROUTED = threading.local()  # the router's config for this script run
 
@@ -62,6 +62,10 @@ def _custom_names(ss) -> dict:
 
 def describe(cfg: RunConfig) -> str:
     shape = "x".join(map(str, cfg.input_shape))
+    if cfg.model == "llm":
+        shape = f"{cfg.preset or 'llm'} seq {cfg.seq} batch {cfg.batch}"
+    if cfg.compile_only:
+        return f"{cfg.model} {cfg.dtype} x:({shape}) {cfg.policy}, step {cfg.step}, compile only"
     if cfg.target != LOCAL:
         return (f"{cfg.model} {cfg.dtype} x:({shape}) depth {cfg.depth}, {cfg.policy}, "
                 f"{cfg.objective}, compiled for {target_name(cfg.target)}")
@@ -103,7 +107,8 @@ def _reassert_on_page_change(page: str | None) -> None:
     ss["_controls_page"] = page
     if first:
         return
-    for key in (*CONTROL_KEYS, "width_exact", *(k for k in list(ss.keys()) if str(k).startswith("custom_"))):
+    for key in (*CONTROL_KEYS, *LLM_KEYS, "width_exact",
+                *(k for k in list(ss.keys()) if str(k).startswith("custom_"))):
         if key in ss:
             ss[key] = ss[key]
 
@@ -111,7 +116,7 @@ def _reassert_on_page_change(page: str | None) -> None:
 def _render_controls(page: str | None = None) -> RunConfig:
     warnings = read_url_once()
     ss = st.session_state
-    for key in CONTROL_KEYS:
+    for key in (*CONTROL_KEYS, *LLM_KEYS):
         ss.setdefault(key, getattr(DEFAULT, key))
     ss.setdefault("width_exact", ss["width"])
     _reassert_on_page_change(page)
@@ -126,7 +131,11 @@ def _render_controls(page: str | None = None) -> RunConfig:
     sb.radio("Model", CHOICES["model"], key="model", horizontal=True,
              help="mlp: relu(l2(relu(l1(x)))); seq_mixer adds token mixing whose dots pair batch axes; "
                   "transformer: a pre-norm decoder block (causal attention, gated MLP) with "
-                  "MaxText's checkpoint names.")
+                  "MaxText's checkpoint names; llm: a decoder language model (embedding, "
+                  "grouped-query attention with rotary positions, gated MLP, vocabulary projection).")
+    _llm.clamp_for_model(ss)
+    if ss["model"] == "llm":
+        _llm.preset_control(sb)
     sb.select_slider("Width D (features)", options=sorted(set(POW2_WIDTHS) | {ss["width"]}),
                      key="width", on_change=_width_from_slider)
     sb.number_input("…or type any width", min_value=LIMITS["width"][0], max_value=LIMITS["width"][1],
@@ -137,16 +146,18 @@ def _render_controls(page: str | None = None) -> RunConfig:
     sb.select_slider("Batch B", options=sorted(set(batches) | {ss["batch"]}), key="batch",
                      format_func=lambda b: "single vector" if b == 0 else str(b),
                      help="single vector = x: (D,), the seed's case (mlp only).")
-    sb.select_slider("Sequence length N (seq_mixer, transformer)",
-                     options=sorted(set(POW2_SEQS) | {ss["seq"]}), key="seq",
+    sb.select_slider("Sequence length N (seq_mixer, transformer, llm)",
+                     options=_llm.seq_options(POW2_SEQS, ss["model"], ss["seq"]), key="seq",
                      disabled=ss["model"] not in SEQ_MODELS)
-    if ss["model"] == "transformer":
+    if ss["model"] == "llm":
+        _llm.shape_controls(sb)
+    elif ss["model"] == "transformer":
         heads = [h for h in range(1, LIMITS["heads"][1] + 1) if int(ss["width"]) % h == 0]
         if ss["heads"] not in heads:  # the width changed: the nearest head count that divides it
             ss["heads"] = max(h for h in heads if h <= ss["heads"]) if ss["heads"] > 1 else 1
         sb.select_slider("Attention heads", options=heads, key="heads",
                          help="Heads of width / heads features each; only divisors of the width.")
-    sb.slider("Depth (remat'd blocks)", *LIMITS["depth"], key="depth")
+    sb.slider("Depth (remat'd blocks)", *_llm.limits("depth", ss["model"]), key="depth")
     sb.radio("Stack", CHOICES["stack"], key="stack", horizontal=True, disabled=ss["depth"] == 1,
              help="How depth > 1 blocks run: scan over layers stacked on a leading axis (nnx.scan, "
                   "how production code is written), or an unrolled Python loop, where XLA CPU "
@@ -160,28 +171,36 @@ def _render_controls(page: str | None = None) -> RunConfig:
         for name in names_of(ss["model"]):
             ss.setdefault(f"custom_{name}", "recompute")
             sb.segmented_control(f"`{name}`", NAME_CHOICES, key=f"custom_{name}")
-    sb.radio("Objective", OBJECTIVES, key="objective", horizontal=True)
+    _llm.step_controls(sb)
+    sb.radio("Objective", OBJECTIVES, key="objective", horizontal=True, disabled=ss["step"] == "train",
+             help="step train always computes value_and_grad.")
     sb.number_input("Timed repeats", min_value=LIMITS["repeats"][0], max_value=LIMITS["repeats"][1],
                     step=1, key="repeats", disabled=ss["target"] != LOCAL,
                     help="Only local runs are timed; a named target is compiled, not run.")
+    keys = (*CONTROL_KEYS, *(LLM_KEYS if ss["model"] == "llm" else ()))
     try:
-        cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in CONTROL_KEYS
+        cfg = RunConfig(**{k: (int(ss[k]) if k in LIMITS else ss[k]) for k in keys
                            if k != "target"}, **_custom_names(ss))
-    except ConfigError as err:  # should not happen: every control offers valid values only
-        st.warning(f"{escape_markdown(err)} Using the defaults.")
-        cfg = DEFAULT
+    except ConfigError as err:  # a combination the controls allow (an odd head size): the last good one
+        cfg = ss.get("_last_config", DEFAULT)
+        st.warning(f"{escape_markdown(err)} Using the last valid settings "
+                   f"({escape_markdown(describe(cfg))}).")
+    ss["_last_config"] = cfg
     cfg = _with_target(_mesh.apply(cfg), ss["target"])  # mesh controls: with several devices only
     for text in warnings:
         st.warning(text)
     write_url(cfg)
-    over = over_budget(cfg)
-    if over:
-        flag.error(budget_message(*over, cfg.model), icon=":material/memory:")
-    else:
+    over = over_budget(cfg.replace(compile_only=False))
+    drawn = _llm.flag(flag.container(), over, cfg, budget_message(*over, cfg.model) if over else "")
+    if not drawn:
+        _llm.compile_only_toggle(sb, disabled=cfg.target != LOCAL or bool(cfg.mesh))
+    if not over:
         budget = budget_or_none()
         allowed = f" (this server allows {human_bytes(budget)})" if budget else ""
-        sb.caption(f"Estimated memory need: {human_bytes(estimate_bytes(cfg))}{allowed}. "
-                   "The link in the address bar restores these settings.")
+        need = human_bytes(estimate_bytes(cfg.replace(compile_only=False)))
+        sb.caption((f"Compile only: nothing is allocated; running it would need about {need}{allowed}. "
+                    if cfg.compile_only else f"Estimated memory need: {need}{allowed}. ")
+                   + "The link in the address bar restores these settings.")
     return cfg
 
 

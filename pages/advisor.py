@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _running, _shared, _sidebar, _views  # noqa: E402
+from pages import _page_state, _running, _shared, _sidebar, _views  # noqa: E402
 from remat_lab.config import LOCAL, ConfigError, RunConfig, human_bytes, parse_bytes, resolve_budget
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import (
@@ -66,24 +66,37 @@ cfg = _shared.page_start(
                "policy are what the advisor searches, so they are ignored here).")
 default_bytes, default_source = _default_budget(cfg.target)
 public = history.public_mode()
-left, right = st.columns([1, 2])
-budget_text = left.text_input("Device memory budget", value=_size_text(default_bytes), max_chars=64,
-                              key="advisor_budget",
-                              help="The memory one device has for this step: e.g. 512M, 16G, 80G.")
-left.caption(f"Default {human_bytes(default_bytes)}: {default_source}.")
+ss = st.session_state
 default = [p for p, entry in POLICIES.items()
            if entry.group == "jax" or (entry.group == "maxtext" and cfg.model == "transformer")]
 if public:  # a shared server: a bounded advice per click (serve/quotas.py)
     default = default[:quotas.PUBLIC_ADVISOR_MAX_POLICIES]
-chosen = right.multiselect("Policies", list(POLICIES), default=default, key="advisor_policies",
+on_target = cfg.target != LOCAL
+url = _page_state.loaded("advisor", ("budget", "policies", "timed"))
+_page_state.show(
+    _page_state.restore(url, "budget", _page_state.size, "advisor_budget",
+                        "a size such as 512M, 16G or 80G, or a number of bytes", _size_text(default_bytes))
+    + _page_state.restore(url, "policies", _page_state.names(
+        POLICIES, quotas.PUBLIC_ADVISOR_MAX_POLICIES if public else len(POLICIES)), "advisor_policies")
+    + _page_state.restore(url, "timed", _page_state.flag, "advisor_timing", "1 or 0 (true or false)",
+                          "on" if not on_target else "off"))
+ss.setdefault("advisor_budget", _size_text(default_bytes))
+ss.setdefault("advisor_policies", default)
+ss.setdefault("advisor_timing", not on_target)
+left, right = st.columns([1, 2])
+budget_text = left.text_input("Device memory budget", max_chars=64, key="advisor_budget",
+                              help="The memory one device has for this step: e.g. 512M, 16G, 80G.")
+left.caption(f"Default {human_bytes(default_bytes)}: {default_source}.")
+chosen = right.multiselect("Policies", list(POLICIES), key="advisor_policies",
                            format_func=_sidebar.policy_label,
                            max_selections=quotas.PUBLIC_ADVISOR_MAX_POLICIES if public else None)
-on_target = cfg.target != LOCAL
 timing = right.toggle("Time each policy at its largest batch (examples/s, MFU, HFU)",
-                      value=not on_target, key="advisor_timing", disabled=on_target,
+                      key="advisor_timing", disabled=on_target,
                       help="Off: sizes only. The search compiles and never allocates; timing runs "
                            "the step at each policy's largest batch, on this server. On a named "
                            "target nothing runs: examples/s are roofline estimates.")
+_page_state.write({"budget": budget_text.strip()[:64], "policies": ",".join(chosen),
+                   "timed": None if on_target else ("1" if timing else "0")})
 timing = timing and not on_target
 try:
     budget = parse_bytes(budget_text)

@@ -10,8 +10,8 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _mesh, _record, _running, _shared, _sidebar  # noqa: E402
-from remat_lab.config import (
+from pages import _mesh, _page_state, _record, _running, _shared, _sidebar  # noqa: E402
+from remat_lab.config import (  # noqa: E402
     LIMITS,
     ConfigError,
     RunConfig,
@@ -21,10 +21,7 @@ from remat_lab.config import (
     resolve_budget,
 )
 from remat_lab.model.policies import POLICIES  # noqa: E402
-from remat_lab.present import (
-    charts,
-    tables,  # noqa: E402
-)
+from remat_lab.present import charts, tables  # noqa: E402
 from remat_lab.program.backend import ExecutionError  # noqa: E402
 from remat_lab.serve import safe_text
 from remat_lab.store.bytecache import ByteCache  # noqa: E402
@@ -71,11 +68,15 @@ default = [p for p, entry in POLICIES.items()
 # The choice outlives the page: Streamlit forgets a widget's state once a page without it runs,
 # so it is kept under a key of its own and given back when the page comes back.
 ss = st.session_state
+url_warnings = _page_state.restore(_page_state.loaded("compare", ["policies"]), "policies",
+                                   _page_state.names(POLICIES, len(POLICIES)), "_compare_chosen")
 if "compare_policies" not in ss:
     ss["compare_policies"] = [p for p in ss.get("_compare_chosen", default) if p in POLICIES]
 chosen = st.multiselect("Policies", list(POLICIES), key="compare_policies",
                         format_func=_sidebar.policy_label)
 ss["_compare_chosen"] = list(chosen)
+_page_state.write({"policies": ",".join(chosen)})
+_page_state.show(url_warnings)
 if not chosen:
     st.info("Pick at least one policy.")
     st.stop()
@@ -144,8 +145,11 @@ same_text = ("Same compiled program (never ranked against each other): "
 reason = result["fastest_reason"]
 if result["fastest"]:
     reason = reason.replace(result["fastest"], f"**{result['fastest']}**", 1)
-st.info(f"{reason} {same_text}Smallest peak memory: {smallest}. Pareto front (not beaten on both time and "
-        f"memory by another program): {', '.join(result['pareto'])}.")
+pareto = result.get("pareto_reason")  # older documents: the front's names only
+if not pareto:
+    pareto = f"Pareto front: {', '.join(result['pareto']) or '-'}."
+peak_text = "" if "smallest peak" in pareto else f"Smallest peak memory: {smallest}. "
+st.info(f"{reason} {same_text}{peak_text}{pareto}")
 
 # ---------------------------------------------------------------- charts
 left, right = st.columns(2)
@@ -158,12 +162,14 @@ left, right = st.columns(2)
 front = frame["pareto"].astype(bool)
 left.plotly_chart(charts.make_pareto_figure(frame, front), width="stretch")
 left.caption(
-    "Each point is a policy at its compiled peak memory and median step time; the vertical bar is the "
-    "95 % interval of the median. Ringed points are the Pareto front: no other program has a peak "
-    "as small or smaller and a time interval lower or overlapping, with one of the two strictly "
-    "better" + (" (the dashed staircase joins them)." if front.sum() > 1 else ".")
-    + (" Policies that compile to the same program share one peak and are not ranked against each "
-       "other." if shared else ""))
+    "Each point is a compiled program at its peak memory and median step time (policies that compile "
+    "to the same program share one point, named by all of them); the vertical bar is the 95 % "
+    "interval of the median. "
+    + ("Ringed points are the Pareto front: no other program has a peak as small or smaller and a "
+       "time interval lower or overlapping, with one of the two strictly better"
+       + (" (the dashed staircase joins them)." if front.sum() > 1 else ".") if front.any() else
+       "Nothing is ringed: a front is named only when at least two programs' time intervals "
+       "separate."))
 samples = pd.DataFrame([{"policy": r["policy"], "run": i, "ms": s * 1e3}
                         for r in rows for i, s in enumerate(r["samples_s"], 1)],
                        columns=["policy", "run", "ms"])

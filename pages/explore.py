@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _mesh, _running, _shared, _sidebar  # noqa: E402
+from pages import _llm_views, _mesh, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
 from remat_lab.present import charts, reproduce, tables  # noqa: E402
 from remat_lab.present.target_charts import target_name  # noqa: E402
@@ -59,6 +59,9 @@ if tgt:
             "compiled program's. Nothing ran, so no step time was measured and the gradients were not "
             f"checked. The time shown is an **estimate**: {timing.get('estimate_basis')}.",
             icon=":material/memory:")
+elif cfg.compile_only:
+    st.info(_llm_views.COMPILE_ONLY_NUMBERS, icon=":material/memory:")
+    name = "this machine (compile only)"  # nothing ran here either
 
 st_ = result["step_time_s"]
 mem = result["memory"] or {}
@@ -74,7 +77,8 @@ if st_:
     row1[0].caption(f"p25–p75: {human_seconds(st_['p25'])} – {human_seconds(st_['p75'])}")
 else:
     row1[0].metric("Measured step time", "none", help=timing.get("reason"))
-    row1[0].caption(f"not measured: compiled for {name} without the device"
+    row1[0].caption(("not measured: compile only, nothing ran" if cfg.compile_only and not tgt else
+                     f"not measured: compiled for {name} without the device")
                     + (f" · estimate {short_seconds(timing['estimate_s'])}, see below"
                        if timing.get("estimate_s") else ""))
 row1[1].metric("Peak memory", short_bytes(mem["peak_bytes"]) if mem else "n/a",
@@ -141,6 +145,7 @@ else:
                     else "peak unknown", help=roof.get("peak_note"))
 if grad["ok"] is False:
     st.error("Gradient check failed: " + "; ".join(grad["failures"][:5]))
+_llm_views.model_section(cfg, result)  # parameters, optimizer state, memory by kind at the peak
 
 CHECK = st.column_config.CheckboxColumn
 _mesh.explore_section(cfg, result)  # per-device memory and collectives, on a mesh
@@ -181,7 +186,7 @@ left, mid, right = st.columns(3)
 if st_:
     left.plotly_chart(charts.make_step_time_figure(tables.samples_frame(result)), width="stretch")
 else:
-    left.info(f"No timed runs: compiled for {name} without the device.")
+    left.info(f"No timed runs: compiled for {name} without running.")
 mid.plotly_chart(charts.make_memory_figure(tables.memory_frame([result])), width="stretch")
 right.plotly_chart(charts.make_residuals_figure(tables.residual_layer_kind_frame(result)),
                    width="stretch")
@@ -226,5 +231,7 @@ st.dataframe(residuals, hide_index=True, width="stretch", column_config={
     "source": st.column_config.TextColumn("source", width="large")})
 
 st.subheader("Reproduce this configuration")
-st.code(reproduce.reproduce_code(cfg), language="python")
-st.code(reproduce.cli_command(cfg), language="bash", wrap_lines=True)
+if cfg.model != "llm":  # reproduce.py knows no llm yet: its command line only
+    st.code(reproduce.reproduce_code(cfg), language="python")
+st.code(reproduce.cli_command(cfg),
+        language="bash", wrap_lines=True)

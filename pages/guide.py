@@ -10,7 +10,7 @@ from urllib.parse import urlencode  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
-from pages import _mesh, _shared  # noqa: E402
+from pages import _llm_views, _mesh, _shared  # noqa: E402
 
 _shared.page_start("Guide", "How to read Remat Lab.")
 
@@ -110,6 +110,7 @@ FLOP/s and bandwidth against XLA's counts). [Targets](/targets?{urlencode(BIG)})
 policies and targets side by side and says so in words when the ranking itself changes.
 """)
 
+_llm_views.guide_lesson()
 st.markdown(r"""
 ### What a checkpoint policy controls
 Reverse-mode autodiff runs the forward pass, keeps some intermediate values (the **residuals**)

@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _record, _views  # noqa: E402
+from pages import _page_state, _record, _views  # noqa: E402
 from remat_lab.config import human_bytes  # noqa: E402
 from remat_lab.present import (
     charts,
@@ -55,13 +55,21 @@ frame["environment"] = [describe_environment({"device_kind": d, "device_count": 
                         for d, n, j, b in zip(frame["device_kind"], frame["device_count"],
                                               frame["jax"], frame["backend"])]
 frame["peak"] = frame["peak_bytes"].map(lambda v: "-" if pd.isna(v) else human_bytes(v))
-c1, c2, c3 = st.columns(3)
-models = c1.multiselect("Model", sorted(frame["model"].dropna().unique()), key="history_models")
-policies = c2.multiselect("Policy", sorted(frame["policy"].dropna().unique()), key="history_policies")
-backends = c3.multiselect("Backend", sorted(frame["backend"].dropna().unique()), key="history_backends")
-for col, chosen in (("model", models), ("policy", policies), ("backend", backends)):
-    if chosen:
-        frame = frame[frame[col].isin(chosen)]
+# The filters live in the URL (models=, policies=, backends=): a value this history has no run of
+# is named in a warning and that filter is left off.
+FILTERS = {"models": "model", "policies": "policy", "backends": "backend"}
+offered = {p: sorted(frame[col].dropna().unique()) for p, col in FILTERS.items()}
+url = _page_state.loaded("history", FILTERS)
+_page_state.show([w for p in FILTERS for w in _page_state.restore(
+    url, p, _page_state.names(offered[p], len(offered[p])), f"history_{p}",
+    f"{FILTERS[p]} names with runs in this history, separated by commas", "no filter")])
+picked_filters = {}
+for column, (p, col) in zip(st.columns(3), FILTERS.items()):
+    ss[f"history_{p}"] = [v for v in ss.get(f"history_{p}", []) if v in offered[p]]
+    picked_filters[p] = column.multiselect(col.capitalize(), offered[p], key=f"history_{p}")
+    if picked_filters[p]:
+        frame = frame[frame[col].isin(picked_filters[p])]
+_page_state.write({p: ",".join(map(str, v)) for p, v in picked_filters.items()})
 frame = frame.reset_index(drop=True)
 SHOWN = ["id", "when", "source", "kind", "model", "policy", "width", "batch", "depth", "dtype",
          "median_ms", "peak", "grad_ok", "environment", "shared"]

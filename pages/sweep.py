@@ -9,37 +9,73 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _record, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import human_bytes  # noqa: E402
+from pages import _page_state, _record, _running, _shared, _sidebar, _views  # noqa: E402
+from remat_lab.config import LIMITS, human_bytes  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import tables  # noqa: E402
 from remat_lab.serve.quotas import PUBLIC_SWEEP_MAX_RUNS  # noqa: E402
+from remat_lab.serve.safe_text import code_span  # noqa: E402
 from remat_lab.store import history  # noqa: E402
 from remat_lab.studies import sweep
 
 ss = st.session_state
 
 
-def _kept(key: str, default: list, options: list) -> None:
+def _kept(key: str, default: list, valid) -> list:
     """Seed a widget with what it held when the user left the page (Streamlit drops the state of
-    widgets not on the page), else ``default``; values no longer offered are dropped."""
+    widgets not on the page), else ``default``; values ``valid`` refuses are dropped."""
     value = ss[key] if key in ss else ss.get(f"_kept_{key}", default)
-    ss[key] = [v for v in value if v in options]
+    ss[key] = [v for v in value if valid(v)]
+    return ss[key]
+
+
+def _typed(key: str, lo: int, hi: int) -> None:
+    """A typed width or batch (any whole number from ``lo`` to ``hi``) as a number; others dropped."""
+    good, bad = [], []
+    for v in ss[key]:
+        text = str(v).strip()
+        ok = text.isascii() and text.isdigit() and len(text) <= 9 and lo <= int(text) <= hi
+        (good if ok else bad).append(int(text) if ok else text[:20])
+    ss[key] = sorted(set(good))
+    if bad:
+        ss["_sweep_typed_bad"] = (f"{', '.join(map(code_span, bad))} left out: {key[6:]} are whole "
+                                  f"numbers from {lo} to {hi}.")
 
 
 cfg = _shared.page_start("Sweep", "Widths × batches × policies; model, seq, depth, dtype, objective "
                                   "and repeats come from the sidebar.")
+url = _page_state.loaded("sweep", ("policies", "widths", "batches"))
+b_lo = 0 if cfg.model == "mlp" else 1
+_page_state.show(
+    _page_state.restore(url, "widths", _page_state.numbers(*LIMITS["width"]), "_kept_sweep_widths",
+                        "whole numbers from {} to {}, separated by commas".format(*LIMITS["width"]),
+                        "64, 256")
+    + _page_state.restore(url, "batches", _page_state.numbers(b_lo, LIMITS["batch"][1]),
+                          "_kept_sweep_batches", f"whole numbers from {b_lo} to {LIMITS['batch'][1]}, "
+                          "separated by commas", "16, 64")
+    + _page_state.restore(url, "policies", _page_state.names(POLICIES, len(POLICIES)),
+                          "_kept_sweep_policies"))
 c1, c2 = st.columns(2)
-batch_opts = ([0] if cfg.model == "mlp" else []) + _sidebar.POW2_BATCHES
-_kept("sweep_widths", [64, 256], _sidebar.POW2_WIDTHS)
-_kept("sweep_batches", [16, 64], batch_opts)
-_kept("sweep_policies", ["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"], list(POLICIES))
-widths = c1.multiselect("Widths", _sidebar.POW2_WIDTHS, key="sweep_widths")
-batches = c2.multiselect("Batches", batch_opts, key="sweep_batches",
-                         format_func=lambda b: "single vector" if b == 0 else str(b))
+in_range = lambda lo, hi: lambda v: isinstance(v, int) and lo <= v <= hi  # noqa: E731
+chosen_w = _kept("sweep_widths", [64, 256], in_range(*LIMITS["width"]))
+chosen_b = _kept("sweep_batches", [16, 64], in_range(b_lo, LIMITS["batch"][1]))
+_kept("sweep_policies", ["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"],
+      POLICIES.__contains__)
+widths = c1.multiselect("Widths", sorted({*_sidebar.POW2_WIDTHS, *chosen_w}), key="sweep_widths",
+                        accept_new_options=True, on_change=_typed, args=("sweep_widths", *LIMITS["width"]),
+                        help="Pick powers of two or type any width, then Enter.")
+batches = c2.multiselect("Batches", sorted({*([0] if b_lo == 0 else []), *_sidebar.POW2_BATCHES, *chosen_b}),
+                         key="sweep_batches", format_func=lambda b: "single vector" if b == 0 else str(b),
+                         accept_new_options=True, on_change=_typed,
+                         args=("sweep_batches", b_lo, LIMITS["batch"][1]),
+                         help="Pick powers of two or type any batch, then Enter.")
 policies = st.multiselect("Policies", list(POLICIES), key="sweep_policies", format_func=_sidebar.policy_label)
+if typed_bad := ss.pop("_sweep_typed_bad", None):
+    st.warning(typed_bad)
 for key, value in (("sweep_widths", widths), ("sweep_batches", batches), ("sweep_policies", policies)):
     ss[f"_kept_{key}"] = value
+_page_state.write({"widths": ",".join(map(str, sorted(widths))),
+                   "batches": ",".join(map(str, sorted(batches))), "policies": ",".join(policies)})
 axes = {"width": sorted(widths), "batch": sorted(batches), "policy": policies}
 grid = [cfg.replace(**c) for c in sweep.build_grid(cfg, **axes)] if all(axes.values()) else []
 too_big = {(c.width, c.batch): over for c in grid if (over := _sidebar.over_budget(c))}

@@ -30,6 +30,7 @@ from remat_lab.cli import main
 from remat_lab.config import (
     CHOICES,
     LIMITS,
+    LLM_LIMITS,
     ConfigError,
     RunConfig,
     check_budget,
@@ -185,7 +186,8 @@ any_value = st.one_of(
 
 
 def _check_valid(cfg: RunConfig) -> None:
-    for name, (lo, hi) in LIMITS.items():
+    limits = {**LIMITS, **(LLM_LIMITS if cfg.model == "llm" else {})}  # the llm's seq and depth
+    for name, (lo, hi) in limits.items():
         value = getattr(cfg, name)
         assert type(value) is int and lo <= value <= hi
     for name, allowed in CHOICES.items():
@@ -270,7 +272,7 @@ url_value = st.one_of(*(_value_text(k) for k in ("width", "batch", "policy", "mo
 def test_url_query_fuzz_ends_in_a_valid_config_or_a_warning(page_runs, params):
     from streamlit.testing.v1 import AppTest
 
-    from pages import _sidebar
+    from pages import _sidebar, _url
 
     at = AppTest.from_file(str(ROOT / "pages" / "explore.py"), default_timeout=30)
     for key, value in params.items():
@@ -298,12 +300,17 @@ def test_url_query_fuzz_ends_in_a_valid_config_or_a_warning(page_runs, params):
         if key == "batch" and want == 0 and cfg.model == "seq_mixer":
             seq_batch0 = True
             continue
+        if cfg.model == "llm" and getattr(cfg, key) != want:  # its fields must fit together (heads
+            assert any(f"`{key}`" in w for w in warnings), (key, raw, warnings)  # divide width...)
+            continue
         assert getattr(cfg, key) == want, (key, raw, cfg)
     if seq_batch0:
         assert any("only for the mlp model" in w for w in warnings), warnings
     # The address bar is rewritten to exactly the configuration in use.
     want = {k: str(getattr(cfg, k)) for k in _sidebar.CONTROL_KEYS
-            if k != "heads" or cfg.model == "transformer"}  # heads only for the transformer
+            if k != "heads" or cfg.model in ("transformer", "llm")}  # heads only where they apply
+    if cfg.model == "llm":  # the decoder LM's own fields (and its preset, when one is chosen)
+        want.update({k: str(getattr(cfg, k)) for k in _url.LLM_KEYS if k != "preset" or cfg.preset})
     want.update({k: ",".join(getattr(cfg, k)) for k in ("save_names", "offload_names")
                  if getattr(cfg, k)})
     assert {k: at.query_params[k] for k in at.query_params} == want

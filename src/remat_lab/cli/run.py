@@ -3,22 +3,33 @@
 ``--compile-only`` (or a named ``--target``) compiles on abstract inputs, nothing allocated or run;
 ``--step train`` reports the whole training step's memory (``run_experiment``), while the timing,
 the gradient check and the per-dot tables are the gradient step's.
+
+Exit status of ``run``: 0 when the step ran and its gradients match the plain-``jax.numpy``
+reference (or the check was not run: compile-only, a named target); 3 (``GRAD_MISMATCH``) when the
+gradient check fails (MISMATCH: the document is still printed and recorded, and one line on stderr
+says so); 2 for bad input and 1 for an XLA failure, as every subcommand.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from remat_lab.cli.common import add_config_args, config_from, engine_errors, quiet_if_distributed, record
 from remat_lab.cli.format import fmt_time, format_table, format_tables
 from remat_lab.config import human_bytes
 from remat_lab.model.models import SEQ_MODELS
 
+GRAD_MISMATCH = 3  # exit status of run: the gradients do not match the reference (MISMATCH)
+RUN_EPILOG = ("exit status: 0 ok; 3 the gradient check failed (MISMATCH; the result is still "
+              "printed); 2 bad input; 1 XLA failure")
+
 
 def add_parsers(sub) -> None:
     """``run`` and ``explain`` under the subcommands ``sub``."""
-    add_config_args(sub.add_parser("run", help="compile, time, size and dissect one configuration"))
+    add_config_args(sub.add_parser("run", help="compile, time, size and dissect one configuration",
+                                   epilog=RUN_EPILOG))
     ex = sub.add_parser("explain", help="the residual and per-dot tables and jaxprs, no timing")
     add_config_args(ex)
     ex.add_argument("--no-jaxpr", action="store_true", help="leave the jaxprs out of the output")
@@ -55,7 +66,16 @@ def main(args: argparse.Namespace) -> int:
                 print("\nStep (forward + backward) jaxpr:\n" + texts["step_jaxpr"])
         return 0
     print(json.dumps(result, indent=2) if args.json else format_run(result))
-    return 0
+    return mismatch_status(result["gradient_check"])
+
+
+def mismatch_status(check: dict | None) -> int:
+    """``GRAD_MISMATCH`` (with one line on stderr) when the gradient check failed, else 0."""
+    if not check or check.get("ok") is not False:  # passed, or not run (None)
+        return 0
+    first = (check.get("failures") or ["see gradient_check in the result"])[0]
+    print(f"remat_lab: gradient check MISMATCH (exit status {GRAD_MISMATCH}): {first}", file=sys.stderr)
+    return GRAD_MISMATCH
 
 
 def _config_line(c: dict) -> str:

@@ -37,6 +37,7 @@ from .run import (
     CHOICES,
     DTYPES,
     LIMITS,
+    LLM_LIMITS,
     MAX_MESH_DEVICES,
     MESH_AXES,
     NAME_FIELDS,
@@ -55,7 +56,7 @@ from .run import (
 from .targets import LOCAL, TARGET_NAMES, TARGETS, Target, get_target
 
 __all__ = [
-    "BUDGET_ENV", "CHOICES", "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS",
+    "BUDGET_ENV", "CHOICES", "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS", "LLM_LIMITS",
     "MAX_MESH_DEVICES", "MESH_AXES", "MODELS", "NAMES", "NAME_FIELDS", "OBJECTIVES", "POLICY_IDS",
     "PROCESS_FACTOR", "SEQ_MODELS", "STACKS", "ConfigError", "MemoryBudgetError", "RunConfig",
     "check_budget", "coerce_config", "default_budget_bytes", "estimate_bytes", "estimate_process_bytes",

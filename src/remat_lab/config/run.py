@@ -381,6 +381,6 @@ def coerce_config(raw: dict) -> RunConfig:
             value = text in ("true", "1")
         values[name] = value
     preset = values.get("preset")
-    if preset and preset in PRESETS:  # the preset fills what is not given (explicit values win)
+    if isinstance(preset, str) and preset in PRESETS:  # the preset fills what is not given
         return RunConfig.from_preset(preset, **{k: v for k, v in values.items() if k != "preset"})
     return RunConfig(**values)

@@ -8,6 +8,7 @@ The builders live by subject: ``run_charts`` (one run, a comparison, the rooflin
 ``palette`` holds the colours and the common frame. This module names them all.
 """
 
+from remat_lab.present.kind_charts import make_memory_by_kind_figure  # noqa: F401
 from remat_lab.present.palette import (
     KIND_COLORS,
     MEMORY_COLORS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 
-from remat_lab.config import NAME_FIELDS, RunConfig, mesh_devices
+from remat_lab.config import NAME_FIELDS, ConfigError, RunConfig, mesh_devices
 from remat_lab.model import models
 from remat_lab.model.models import SEQ_MODELS
 from remat_lab.model.policies import policy_code
@@ -20,12 +20,22 @@ def _shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
     parts = [f"--model {cfg.model}", f"--width {cfg.width}"] + ([f"--batch {cfg.batch}"] if batch else [])
     if cfg.model in SEQ_MODELS:
         parts.append(f"--seq {cfg.seq}")
-    if cfg.model == "transformer":
+    if cfg.model in ("transformer", "llm"):
         parts.append(f"--heads {cfg.heads}")
+    if cfg.model == "llm":  # every field, so a preset's later change cannot alter the command
+        parts += [*([f"--preset {cfg.preset}"] if cfg.preset else []), f"--kv-heads {cfg.kv_heads}",
+                  f"--head-dim {cfg.head_dim}", f"--mlp-dim {cfg.mlp_dim}", f"--vocab {cfg.vocab}",
+                  "--tie-embeddings" if cfg.tie_embeddings else "--no-tie-embeddings",
+                  *([f"--param-dtype {cfg.param_dtype}"] if cfg.param_dtype else [])]
     parts.append(f"--depth {cfg.depth}")
     if cfg.depth > 1:
         parts.append(f"--stack {cfg.stack}")
-    return parts + [f"--dtype {cfg.dtype}"]
+    parts.append(f"--dtype {cfg.dtype}")
+    if cfg.step != "grad":
+        parts.append(f"--step {cfg.step}")
+    if cfg.microbatches > 1:
+        parts.append(f"--microbatches {cfg.microbatches}")
+    return parts + (["--compile-only"] if cfg.compile_only else [])
 
 
 def _name_flags(cfg: RunConfig) -> list[str]:
@@ -64,7 +74,11 @@ def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: boo
 
 
 def reproduce_code(cfg: RunConfig) -> str:
-    """Self-contained code for the configuration: the model, the remat'd block and the step."""
+    """Self-contained code for the configuration: the model, the remat'd block and the step.
+    ``ConfigError`` for the llm (its code is ``model/llm.py``; the snippet covers the blocks)."""
+    if cfg.model == "llm":
+        raise ConfigError("the code snippet covers mlp, seq_mixer and transformer; the llm's code is "
+                          "src/remat_lab/model/llm.py (run it with the command line instead).")
     block = {"mlp": models.MLP, "seq_mixer": models.SeqMixer, "transformer": models.Transformer}[cfg.model]
     src = inspect.getsource(block)
     head = ("import math\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import nnx\n"

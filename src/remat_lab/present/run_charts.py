@@ -11,6 +11,60 @@ import plotly.graph_objects as go
 
 from remat_lab.present.palette import KIND_COLORS, MEMORY_COLORS, empty, figure, policy_color
 
+ROW_PX = 22  # one row of a horizontal legend
+LABEL_PX = 7.5  # about one character of a tick label (12 px font)
+
+
+def titled(fig: go.Figure, main: str, sub: str | None = None) -> go.Figure:
+    """``fig`` titled ``main``, with ``sub`` on a smaller second line: whole in a third of 1024 px."""
+    text = main if not sub else f"{main}<br><sup>{sub}</sup>"
+    fig.update_layout(title=dict(text=text, y=1, yref="container", yanchor="top", pad=dict(t=10)))
+    return fig
+
+
+def legend_outside(fig: go.Figure, rows: int, where: str = "below", per_row: int = 1) -> go.Figure:
+    """``fig``'s legend in rows outside the plot, so that the plot keeps the chart's width.
+
+    ``rows``: lines of legend text (an entry may take two); ``per_row`` entries share a row, each
+    a fixed fraction of the plot's width, so the layout is the same at any width (1: one entry a
+    row, for long policy names). ``below``: at the figure's bottom edge under the axis title, the
+    bottom margin and the height grown by its rows (numeric x axes: one line of tick labels).
+    ``above``: under the title, the top margin grown (category axes, whose long labels may turn).
+    """
+    grow = ROW_PX * max(1, -(-rows // per_row))
+    legend = dict(orientation="h", x=0, xanchor="left", font=dict(size=11),
+                  **(dict(entrywidth=1 / per_row, entrywidthmode="fraction") if per_row > 1 else {}))
+    height = (fig.layout.height or 400) + grow
+    if where == "above":  # a list (a wide horizontal legend would push the right margin in)
+        fig.update_layout(legend=dict(legend, orientation="v" if per_row == 1 else "h", y=1.02,
+                                      yanchor="bottom"), margin=dict(t=76 + grow), height=height)
+    else:
+        fig.update_layout(legend=dict(legend, yref="container", y=0, yanchor="bottom"),
+                          margin=dict(b=64 + grow), height=height)
+    return fig
+
+
+def log_ticks(values, width_px: float = 200.0) -> list:
+    """Among ``values`` (positive), the ones to label on a log axis about ``width_px`` wide so that
+    no two labels touch: the smallest, then each one far enough from the last kept."""
+    vals = sorted({float(v) for v in values if v and v > 0})
+    if len(vals) < 2:
+        return vals
+    span = np.log10(vals[-1] / vals[0]) or 1.0
+    kept = [vals[0]]
+    for v in vals[1:]:
+        gap = np.log10(v / kept[-1]) / span * width_px
+        need = LABEL_PX * (len(f"{v:g}") + len(f"{kept[-1]:g}")) / 2 + 8
+        if gap >= need:
+            kept.append(v)
+    return kept
+
+
+def decades(fig: go.Figure, axis: str, lo: float, hi: float) -> None:
+    """A log ``axis`` ("x" or "y") labelled once per power of ten when it spans two or more."""
+    if lo > 0 and hi / lo >= 100:
+        getattr(fig, f"update_{axis}axes")(dtick=1)
+
 
 def make_step_time_figure(df: pd.DataFrame) -> go.Figure:
     """Distribution of timed runs: ``df`` columns policy, run, ms (one box per policy)."""
@@ -32,7 +86,7 @@ def make_memory_figure(df: pd.DataFrame) -> go.Figure:
     ``df`` columns: policy, argument, output, temp, alias, generated_code, peak_mib (MiB). Alias
     is drawn below zero because peak = generated_code + argument + output - alias + temp.
     """
-    fig = figure("Compiled memory (XLA memory analysis)", "policy", "memory (MiB)")
+    fig = titled(figure("", "policy", "memory (MiB)"), "Compiled memory", "XLA memory analysis")
     if df is None or df.empty:
         return empty(fig)
     for part in ("argument", "output", "temp", "generated_code", "alias"):
@@ -48,12 +102,13 @@ def make_memory_figure(df: pd.DataFrame) -> go.Figure:
         textposition="top center",
         hovertemplate="peak: %{y:.4f} MiB<extra>%{x}</extra>"))
     fig.update_layout(barmode="relative")
-    return fig
+    return legend_outside(fig, len(fig.data), "above")
 
 
 def make_residuals_figure(df: pd.DataFrame) -> go.Figure:
     """Residual bytes by layer, stacked by kind: ``df`` columns layer, kind, bytes, mib."""
-    fig = figure("Residuals kept for the backward pass", "layer", "residual memory (MiB)")
+    fig = titled(figure("", "layer", "residual memory (MiB)"), "Residuals",
+                 "kept for the backward pass")
     if df is None or df.empty:
         return empty(fig)
     for kind, part in df.groupby("kind", sort=False):
@@ -62,7 +117,7 @@ def make_residuals_figure(df: pd.DataFrame) -> go.Figure:
             marker_color=KIND_COLORS.get(kind, "#999"), customdata=part["bytes"],
             hovertemplate="%{customdata:,} bytes (%{y:.4f} MiB)<extra>" + str(kind) + "</extra>"))
     fig.update_layout(barmode="stack")
-    return fig
+    return legend_outside(fig, len(fig.data), "above")
 
 
 def _interval(df: pd.DataFrame) -> tuple[str, str, str] | None:
@@ -86,8 +141,8 @@ def make_time_bars_figure(df: pd.DataFrame) -> go.Figure:
     the median; preferred) or p25_ms, p75_ms; optional same_program_as (shown on hover).
     """
     band = _interval(df) if df is not None else None
-    fig = figure("Step time per policy (median" + (f", bars: {band[2]})" if band else ")"),
-                  "policy", "step time (ms)")
+    fig = titled(figure("", "policy", "step time (ms)"), "Step time per policy",
+                 "median" + (f"; bars: {band[2]}" if band else ""))
     if df is None or df.empty:
         return empty(fig)
     for _, row in df.iterrows():
@@ -107,39 +162,62 @@ def make_time_bars_figure(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _programs(df: pd.DataFrame) -> list[pd.DataFrame]:
+    """``df``'s rows grouped by compiled program (``same_program_as`` names the group's first
+    policy; without the column every row is a program of its own), in row order."""
+    if "same_program_as" not in df.columns:
+        return [df.iloc[[i]] for i in range(len(df))]
+    keys = [other if isinstance(other, str) and other else policy
+            for policy, other in zip(df["policy"], df["same_program_as"])]
+    return [df[[k == key for k in keys]] for key in dict.fromkeys(keys)]
+
+
 def make_pareto_figure(df: pd.DataFrame, front: pd.Series | None = None) -> go.Figure:
-    """Step time vs peak memory, one point per policy; the Pareto front ringed.
+    """Step time vs peak memory, one point per compiled program; the Pareto front ringed.
 
     ``df`` columns policy, median_ms, peak_mib, optionally ci_low_ms and ci_high_ms (drawn as
-    vertical error bars); ``front`` a boolean mask of the front's rows. The front's points get a
-    black ring (trace "Pareto front"); with two or more of them a dashed staircase joins them in
-    order of peak memory. Nothing else is drawn for the front.
+    vertical error bars) and same_program_as (policies of one program are drawn as one point,
+    named by all of them: the median of their medians, the union of their intervals, their
+    smallest peak); ``front`` a boolean mask of the front's rows. The front's points get a black
+    ring (trace "Pareto front"); with two or more of them a dashed staircase joins them in order
+    of peak memory. Nothing else is drawn for the front.
     """
     fig = figure("Step time vs peak memory",
                   "peak memory (MiB)", "step time (ms)")
     if df is None or df.empty:
         return empty(fig)
     band = _interval(df)
-    for _, row in df.iterrows():
-        point = dict(x=[row["peak_mib"]], y=[row["median_ms"]], mode="markers", name=str(row["policy"]),
-                     marker=dict(size=12, color=policy_color(row["policy"]),
-                                 line=dict(width=1, color="#222")),
-                     hovertemplate=f"%{{x:.4f}} MiB, median %{{y:.4f}} ms{_same_as(row)}"
-                                   "<extra>%{fullData.name}</extra>")
+    mask = (pd.Series(False, index=df.index) if front is None
+            else pd.Series(front.to_numpy(dtype=bool), index=df.index))
+    points = []
+    for rows in _programs(df):
+        first = rows["policy"].iloc[0]
+        med = float(np.median(rows["median_ms"]))
+        point = dict(x=[rows["peak_mib"].min()], y=[med], mode="markers",
+                     name=" =<br>".join(map(str, rows["policy"])),  # one policy a legend line
+                     marker=dict(size=12, color=policy_color(first), line=dict(width=1, color="#222")),
+                     hovertemplate="%{x:.4f} MiB, median %{y:.4f} ms"
+                                   + ("<br>one compiled program" if len(rows) > 1 else "")
+                                   + "<extra>%{fullData.name}</extra>")
         if band:
             lo, hi, _ = band
-            point["error_y"] = dict(type="data", symmetric=False, array=[row[hi] - row["median_ms"]],
-                                    arrayminus=[row["median_ms"] - row[lo]],
-                                    color=policy_color(row["policy"]))
+            point["error_y"] = dict(type="data", symmetric=False, array=[rows[hi].max() - med],
+                                    arrayminus=[med - rows[lo].min()], color=policy_color(first))
         fig.add_trace(go.Scatter(**point))
-    if front is not None and front.any():
-        pts = df[front.to_numpy()].sort_values(["peak_mib", "median_ms"])
+        if mask[rows.index].any():
+            points.append((point["x"][0], med))
+    if points:
+        xs, ys = zip(*sorted(points))
         fig.add_trace(go.Scatter(
-            x=pts["peak_mib"], y=pts["median_ms"], mode="lines+markers" if len(pts) > 1 else "markers",
+            x=list(xs), y=list(ys), mode="lines+markers" if len(points) > 1 else "markers",
             name="Pareto front", line=dict(color="#222", dash="dash", shape="hv"),
             marker=dict(symbol="circle-open", size=22, color="#222", line=dict(width=2)),
             hoverinfo="skip"))
-    return fig
+    peaks = pd.to_numeric(df["peak_mib"], errors="coerce").dropna()
+    if not peaks.empty:  # equal peaks: a narrow range around them, not Plotly's -0.5..1
+        pad = max(float(peaks.max() - peaks.min()) * 0.15, float(peaks.abs().max()) * 0.05, 1e-6)
+        fig.update_xaxes(range=[float(peaks.min()) - pad, float(peaks.max()) + pad])
+    return legend_outside(fig, sum(t.name.count("<br>") + 1 for t in fig.data))
 
 
 def _rate_unit(top: float) -> tuple[str, float]:
@@ -166,8 +244,8 @@ def make_roofline_figure(df: pd.DataFrame, peak_flops_per_s: float,
         & (pd.to_numeric(df["achieved_flops_per_s"], errors="coerce") > 0)]
     top = max([peak or 0.0, *([] if points.empty else points["achieved_flops_per_s"].tolist())])
     unit, scale = _rate_unit(top)
-    fig = figure("Roofline: achieved FLOP/s vs arithmetic intensity",
-                  "arithmetic intensity (FLOP/byte, XLA bytes accessed)", f"achieved ({unit})")
+    fig = titled(figure("", "arithmetic intensity (FLOP/byte, XLA bytes accessed)", f"achieved ({unit})"),
+                 "Roofline", "achieved FLOP/s vs arithmetic intensity")
     if points.empty:
         return empty(fig)
     ridge = peak / bw if peak and bw else None
@@ -197,5 +275,9 @@ def make_roofline_figure(df: pd.DataFrame, peak_flops_per_s: float,
                            + "<extra>%{fullData.name}</extra>")))
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
+    decades(fig, "x", x_lo, x_hi)
+    ys = [*(rate / scale for rate in points["achieved_flops_per_s"].astype(float)),
+          *([peak / scale] if peak else []), *([bw * x_lo / scale] if bw else [])]
+    decades(fig, "y", min(ys), max(ys))
     fig.update_layout(height=440)
-    return fig
+    return legend_outside(fig, len(fig.data))

@@ -10,14 +10,18 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from remat_lab.present.palette import empty, figure, policy_color
+from remat_lab.present.run_charts import legend_outside, log_ticks, titled
+
+COLORBAR_GAP_PX = 16  # at least this far apart, the colour bar's labels never touch
 
 
 def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figure:
     """One line per policy (and per value of the other axis) of ``y`` against ``x``.
 
     ``x`` is "width" or "batch"; the other of the two picks the line dash. The legend, below the
-    plot so that the plot keeps the chart's width, has one entry per policy (its colour; a click
-    hides all its lines) and, when there are several, one per value of the other axis (its dash).
+    plot (one entry a row) so that the plot keeps the chart's width, has one entry per policy (its
+    colour; a click hides all its lines) and, when there are several, one per value of the other
+    axis (its dash). Log width/batch axes label only values whose labels do not touch.
     """
     other = "batch" if x == "width" else "width"
     fig = figure(f"{y_title} vs {x}", x, y_title)
@@ -46,14 +50,10 @@ def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figu
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{other} {val}",
                                      legendgroup=f"{other} {val}", hoverinfo="skip",
                                      line=dict(color="#6B7280", dash=dashes[i % len(dashes)], width=2.5)))
-    if (df[x] > 0).all():
-        fig.update_xaxes(type="log", tickvals=sorted(df[x].unique()))
-    entries = len(policies) + (len(others) if len(others) > 1 else 0)
-    fig.update_layout(height=400 + 22 * ((entries + 1) // 2), font=dict(size=13),
-                      legend=dict(orientation="h", x=0, xanchor="left", y=-0.18, yanchor="top",
-                                  font=dict(size=12)),
-                      margin=dict(l=60, r=20, t=60, b=40))
-    return fig
+    if (df[x] > 0).all():  # every value labelled that leaves room for its neighbours' labels
+        fig.update_xaxes(type="log", tickvals=log_ticks(df[x].unique()))
+    fig.update_layout(font=dict(size=13), margin=dict(l=60, r=20, t=60))
+    return legend_outside(fig, len(policies) + (len(others) if len(others) > 1 else 0))
 
 
 def make_relative_heatmap_figure(df: pd.DataFrame, title: str, baseline: str = "no_remat") -> go.Figure:
@@ -83,7 +83,7 @@ def make_relative_heatmap_figure(df: pd.DataFrame, title: str, baseline: str = "
     z = np.log2(np.where(ratios > 0, ratios, np.nan))
     loud = np.where(quiet, np.nan, z)
     bound = max(float(np.nanmax(np.abs(loud))) if np.isfinite(loud).any() else 0.0, np.log2(1.5))
-    ticks = [r for r in (0.25, 0.5, 0.67, 1.0, 1.5, 2.0, 4.0) if abs(np.log2(r)) <= bound + 1e-9]
+    ticks = _colorbar_ticks(bound, 46 * len(table.index) + 20)
     xs, ys = list(table.columns), list(table.index)
     hover = "%{y} at %{x}: %{customdata:.3f}x " + baseline
     fig.add_trace(go.Heatmap(
@@ -109,6 +109,21 @@ def make_relative_heatmap_figure(df: pd.DataFrame, title: str, baseline: str = "
     return fig
 
 
+def _colorbar_ticks(bound: float, length_px: float) -> list[float]:
+    """Ratios to label on a colour bar of log2 ratios from -``bound`` to ``bound``, ``length_px``
+    long: 1x first, then powers of two and 1.5x / 0.67x, each kept only at least
+    ``COLORBAR_GAP_PX`` from every label already kept."""
+    per_unit = length_px / (2 * bound)
+    candidates = [1.0] + [r for k in range(1, 11) for r in (2.0 ** k, 2.0 ** -k)] + [1.5, 0.67]
+    kept: list[float] = []
+    for r in candidates:
+        z = np.log2(r)
+        if abs(z) <= bound + 1e-9 and all(abs(z - np.log2(k)) * per_unit >= COLORBAR_GAP_PX
+                                          for k in kept):
+            kept.append(r)
+    return sorted(kept)
+
+
 def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
     """Compiled peak vs batch per policy, the budget as a line: the advisor's probes.
 
@@ -116,8 +131,8 @@ def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
     probe is a point (hollow where it did not fit); each policy's answer, its largest batch that
     fits, is a larger diamond. The batch axis is logarithmic when the probes span a wide range.
     """
-    fig = figure("Compiled peak memory vs batch (each point: one compile)", "batch",
-                  "compiled peak (MiB)")
+    fig = titled(figure("", "batch", "compiled peak (MiB)"), "Compiled peak memory vs batch",
+                 "each point: one compile")
     if df is None or df.empty:
         return empty(fig)
     for policy, part in df.sort_values("batch").groupby("policy", sort=False):
@@ -140,8 +155,8 @@ def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
                   annotation_text=f"budget {budget_mib:,.1f} MiB", annotation_position="top left",
                   annotation_font=dict(color="#B91C1C"))
     if df["batch"].max() > 16 * max(df["batch"].min(), 1):
-        fig.update_xaxes(type="log")
-    return fig
+        fig.update_xaxes(type="log", tickvals=log_ticks(df.loc[df["batch"] > 0, "batch"].unique()))
+    return legend_outside(fig, df["policy"].nunique())
 
 
 def make_advice_throughput_figure(df: pd.DataFrame, recommended: str | None = None) -> go.Figure:
@@ -151,7 +166,8 @@ def make_advice_throughput_figure(df: pd.DataFrame, recommended: str | None = No
     (``tables.advice_frame``); rows without a rate are left out. The recommended policy's bar is
     outlined and every bar is labelled with its batch.
     """
-    fig = figure("Examples per second at each policy's largest batch", "policy", "examples / s")
+    fig = titled(figure("", "policy", "examples / s"), "Examples per second",
+                 "at each policy's largest batch")
     if df is None or df.empty or df["examples_per_s"].isna().all():
         return empty(fig)
     for _, row in df.dropna(subset=["examples_per_s"]).iterrows():

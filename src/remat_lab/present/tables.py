@@ -389,3 +389,11 @@ def across_targets_frame(doc: dict | None) -> pd.DataFrame:
              "estimate_ms": None if r.get("estimate_s") is None else r["estimate_s"] * 1e3}
             for r in (doc or {}).get("rows", [])]
     return pd.DataFrame(rows, columns=TARGET_COLUMNS)
+
+
+def memory_by_kind_frame(results: list[dict]) -> pd.DataFrame:
+    """Columns run (the policy), kind, bytes: each result's ``memory.by_kind`` (its method left out)."""
+    rows = [{"run": (r.get("config") or {}).get("policy", ""), "kind": k, "bytes": v}
+            for r in results for k, v in ((r.get("memory") or {}).get("by_kind") or {}).items()
+            if k != "method" and isinstance(v, int | float) and not isinstance(v, bool)]
+    return pd.DataFrame(rows, columns=["run", "kind", "bytes"])

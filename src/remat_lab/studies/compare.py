@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from remat_lab.analysis import hlo
-from remat_lab.config import ConfigError, RunConfig, check_budget, human_seconds, resolve_budget
+from remat_lab.config import ConfigError, RunConfig, check_budget, human_bytes, human_seconds, resolve_budget
 from remat_lab.model.policies import POLICIES
 from remat_lab.program.backend import ExecutionError, device_memory_limit, environment, xla_error
 from remat_lab.program.step import build_problem, make_step
@@ -75,14 +75,18 @@ def rank(rows: Sequence[Mapping]) -> dict:
       B.low``); overlapping intervals mean *indistinguishable* (treated as equal).
     * Fastest: the group faster than every other group; otherwise none, and ``fastest_reason``
       names the groups whose intervals overlap the one with the lowest median.
-    * Pareto: A *dominates* B when A's peak is <= B's, A is faster than or indistinguishable from
-      B, and A is strictly better in one of the two (a smaller peak, or faster). The front is every
-      group no other group dominates. Peaks that are unknown for only one of A and B are
-      incomparable (no domination); unknown for both count as equal.
+    * Pareto: named only when at least two programs' time intervals separate (one is faster than
+      the other); with one program, or every interval overlapping, there is no front (a front on
+      memory alone would claim a trade-off the times cannot show) and ``pareto_reason`` names the
+      smallest peak instead. A *dominates* B when A's peak is <= B's, A is faster than or
+      indistinguishable from B, and A is strictly better in one of the two (a smaller peak, or
+      faster). The front is every group no other group dominates. Peaks that are unknown for only
+      one of A and B are incomparable (no domination); unknown for both count as equal.
 
     Returns ``fastest`` (the group's first policy or None), ``fastest_group`` (every policy of the
     winning program, [] without one), ``fastest_reason`` (one sentence), ``pareto`` (policies on
-    the front, in row order) and ``groups`` (policies per program, in row order).
+    the front, in row order; a program's policies are on it together), ``pareto_reason`` (one
+    sentence) and ``groups`` (policies per program, in row order).
     """
     groups: dict[str, list[Mapping]] = {}
     for row in rows:
@@ -102,6 +106,7 @@ def rank(rows: Sequence[Mapping]) -> dict:
            "groups": [g["policies"] for g in stats]}
     if not stats:
         out["fastest_reason"] = "No policies to compare."
+        out["pareto_reason"] = "No Pareto front: no policies to compare."
         return out
 
     def faster(a: dict, b: dict) -> bool:
@@ -139,10 +144,32 @@ def rank(rows: Sequence[Mapping]) -> dict:
         not_slower = not faster(b, a)
         return no_more and not_slower and (less or faster(a, b))
 
-    front = {p for g in stats if not any(dominates(o, g) for o in stats if o is not g)
-             for p in g["policies"]}
+    if not any(faster(a, b) for a in stats for b in stats if a is not b):
+        out["pareto_reason"] = _no_front(stats)
+        return out
+    front_groups = [g for g in stats if not any(dominates(o, g) for o in stats if o is not g)]
+    front = {p for g in front_groups for p in g["policies"]}
     out["pareto"] = [row["policy"] for row in rows if row["policy"] in front]
+    out["pareto_reason"] = (
+        f"Pareto front: {_list([_group_name(g['policies']) for g in front_groups])}: no other "
+        "program has a peak as small and a step time that is not slower (95 % intervals) while "
+        "being better in one of the two.")
     return out
+
+
+def _no_front(stats: list[dict]) -> str:
+    """Why there is no Pareto front (one program, or every time interval overlapping), and the
+    smallest peak, which is then the only difference left to act on."""
+    why = ("only one compiled program" if len(stats) == 1 else
+           "the step times are indistinguishable (every 95 % interval overlaps every other)")
+    known = [g for g in stats if g["peak"] is not None]
+    if not known:
+        return f"No Pareto front: {why}; the backend gives no peak memory."
+    least = min(g["peak"] for g in known)
+    names = _list([_group_name(g["policies"]) for g in known if g["peak"] == least])
+    if len(stats) == 1:
+        return f"No Pareto front: {why} (peak {human_bytes(least)})."
+    return f"No Pareto front: {why}; the smallest peak is {human_bytes(least)}, of {names}."
 
 
 # ---------------------------------------------------------------- compiling and timing
@@ -227,7 +254,7 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
     under the process-wide timing lock. Per policy: the median and a bootstrap 95 % interval of
     it (``median_interval``). ``rank`` names a fastest program and the Pareto front only beyond
     that noise; policies that compile to the same program (equal ``hlo.fingerprint``) are never
-    ranked against each other.
+    ranked against each other; ``pareto_reason`` says why a front is named, or why none is.
 
     ``timelines`` maps each compared policy to its document's ``memory_timeline`` (None where the
     backend gives none). ``progress`` receives one short line per step. Raises ``ConfigError``
@@ -316,6 +343,7 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
         "fastest_group": ranking["fastest_group"],
         "fastest_reason": ranking["fastest_reason"],
         "pareto": ranking["pareto"],
+        "pareto_reason": ranking["pareto_reason"],
         "programs": ranking["groups"],
         # Each policy's memory over the program (its document's ``memory_timeline``; None without).
         "timelines": {p: docs[p].get("memory_timeline") for p in order},
