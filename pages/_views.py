@@ -144,7 +144,8 @@ def compare_frame(rows: list[dict]) -> pd.DataFrame:
 def compare_view(doc: dict, key: str) -> None:
     """A comparison as on Compare policies: the verdict, time with intervals, memory, Pareto, table."""
     frame = compare_frame(doc["rows"])
-    st.info(f"{md(doc['fastest_reason'])} Pareto front: {md(', '.join(map(str, doc['pareto'])) or '-')}.")
+    front = doc.get("pareto_reason") or f"Pareto front: {', '.join(map(str, doc['pareto'])) or '-'}."
+    st.info(f"{md(doc['fastest_reason'])} {md(front)}")
     left, right = st.columns(2)
     left.plotly_chart(charts.make_time_bars_figure(frame), width="stretch", key=f"{key}_time")
     mem_docs = [{"config": {"policy": r["policy"]}, "memory": r} for r in doc["rows"]

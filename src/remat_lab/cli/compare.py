@@ -73,6 +73,7 @@ def format_compare(result: dict) -> str:
              format_table(rows, COMPARE_COLUMNS), "",
              "excess dots/flops: in the compiled program, vs no_remat; jaxpr recomputed: dots the "
              "policy recomputes before XLA optimises", "", result["fastest_reason"],
-             "Pareto front (time interval and peak memory): " + (", ".join(result["pareto"]) or "-")]
+             result.get("pareto_reason")
+             or "Pareto front (time interval and peak memory): " + (", ".join(result["pareto"]) or "-")]
     lines += [f"failed: {f['policy']}: {f['error']}" for f in result.get("failed", [])]
     return "\n".join(lines)

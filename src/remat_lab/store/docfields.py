@@ -169,7 +169,7 @@ TOTALS_KEEP = ("residual_bytes", "activation_residual_bytes", "parameter_residua
 HLO_KEEP = ("dot_count", "excess_dots_vs_no_remat", "excess_flops_vs_no_remat", "identical_to")
 DETAIL = ("dots", "residuals", "memory_timeline", "notes")
 COMPARE_KEEP = ("schema", "config", "environment", "policies", "rows", "fastest", "fastest_group",
-                "fastest_reason", "pareto", "programs", "failed", "method")
+                "fastest_reason", "pareto", "pareto_reason", "programs", "failed", "method")
 ADVICE_KEEP = ("schema", "kind", "budget_bytes", "budget_source", "config", "policies", "rows",
                "recommended", "near_ties", "reason", "search_s", "notes", "timed", "peak_flops_per_s",
                "peak_source", "method", "environment")

@@ -106,7 +106,7 @@ RUN = {"config": dict, "environment": ENV, "step_time_s": (OPT, STEP), "memory":
 COMPARE_ROW = {"policy": str, "median_s": NUM, "ci_low_s": NUM, "ci_high_s": NUM, "samples_s": list,
                "peak_bytes": (OPT, NUM), "fastest": bool, "pareto": bool, "same_program_as": (OPT, str)}
 COMPARE = {"config": dict, "environment": ENV, "policies": list, "rows": list, "fastest_reason": str,
-           "pareto": list, "programs": list, "failed": list,
+           "pareto": list, "pareto_reason": (OPT, str), "programs": list, "failed": list,
            "method": {"rounds": int, "calls_per_round": int, "interval": str}}
 CONFIG_KEYS = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective")  # what views read
 PROBE = {"batch": int, "peak_bytes": NUM, "fits": bool}
