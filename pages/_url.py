@@ -73,8 +73,13 @@ def _fallback_heads(values: dict, warnings: list[str]) -> None:
     replaced by the default or, if that does not divide it either, the nearest head count below."""
     cfg = _merged(values)
     model, width, heads = cfg["model"], cfg["width"], values.get("heads")
-    if heads is None or width % heads == 0 or not (
-            model == "transformer" or (model == "llm" and not cfg.get("head_dim"))):
+    if not (model == "transformer" or (model == "llm" and not cfg.get("head_dim"))):
+        return
+    if heads is None:  # not in the link: the control's own heads follow the width, unannounced
+        if width % cfg["heads"]:
+            values["heads"] = max(h for h in range(1, cfg["heads"] + 1) if width % h == 0)
+        return
+    if width % heads == 0:
         return
     use = DEFAULT.heads if width % DEFAULT.heads == 0 else max(h for h in range(1, heads) if width % h == 0)
     warnings.append(f"URL parameter `heads` = `{heads}` does not divide the width {width} (each head "

@@ -168,8 +168,8 @@ left.caption(
     + ("Ringed points are the Pareto front: no other program has a peak as small or smaller and a "
        "time interval lower or overlapping, with one of the two strictly better"
        + (" (the dashed staircase joins them)." if front.sum() > 1 else ".") if front.any() else
-       "Nothing is ringed: a front is named only when at least two programs' time intervals "
-       "separate."))
+       "Ringed points are the Pareto front; none here: a front is named only when at least two "
+       "programs' time intervals separate."))
 samples = pd.DataFrame([{"policy": r["policy"], "run": i, "ms": s * 1e3}
                         for r in rows for i, s in enumerate(r["samples_s"], 1)],
                        columns=["policy", "run", "ms"])

@@ -289,18 +289,25 @@ def test_url_query_fuzz_ends_in_a_valid_config_or_a_warning(page_runs, params):
     assert bool(errors) == bool(_sidebar.over_budget(cfg)), (errors, cfg)
     warnings = [w.value for w in at.warning]
     seq_batch0 = False
+    model_raw = params.get("model", "")
+    asked_llm = "llm" in (cfg.model, model_raw[-1] if isinstance(model_raw, list) else model_raw)
     for key in URL_KEYS:
         if key not in params:
             continue
         raw = params[key][-1] if isinstance(params[key], list) else params[key]
         want = _expected(key, raw)
+        if want is None and cfg.model == "llm" and key in LLM_LIMITS:  # the llm's longer ranges
+            lo, hi = LLM_LIMITS[key]
+            text = str(raw).strip()
+            if text.isascii() and text.isdigit() and len(text) < 7 and lo <= int(text) <= hi:
+                want = int(text)
         if want is None:
             assert any(f"`{key}`" in w for w in warnings), (key, raw, warnings)
             continue
         if key == "batch" and want == 0 and cfg.model == "seq_mixer":
             seq_batch0 = True
             continue
-        if cfg.model == "llm" and getattr(cfg, key) != want:  # its fields must fit together (heads
+        if asked_llm and getattr(cfg, key) != want:  # the llm's fields must fit together (heads
             assert any(f"`{key}`" in w for w in warnings), (key, raw, warnings)  # divide width...)
             continue
         assert getattr(cfg, key) == want, (key, raw, cfg)

@@ -20,11 +20,12 @@ def _unit(largest: float) -> tuple[float, str]:
 
 def make_memory_by_kind_figure(df: pd.DataFrame) -> go.Figure:
     """Horizontal stacked bars of ``df`` (columns ``run``, ``kind``, ``bytes``; one bar per run),
-    in MiB or GiB by the largest bar, each segment labelled when wide enough, the legend above."""
-    fig = figure("", "", "")
-    fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.04, x=0, xanchor="left",
+    in MiB or GiB by the largest bar, each segment labelled when wide enough, the legend between
+    the title and the bars."""
+    fig = figure("Memory by kind, at the compiled peak", "", "")
+    fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, xanchor="left",
                                   font=dict(size=12), traceorder="normal"),
-                      margin=dict(l=20, r=20, t=40, b=50), barmode="stack", title_text=None)
+                      margin=dict(l=20, r=20, t=86, b=50), barmode="stack")
     if df is None or df.empty or df["bytes"].sum() <= 0:
         fig.update_xaxes(title_text="bytes")
         return empty(fig)
@@ -43,5 +44,5 @@ def make_memory_by_kind_figure(df: pd.DataFrame) -> go.Figure:
                                   "<extra>%{y}</extra>")
     fig.update_xaxes(title_text=f"{unit} at the compiled peak")
     fig.update_yaxes(automargin=True, showticklabels=len(runs) > 1)
-    fig.update_layout(height=190 + 50 * len(runs))
+    fig.update_layout(height=230 + 50 * len(runs))
     return fig
