@@ -78,6 +78,13 @@ def test_tpu_v5e_compiles_and_names_the_tpu():
     assert doc["target"]["platform"] == "tpu" and "v5" in doc["target"]["device_kind"].lower()
     assert doc["memory"]["temp_bytes"] == pytest.approx(ref["temp_bytes"], rel=0.10, abs=64 << 10)
     assert doc["timing"]["measured"] is False
+    # Products are convolutions on a TPU, and XLA TPU leaves scans' trip counts unannotated (read
+    # from the loop condition): the recomputed products, counted in plain-JAX builds' HLO.
+    runs = {p: sum(max(m["executions"], 1) for m in hlo.matmuls(plain_scan_mlp(
+        "tpu-v5e", p, width=128, batch=128, depth=2, dtype="bfloat16").as_text()))
+        for p in ("no_remat", "nothing_saveable")}
+    assert runs["nothing_saveable"] - runs["no_remat"] == 2 * 2
+    assert doc["hlo"]["excess_dots_vs_no_remat"] == 2 * 2
 
 
 def test_eight_h100_fsdp_shards_parameters_and_counts_all_gathers():

@@ -54,28 +54,44 @@ def _products(text: str):
         yield comp, ins, *found[0]
 
 
+_S32_CONSTANT = re.compile(r"=\s*s32\[\][^=]*?\sconstant\((\d+)\)")
+
+
 def executions(text: str) -> tuple[dict[str, int], list[int]]:
     """How many times each computation runs per call of the program, and the while loops' trip counts.
 
     A ``while`` body runs its known trip count times (``scan`` lowers to one); fusions, calls and
     conditionals run as often as the instruction that calls them. XLA's cost analysis counts a loop
-    body once; these multipliers are what it leaves out. Unknown trip counts count as 1.
+    body once; these multipliers are what it leaves out. Where XLA does not annotate the count (TPU),
+    a condition that compares the counter with one constant (``i < N``, as ``scan`` lowers) gives N.
+    Unknown trip counts count as 1.
     """
     comps: list[tuple[str, list[tuple[str, int]]]] = []
     trips: list[int] = []
+    bounds: dict[str, list] = {}  # computation -> [s32 constants, ends in ROOT compare LT]
     entry = None
     for line in text.splitlines():
         name = hlotext.computation(line)
         if name is not None:
             comps.append((name, []))
+            bounds[name] = [[], False]
             if line.startswith("ENTRY"):
                 entry = name
             continue
         if not comps or "=" not in line:
             continue
+        own = bounds[comps[-1][0]]
+        if _S32_CONSTANT.search(line):
+            own[0].append(int(_S32_CONSTANT.search(line).group(1)))
+        elif line.lstrip().startswith("ROOT") and " compare(" in line and "direction=LT" in line:
+            own[1] = True
         trip = 1
         if " while(" in line:
             known = hlotext.known_trip_count(line)
+            if known is None:  # XLA TPU does not annotate scans: read the loop condition instead
+                cond = next((c for k, c in hlotext.called(line) if k == "condition"), None)
+                consts, less_than = bounds.get(cond, ([], False))
+                known = consts[0] if less_than and len(consts) == 1 and consts[0] > 0 else None
             trip = known if known is not None else 1
             trips.append(trip)
         for kind, callee in hlotext.called(line):
