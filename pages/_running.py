@@ -158,9 +158,11 @@ def run_one(cfg: RunConfig, keep_texts: bool = True, button_key: str = "run_now"
     ran = st.session_state.setdefault("_ran", set())
     key = (cfg, keep_texts)
     if not is_quick(cfg) and key not in ran:
-        st.info("This configuration may take a while to compile and time, so it does not run "
-                "automatically.")
-        if not st.button("Run this configuration", key=button_key, type="primary"):
+        compile_only = cfg.compile_only or cfg.target != "local"
+        st.info("This configuration may take a while to compile" + ("" if compile_only else " and time")
+                + ", so it does not start automatically.")
+        label = "Compile this configuration" if compile_only else "Run this configuration"
+        if not st.button(label, key=button_key, type="primary"):
             return None
     t0 = time.perf_counter()
     what = describe(cfg) if not keep_texts else describe(cfg).rsplit(",", 1)[0] + ", programs only"
