@@ -5,7 +5,23 @@ here imports the engine modules below while the others wait on this package, so 
 requests cannot interleave their imports (an import-order deadlock between sessions).
 """
 
-from remat_lab import config  # noqa: F401
-from remat_lab.present import charts, reproduce, tables  # noqa: F401
-from remat_lab.serve import safe_text, worker  # noqa: F401
-from remat_lab.studies import compare, experiment  # noqa: F401
+import ast as _ast
+import threading as _threading
+
+# The app's sessions are threads of one process, and CPython 3.11's ast.parse is not safe across
+# threads: six deep links at once on a fresh server raised "SystemError: AST constructor recursion
+# depth mismatch" (Streamlit's magic and inspect.getsource both parse). One lock for every parse.
+if not getattr(_ast.parse, "serialised", False):
+    _PARSE_LOCK, _parse = _threading.RLock(), _ast.parse
+
+    def _serialised_parse(*args, **kwargs):
+        with _PARSE_LOCK:
+            return _parse(*args, **kwargs)
+
+    _serialised_parse.serialised = True
+    _ast.parse = _serialised_parse
+
+from remat_lab import config  # noqa: F401, E402
+from remat_lab.present import charts, reproduce, tables  # noqa: F401, E402
+from remat_lab.serve import safe_text, worker  # noqa: F401, E402
+from remat_lab.studies import compare, experiment  # noqa: F401, E402

@@ -7,6 +7,7 @@ a Python loop of blocks, or Flax's scan over ``nnx.vmap``-stacked layers.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 from remat_lab.config import NAME_FIELDS, ConfigError, RunConfig, mesh_devices
@@ -73,6 +74,12 @@ def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: boo
     return " ".join(parts + ([] if timing else ["--no-time"]) + ["--json"])
 
 
+@functools.cache
+def _source(block: type) -> str:
+    """A block class's source, read (and parsed: ``inspect`` uses ``ast``) once per process."""
+    return inspect.getsource(block)
+
+
 def reproduce_code(cfg: RunConfig) -> str:
     """Self-contained code for the configuration: the model, the remat'd block and the step.
     ``ConfigError`` for the llm (its code is ``model/llm.py``; the snippet covers the blocks)."""
@@ -80,7 +87,7 @@ def reproduce_code(cfg: RunConfig) -> str:
         raise ConfigError("the code snippet covers mlp, seq_mixer and transformer; the llm's code is "
                           "src/remat_lab/model/llm.py (run it with the command line instead).")
     block = {"mlp": models.MLP, "seq_mixer": models.SeqMixer, "transformer": models.Transformer}[cfg.model]
-    src = inspect.getsource(block)
+    src = _source(block)
     head = ("import math\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import nnx\n"
             "from jax.ad_checkpoint import checkpoint_name\n\n"
             + (f"MLP_RATIO = {models.MLP_RATIO}\n" if cfg.model == "transformer" else "") + "\n")
