@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages import _llm, _mesh
+from pages import _llm, _mesh, _user_block
 from pages._budget import budget_message, budget_or_none, over_budget
 from pages._budget import device_limit as _device_limit  # noqa: F401 - the pages ask for it here
 from pages._url import CONTROL_KEYS, DEFAULT, LLM_KEYS, read_url_once, write_url
@@ -53,7 +53,7 @@ def grouped_policy_label(pid: str) -> str:
 
 def _custom_names(ss) -> dict:
     """``save_names``/``offload_names`` from the custom editor's controls (only for policy custom)."""
-    if ss["policy"] != "custom":
+    if ss["policy"] != "custom" or _user_block.active(ss):  # the user's block: _user_block.apply
         return {}
     choice = {n: ss.get(f"custom_{n}") or "recompute" for n in names_of(ss["model"])}
     return {"save_names": tuple(n for n, c in choice.items() if c == "save"),
@@ -133,6 +133,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
                   "transformer: a pre-norm decoder block (causal attention, gated MLP) with "
                   "MaxText's checkpoint names; llm: a decoder language model (embedding, "
                   "grouped-query attention with rotary positions, gated MLP, vocabulary projection).")
+    _user_block.controls(sb)
     _llm.clamp_for_model(ss)
     if ss["model"] == "llm":
         _llm.preset_control(sb)
@@ -168,7 +169,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
     if ss["policy"] == "custom":
         sb.caption(f"Per checkpoint name of {ss['model']}: save on the device, offload to pinned "
                    "host memory, or recompute.")
-        for name in names_of(ss["model"]):
+        for name in _user_block.custom_names(ss, names_of(ss["model"])):
             ss.setdefault(f"custom_{name}", "recompute")
             sb.segmented_control(f"`{name}`", NAME_CHOICES, key=f"custom_{name}")
     _llm.step_controls(sb)
@@ -185,12 +186,14 @@ def _render_controls(page: str | None = None) -> RunConfig:
         cfg = ss.get("_last_config", DEFAULT)
         st.warning(f"{escape_markdown(err)} Using the last valid settings "
                    f"({escape_markdown(describe(cfg))}).")
+    cfg = _user_block.apply(cfg)
     ss["_last_config"] = cfg
     cfg = _with_target(_mesh.apply(cfg), ss["target"])  # mesh controls: with several devices only
     for text in warnings:
         st.warning(text)
     write_url(cfg)
-    over = over_budget(cfg.replace(compile_only=False))
+    # The Advisor searches the batch (the batch control does not apply there): no width-based flag.
+    over = None if page == "advisor" else over_budget(cfg.replace(compile_only=False))
     drawn = _llm.flag(flag.container(), over, cfg, budget_message(*over, cfg.model) if over else "")
     if not drawn:
         _llm.compile_only_toggle(sb, disabled=cfg.target != LOCAL or bool(cfg.mesh))

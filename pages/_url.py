@@ -12,6 +12,7 @@ import streamlit as st
 
 from pages import _mesh
 from remat_lab.config import (
+    APP_DEFAULT,
     CHOICES,
     LIMITS,
     NAME_FIELDS,
@@ -21,6 +22,7 @@ from remat_lab.config import (
     RunConfig,
     coerce_config,
 )
+from remat_lab.config.catalog import USER_MODEL
 from remat_lab.config.run import LLM_LIMITS
 from remat_lab.serve.safe_text import code_span, escape_markdown
 
@@ -28,11 +30,12 @@ CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dt
                 "objective", "repeats", "target", "step", "microbatches", "compile_only")
 # The llm's own fields: in the address bar (and the configuration) only for model llm.
 LLM_KEYS = ("preset", "vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings")
-# The app opens where policies visibly differ on a CPU: a scanned 8-block mlp (width 256, batch
-# 128). Measured (XLA CPU): peak 10.4 MiB (nothing_saveable) / 11.7 (no_remat) / 12.2
-# (dots_with_no_batch_dims_saveable), one step about 8 ms; the engine's own default stays the
-# seed's one-block case.
-DEFAULT = RunConfig(width=256, batch=128, depth=8)
+# Never from a link: the user's own block is code (pages/_user_block.py); these are refused with a warning.
+NEVER_KEYS = ("model_module", "input_shape")
+NOT_FROM_A_LINK = ("is your own block, which runs Python code: a link cannot choose it (type it in "
+                   "the sidebar's \"Your block\" on a private server)")
+# The app opens on the one default configuration, the CLI's run without flags too (config/defaults.py).
+DEFAULT = APP_DEFAULT
 
 
 def _allowed(key: str, model: str) -> str:
@@ -46,6 +49,8 @@ def _allowed(key: str, model: str) -> str:
 
 def _check_one(key: str, raw: str, model: str):
     """The value of ``?key=raw`` checked alone (seq and depth against the URL's model's ranges)."""
+    if key == "model" and raw == USER_MODEL:
+        raise ConfigError(f"model {USER_MODEL} {NOT_FROM_A_LINK}.")
     if key == "batch":
         raw_cfg = {key: raw, "model": "mlp"}
     elif key in ("seq", "depth") and model == "llm":
@@ -117,6 +122,8 @@ def read_url_once() -> list[str]:
         return []
     st.session_state["_url_loaded"] = True
     warnings, values = [], {}
+    warnings += [f"URL parameter `{k}` {NOT_FROM_A_LINK}; ignored." for k in NEVER_KEYS
+                 if k in st.query_params]
     model = st.query_params.get("model")
     model = model if model in CHOICES["model"] else DEFAULT.model
     if "model" not in st.query_params and st.query_params.get("preset") in PRESETS:
@@ -163,7 +170,7 @@ def read_url_once() -> list[str]:
 def write_url(cfg: RunConfig) -> None:
     llm = cfg.model == "llm"
     wanted = {k: str(getattr(cfg, k)) for k in CONTROL_KEYS
-              if k != "heads" or cfg.model in ("transformer", "llm")}
+              if (k != "heads" or cfg.model in ("transformer", "llm")) and getattr(cfg, k) != USER_MODEL}
     wanted.update({k: str(getattr(cfg, k)) for k in LLM_KEYS if llm and (k != "preset" or cfg.preset)})
     wanted.update({k: ",".join(getattr(cfg, k)) for k in NAME_FIELDS if getattr(cfg, k)})
     wanted.update(_mesh.url_params(cfg))

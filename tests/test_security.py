@@ -211,6 +211,8 @@ ALLOWED_WRITES = {
     "sweep.py": {"open"},  # cli/sweep.py opens it, studies/sweep.py locks and repairs it
     # the CLI under jax.distributed: stdout of the non-zero processes to os.devnull
     "common.py": {"open"},
+    # the Advisor's Stop: an empty flag file in the temp directory (server-made name), removed after
+    "_advisor_run.py": {"unlink", "touch"},
 }
 
 

@@ -179,6 +179,12 @@ def add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
     p.add_argument("--stack", choices=STACKS, default=d.stack,
                    help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
     p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    p.add_argument("--model-module", default="", metavar="MODULE:FACTORY",
+                   help="your own NNX block instead of --model (local only): mypkg.blocks:make_block "
+                        "or path/to/file.py:make_block, a factory make_block(rngs) -> nnx.Module")
+    p.add_argument("--input-shape", dest="user_input_shape", default="", metavar="B,N,D",
+                   help="--model-module: the block's input, the first axis the batch (default: the "
+                        "module's example_input_shape)")
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
@@ -276,12 +282,31 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     values.update({k: getattr(args, k) for k in llm if hasattr(args, k)})
     if getattr(args, "param_dtype", None):
         values["param_dtype"] = args.param_dtype
+    if getattr(args, "model_module", "") or getattr(args, "user_input_shape", ""):
+        values.update(user_block_fields(args))
     preset = getattr(args, "preset", None)
     if not preset:
         return RunConfig(**values)
     chosen = given(args)  # a preset's fields come from it unless a flag set them
     return RunConfig.from_preset(preset, **{k: v for k, v in values.items()
                                             if k not in (*PRESET_FIELDS, "model") or k in chosen})
+
+
+def user_block_fields(args: argparse.Namespace) -> dict:
+    """``--model-module`` and ``--input-shape`` as fields: model user, its factory, its input (the
+    module's ``example_input_shape`` when not given) and the batch, its first axis."""
+    from remat_lab.config.userblock import parse_input_shape
+
+    if not args.model_module:
+        raise ConfigError("--input-shape is the input of your own block: give --model-module too.")
+    if "model" in given(args) or getattr(args, "preset", None):
+        raise ConfigError("--model-module is your own block instead of --model or --preset; give one.")
+    shape = parse_input_shape(args.user_input_shape)
+    if not shape:
+        from remat_lab.model.user_block import example_input_shape  # lazy: it loads JAX
+        shape = parse_input_shape(example_input_shape(args.model_module) or ())
+    return {"model": "user", "model_module": args.model_module, "input_shape": shape,
+            "batch": shape[0] if shape else 1}
 
 
 # ---------------------------------------------------------------- devices and the history

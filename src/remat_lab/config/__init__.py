@@ -31,6 +31,7 @@ from .catalog import (
     STACKS,
     names_of,
 )
+from .defaults import APP_DEFAULT, flag_defaults
 from .run import (
     BOOL_FIELDS,
     BUDGET_ENV,
@@ -56,6 +57,7 @@ from .run import (
 from .targets import LOCAL, TARGET_NAMES, TARGETS, Target, get_target
 
 __all__ = [
+    "APP_DEFAULT", "flag_defaults",
     "BUDGET_ENV", "CHOICES", "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS", "LLM_LIMITS",
     "MAX_MESH_DEVICES", "MESH_AXES", "MODELS", "NAMES", "NAME_FIELDS", "OBJECTIVES", "POLICY_IDS",
     "PROCESS_FACTOR", "SEQ_MODELS", "STACKS", "ConfigError", "MemoryBudgetError", "RunConfig",

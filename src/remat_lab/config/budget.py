@@ -6,11 +6,12 @@ Everything here runs before JAX allocates anything: an estimate over the budget 
 
 from __future__ import annotations
 
+import math
 import os
 
 from remat_lab.config import limits
 
-from .catalog import SEQ_MODELS
+from .catalog import SEQ_MODELS, USER_MODEL
 from .run import BUDGET_ENV, ConfigError, MemoryBudgetError, RunConfig
 
 
@@ -75,6 +76,8 @@ def estimate_bytes(config: RunConfig) -> int:
     item = _itemsize(config.dtype)
     w = config.width
     rows = max(config.batch, 1) * (config.seq if config.model in SEQ_MODELS else 1)
+    if config.model == USER_MODEL:  # the user's block is unknown before it is built: sized as the mlp
+        w, rows = config.input_shape[-1], math.prod(config.input_shape[:-1])
     if config.model == "transformer":
         # q, k, v, o: 4 w^2; wi_0, wi_1, wo: 12 w^2; two norm scales.
         params = config.depth * (16 * w * w + 2 * w) * item

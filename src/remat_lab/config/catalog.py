@@ -13,6 +13,9 @@ from pathlib import Path
 MODELS = ("mlp", "seq_mixer", "transformer", "llm")
 # Models that use seq: x is (batch, seq, width), or for llm integer tokens (batch, seq).
 SEQ_MODELS = ("seq_mixer", "transformer", "llm")
+# The user's own block (RunConfig.model_module, local only): its checkpoint names are found by tracing
+# it (model/user_block.py), so ``names_of`` has none for it.
+USER_MODEL = "user"
 # The checkpoint_name tags of each model's block, in program order (MaxText's for the transformer).
 NAMES = {
     "mlp": ("l1", "l2"),
@@ -27,8 +30,9 @@ NAMES = {
 
 
 def names_of(model: str) -> tuple[str, ...]:
-    """The ``checkpoint_name`` tags in ``model``'s block, in program order."""
-    return NAMES[model]
+    """The ``checkpoint_name`` tags in ``model``'s block, in program order (none for the user's block:
+    ``model.models.block_names`` traces it)."""
+    return () if model == USER_MODEL else NAMES[model]
 
 
 STACKS = ("scan", "loop")

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from remat_lab.config.catalog import MODELS, NAMES, SEQ_MODELS, names_of  # noqa: F401
+from remat_lab.config.catalog import MODELS, NAMES, SEQ_MODELS, USER_MODEL, names_of  # noqa: F401
+from remat_lab.model import user_block
 from remat_lab.model.llm import LLM
 from remat_lab.model.stacks import build_stack
 
@@ -122,7 +123,9 @@ def build_model(model: str, width: int, depth: int, *, seed: int, dtype,
     blocks built as ``stack`` (``"loop"`` or ``"scan"``, see ``stacks.py``). ``heads``: the
     transformer's attention heads (other models ignore it). ``llm``: the decoder LM's settings
     (``vocab``, ``kv_heads``, ``head_dim``, ``mlp_dim``, ``tie_embeddings``, ``param_dtype``; see
-    ``llm_options``)."""
+    ``llm_options``); for the user's block (model ``user``) ``module``, its factory (``user_block.py``)."""
+    if model == USER_MODEL:
+        return user_block.build_user_stack(llm["module"], depth, stack, seed=seed, dtype=dtype)
     if model == "llm":
         return LLM(width=width, depth=depth, heads=heads, stack=stack, rngs=nnx.Rngs(seed),
                    dtype=dtype, **llm)
@@ -139,10 +142,20 @@ def build_model(model: str, width: int, depth: int, *, seed: int, dtype,
 
 def llm_options(config, dtypes: dict) -> dict:
     """``build_model``'s llm settings for a ``RunConfig`` (``{}`` for other models); ``dtypes``
-    maps dtype names to JAX dtypes."""
+    maps dtype names to JAX dtypes. The user's block: its factory, once checked (``user_options``)."""
+    if config.model == USER_MODEL:
+        return user_block.user_options(config, dtypes[config.dtype])
     if config.model != "llm":
         return {}
     return {"vocab": config.vocab, "kv_heads": config.kv_heads_used,
             "head_dim": config.head_dim_used, "mlp_dim": config.mlp_dim_used,
             "tie_embeddings": config.tie_embeddings,
             "param_dtype": dtypes[config.param_dtype_used]}
+
+
+def block_names(config) -> tuple[str, ...]:
+    """The ``checkpoint_name`` tags of ``config``'s model: the catalog's, or for the user's block
+    those found by tracing it."""
+    if config.model != USER_MODEL:
+        return names_of(config.model)
+    return user_block.block_names(config, {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.dtype])

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import functools
 import inspect
+import shlex
 
 from remat_lab.config import NAME_FIELDS, ConfigError, RunConfig, mesh_devices
 from remat_lab.model import models
-from remat_lab.model.models import SEQ_MODELS
+from remat_lab.model.models import SEQ_MODELS, USER_MODEL
 from remat_lab.model.policies import policy_code
 
 
 def _shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
     """``--model ... --dtype ...``: the flags of the model and its sizes (those that apply)."""
-    parts = [f"--model {cfg.model}", f"--width {cfg.width}"] + ([f"--batch {cfg.batch}"] if batch else [])
+    if cfg.model == USER_MODEL:  # the user's block: its factory and input (the batch its first axis)
+        parts = [f"--model-module {shlex.quote(cfg.model_module)}",
+                 f"--input-shape {','.join(map(str, cfg.input_shape))}"]
+    else:
+        parts = [f"--model {cfg.model}", f"--width {cfg.width}"] + ([f"--batch {cfg.batch}"] if batch else [])
     if cfg.model in SEQ_MODELS:
         parts.append(f"--seq {cfg.seq}")
     if cfg.model in ("transformer", "llm"):
@@ -83,6 +88,9 @@ def _source(block: type) -> str:
 def reproduce_code(cfg: RunConfig) -> str:
     """Self-contained code for the configuration: the model, the remat'd block and the step.
     ``ConfigError`` for the llm (its code is ``model/llm.py``; the snippet covers the blocks)."""
+    if cfg.model == USER_MODEL:
+        raise ConfigError("no code snippet for your own block: the code is yours (its factory "
+                          f"{cfg.model_module}); the command line reproduces the run.")
     if cfg.model == "llm":
         raise ConfigError("the code snippet covers mlp, seq_mixer and transformer; the llm's code is "
                           "src/remat_lab/model/llm.py (run it with the command line instead).")

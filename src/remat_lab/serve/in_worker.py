@@ -14,6 +14,7 @@ from typing import Any
 from remat_lab.config import ConfigError, MemoryBudgetError, RunConfig, limits
 from remat_lab.program import targets
 from remat_lab.program.backend import ExecutionError
+from remat_lab.store.history import public_mode
 
 WARM = RunConfig(width=8, batch=1, repeats=1, warmup=0)
 
@@ -28,6 +29,9 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
     if kind == "device_limit":
         return backend.device_memory_limit()
     cfg = RunConfig(**payload["config"])
+    if cfg.model_module and public_mode():  # a visitor's code never runs on a public server
+        raise ConfigError("your own block (model_module) runs only on a local server "
+                          "(REMAT_LAB_PUBLIC=0); this one is public.")
     if kind == "run":
         result = experiment.run_experiment(cfg, progress=progress)
         result.pop("texts", None)  # the timed result is kept small; Inspect asks for "programs"
@@ -40,8 +44,12 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
         from remat_lab.studies import advisor
 
         bound = {"max_batch": int(payload["max_batch"])} if payload.get("max_batch") else {}
+        if payload.get("time_budget_s"):
+            bound["time_budget_s"] = float(payload["time_budget_s"])
+        stop = payload.get("stop_file")  # the page's Stop: a flag file checked between rounds
         return advisor.advise(cfg, int(payload["budget"]), policies=list(payload["policies"]),
-                              timing=kind == "advise", progress=progress, **bound)
+                              timing=kind == "advise", progress=progress,
+                              should_stop=(lambda: os.path.exists(stop)) if stop else None, **bound)
     raise ValueError(f"unknown job kind {kind!r}")
 
 
