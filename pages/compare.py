@@ -10,7 +10,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _mesh, _page_state, _record, _running, _shared, _sidebar  # noqa: E402
+from pages import _mesh, _page_state, _peak_diff, _record, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import (  # noqa: E402
     LIMITS,
     ConfigError,
@@ -194,9 +194,8 @@ else:
                     width="stretch")
     st.caption("Live bytes over each policy's compiled program (XLA's schedule; x is the fraction of "
                "the program, so programs of different lengths line up); policies with the same timeline "
-               "share a line, named together; "
-               "the diamond is the peak. "
-               "Below: what each policy holds at its peak, by phase, and its largest buffers.")
+               "share a line, named together; the diamond is the peak. Below: what each policy holds "
+               "at its peak, by phase, and its largest buffers; then two policies' peaks side by side.")
     phases = [f"{p}_bytes" for p in tables.PHASES if held[f"{p}_bytes"].any()]  # zero everywhere: left out
     shown = held[["policy", "peak_live_bytes", "peak_at", *phases, "largest"]]
     shown = shown.assign(**{c: shown[c].map(_bytes) for c in ["peak_live_bytes", *phases]})
@@ -205,6 +204,7 @@ else:
         "peak_at": st.column_config.NumberColumn("peak at", format="percent"),
         **{c: c.removesuffix("_bytes") for c in phases},
         "largest": st.column_config.TextColumn("largest buffers at the peak", width="large")})
+    _peak_diff.section(result.get("timelines") or {}, list(result.get("policies") or []))
 
 # ---------------------------------------------------------------- table
 st.subheader("Policy table")

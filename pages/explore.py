@@ -12,7 +12,9 @@ import streamlit as st  # noqa: E402
 from pages import _llm_views, _mesh, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
 from remat_lab.present import charts, reproduce, tables  # noqa: E402
+from remat_lab.present.peak_diff import versus_no_remat  # noqa: E402
 from remat_lab.present.target_charts import target_name  # noqa: E402
+from remat_lab.present.timeline_charts import PHASES_CAPTION  # noqa: E402
 
 
 def _sig3(value: float, units: list[tuple[float, str]]) -> str:
@@ -83,7 +85,9 @@ else:
                        if timing.get("estimate_s") else ""))
 row1[1].metric("Peak memory", short_bytes(mem["peak_bytes"]) if mem else "n/a",
                help="generated_code + argument + output − alias + temp (XLA memory analysis)")
+versus_base = versus_no_remat(result)
 row1[1].caption((f"temp {human_bytes(mem.get('temp_bytes', 0))}" if mem else "no memory analysis")
+                + (f" · {versus_base['peak']}" if versus_base["peak"] else "")
                 + (" · bf16 products run in float32 on CPU" if hlo.get("bf16_upcast") else ""))
 row1[2].metric("Activation residuals", short_bytes(tot["activation_residual_bytes"]),
                help="Forward values kept for the backward pass, parameters, the input and zero "
@@ -96,7 +100,9 @@ row1[2].caption(f"plus parameters {human_bytes(tot['parameter_residual_bytes'])}
                 f"{human_bytes(tot['residual_host_bytes_in_compiled'])}{offload_note}")
 
 excess = hlo.get("excess_dots_vs_no_remat")
-if hlo.get("identical_to"):
+if cfg.policy == "no_remat":
+    versus = "this is the no_remat program"
+elif hlo.get("identical_to"):
     versus = f"same compiled program as {hlo['identical_to']}"
 elif excess is None:
     versus = "not compared with no_remat"
@@ -128,8 +134,7 @@ row3[0].caption(f"lower {human_seconds(result['compile']['lower_s'])}")
 flops, base_flops = result.get("flops"), (result.get("baseline") or {}).get("flops")
 row3[1].metric("FLOPs per step", short_flops(flops) if flops else "n/a",
                help="XLA's flop count of the compiled step")
-row3[1].caption(f"{100 * (flops / base_flops - 1):+.0f} % vs no_remat" if flops and base_flops
-                else "no_remat not compared")
+row3[1].caption(versus_base["flops"] or "no_remat not compared")
 rate = result.get("achieved_flops_per_s")
 if tgt:
     row3[2].metric("Estimated step time", short_seconds(est["estimate_s"]) if est.get("estimate_s")
@@ -198,7 +203,8 @@ if not (timeline.get("points") or timeline.get("by_phase")):
 else:
     st.caption("Live bytes at each instruction of XLA's schedule of the step, stacked by what the "
                "live values are: parameters, outputs, forward activations, recomputed values and "
-               "backward temporaries. Below: the buffers live at the peak, largest first.")
+               "backward temporaries. Below: the buffers live at the peak, largest first. "
+               + PHASES_CAPTION)
     st.plotly_chart(charts.make_timeline_figure(tables.timeline_frame(result), timeline.get("peak_index"),
                                                 timeline.get("peak_live_bytes")), width="stretch")
     at_peak = tables.at_peak_frame(result)

@@ -135,7 +135,7 @@ def test_cli_json_document(tmp_path, monkeypatch):
     assert doc["config"]["width"] == 64 and doc["config"]["policy"] == "dots_with_no_batch_dims_saveable"
     assert set(doc["compile"]) == {"lower_s", "compile_s", "timeline_s"}
     assert {"source", "instructions", "points", "by_phase", "peak_index", "peak_live_bytes", "at_peak",
-            "note"} == set(doc["memory_timeline"])
+            "phases_from", "note"} == set(doc["memory_timeline"])
     assert {"median", "p25", "p75", "min", "max", "repeats", "warmup"} <= set(doc["step_time_s"])
     assert set(doc["memory"]) == {
         "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",

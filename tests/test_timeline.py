@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
+from remat_lab.analysis.hlo import fingerprint, product_keys
 from remat_lab.analysis.timeline import MAX_POINTS, PHASES, compile_dumped, memory_timeline, uncached
 from remat_lab.config import RunConfig
 from remat_lab.model.models import names_of
@@ -19,7 +20,8 @@ from remat_lab.program.backend import enable_compilation_cache
 from remat_lab.program.step import build_problem, make_step
 
 JAX_POLICIES = [p for p, pol in POLICIES.items() if pol.group == "jax"]
-KEYS = {"source", "instructions", "points", "by_phase", "peak_index", "peak_live_bytes", "at_peak", "note"}
+KEYS = {"source", "instructions", "points", "by_phase", "peak_index", "peak_live_bytes", "at_peak", "note",
+        "phases_from"}
 
 
 def lowered_of(config: RunConfig):
@@ -27,9 +29,16 @@ def lowered_of(config: RunConfig):
     return jax.jit(make_step(problem)).trace(*problem.args).lower(), problem
 
 
+def witness_of(config: RunConfig) -> str:
+    """The no_remat compile's text of ``config`` (the witness the experiment passes)."""
+    lowered, _ = lowered_of(config.replace(policy="no_remat"))
+    return lowered.compile().as_text()
+
+
 def timeline_of(config: RunConfig) -> dict:
     lowered, problem = lowered_of(config)
-    return memory_timeline(lowered, depth=config.depth, names=names_of(config.model), paths=problem.paths)
+    return memory_timeline(lowered, depth=config.depth, names=names_of(config.model), paths=problem.paths,
+                           witness=witness_of(config))
 
 
 def check_invariants(doc: dict, problem=None) -> None:
@@ -46,7 +55,7 @@ def check_invariants(doc: dict, problem=None) -> None:
         assert all(doc["by_phase"][p][i][0] == index for p in PHASES)
     assert {b["phase"] for b in doc["at_peak"]} <= set(PHASES)
     assert all(set(b) == {"bytes", "shape", "dtype", "kind", "phase", "layer", "name", "instruction",
-                          "op_name"} for b in doc["at_peak"])
+                          "op_name", "source", "source_op_name"} for b in doc["at_peak"])
     assert doc["note"] and "memory.peak_bytes" in doc["note"]
     if problem is not None:  # every parameter and the input are live at the peak, at their true sizes
         params = sorted(b["bytes"] for b in doc["at_peak"] if b["kind"] == "parameter")
@@ -113,12 +122,51 @@ def test_scan_nothing_saveable_holds_fewer_forward_bytes_and_recomputes():
     assert docs["nothing_saveable"]["peak_live_bytes"] < docs["no_remat"]["peak_live_bytes"]
 
 
-def test_recomputed_values_at_the_issues_size_only_under_remat():
-    """At 256x64 (the default depth and stack) nothing_saveable recomputes during the backward pass."""
-    docs = {p: timeline_of(RunConfig(width=256, batch=64, policy=p))
-            for p in ("no_remat", "nothing_saveable")}
-    assert max(v for _, v in docs["nothing_saveable"]["by_phase"]["recomputed"]) > 0
-    assert max(v for _, v in docs["no_remat"]["by_phase"]["recomputed"]) == 0
+@pytest.mark.parametrize("depth", [1, 3])
+def test_an_identical_program_has_no_recomputed_phase(depth):
+    """Issue 24's case: objective grad at 256x64, nothing_saveable compiles to no_remat's program
+    (the same fingerprint): no recomputed bytes for either, and the same bands for both, although
+    JAX's op_names put the first one's backward under ``rematted_computation``."""
+    base = RunConfig(width=256, batch=64, depth=depth, stack="loop", objective="grad")
+    texts, docs = {}, {}
+    for policy in ("no_remat", "nothing_saveable"):
+        lowered, problem = lowered_of(base.replace(policy=policy))
+        compiled, dump = compile_dumped(lowered)
+        texts[policy] = compiled.as_text()
+        docs[policy] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=depth,
+                                       names=names_of("mlp"), paths=problem.paths,
+                                       witness=witness_of(base))
+    assert fingerprint(texts["nothing_saveable"]) == fingerprint(texts["no_remat"])
+    for doc in docs.values():
+        assert doc["phases_from"] == "no_remat witness"
+        assert max(v for _, v in doc["by_phase"]["recomputed"]) == 0
+        assert not any(b["phase"] == "recomputed" for b in doc["at_peak"])
+    assert docs["nothing_saveable"]["by_phase"] == docs["no_remat"]["by_phase"]
+    # By op_name alone (no witness) the same program shows recomputed bytes: what the witness fixes.
+    lowered, problem = lowered_of(base.replace(policy="nothing_saveable"))
+    by_name = memory_timeline(lowered, depth=depth, names=names_of("mlp"), paths=problem.paths)
+    assert by_name["phases_from"] == "op_name"
+    assert max(v for _, v in by_name["by_phase"]["recomputed"]) > 0
+
+
+def test_recomputed_bytes_follow_what_the_program_does_more_than_no_remat():
+    """Under scan, nothing_saveable compiles more products than no_remat (the witness counts them)
+    and holds recomputed bytes; dots_saveable compiles no extra product (it recomputes only the
+    elementwise values after its saved products): fewer recomputed bytes; no_remat none."""
+    base = RunConfig(width=64, batch=8, depth=2, stack="scan")
+    witness = witness_of(base)
+    extra, recomputed = {}, {}
+    for policy in ("no_remat", "dots_saveable", "nothing_saveable"):
+        lowered, problem = lowered_of(base.replace(policy=policy))
+        compiled = lowered.compile()
+        extra[policy] = len(product_keys(compiled.as_text())) - len(product_keys(witness))
+        doc = memory_timeline(lowered, compiled=compiled, depth=2, names=names_of("mlp"),
+                              paths=problem.paths, witness=witness)
+        recomputed[policy] = max(v for _, v in doc["by_phase"]["recomputed"])
+    assert extra == {"no_remat": 0, "dots_saveable": 0, "nothing_saveable": extra["nothing_saveable"]}
+    assert extra["nothing_saveable"] > 0
+    assert recomputed["no_remat"] == 0 < recomputed["nothing_saveable"]
+    assert recomputed["dots_saveable"] < recomputed["nothing_saveable"]
 
 
 def test_downsampling_keeps_the_peak():

@@ -1,10 +1,20 @@
 """What fills a device's memory at the compiled peak: parameters, optimizer state, gradients, activations.
 
-Attributed by size from what is known exactly (the parameters' and the optimizer state's bytes, both
-arguments of the step; the gradients, one per parameter in its dtype; the logits of a language
-model, batch x seq x vocab in the compute dtype, per microbatch) against XLA's compiled figures: the
-activations are the rest of the temporary memory, ``other`` the generated code and what is left. A
-kind is never negative: an estimate larger than the temporary memory it is taken from is cut to it.
+Two methods, named in the result's ``method``:
+
+* **timeline** (where the memory timeline is of the same program as ``memory``, the gradient step):
+  the buffers live at the timeline's peak, attributed by what they hold: parameters are the
+  parameter arguments (the model's bytes), gradients the step's outputs, logits the buffers whose
+  checkpoint name is ``logits``, activations the other buffers with a source (a layer or a name),
+  ``other`` the rest of ``memory.peak_bytes``: the input, buffers with no source, constants, the
+  gaps XLA's packing of the temporary memory leaves, generated code.
+* **size** (the training step, whose timeline is the gradient step's; no timeline): by size from
+  what is known exactly (the parameters' and the optimizer state's bytes, both arguments of the
+  step; the gradients, one per parameter in its dtype; the logits of a language model, batch x seq
+  x vocab in the compute dtype, per microbatch) against XLA's compiled figures: activations are the
+  rest of the temporary memory, ``other`` the generated code and what is left.
+
+A kind is never negative: an estimate larger than the memory it is taken from is cut to it.
 """
 
 from __future__ import annotations
@@ -14,12 +24,47 @@ METHOD = ("parameters and optimizer_state: their argument bytes; gradients: the 
           "(the gradient step's outputs, the training step's temporaries); logits: batch x seq x "
           "vocab in the compute dtype per microbatch (llm); activations: the temporary memory left; "
           "other: generated code and the rest of the peak")
+METHOD_TIMELINE = ("from the memory timeline's buffers at its peak: parameters: the parameter "
+                   "arguments; gradients: the step's outputs; logits: buffers named logits; "
+                   "activations: the other buffers with a source (a layer or a checkpoint name); "
+                   "other: the rest of peak_bytes (the input, buffers with no source, constants, "
+                   "the temporary memory's packing gaps, generated code)")
 
 
-def memory_by_kind(memory: dict | None, model: dict, *, train: bool, logits_bytes: int = 0) -> dict:
-    """``{kind: bytes}`` summing to ``memory["peak_bytes"]``, plus ``method``; {} without memory."""
+def _from_timeline(memory: dict, model: dict, timeline: dict) -> dict | None:
+    at = timeline.get("at_peak") or []
+    params = int(model["parameter_bytes"])
+    leaves = sum(b["bytes"] for b in at if b["kind"] == "parameter" and b["op_name"].startswith("leaves["))
+    if leaves != params:
+        return None  # the arguments are not the model's parameters as this reader knows them
+    peak = int(memory["peak_bytes"])
+    grads = sum(b["bytes"] for b in at if b["phase"] == "output")
+    logits = sum(b["bytes"] for b in at if b["kind"] != "parameter" and b["phase"] != "output"
+                 and b.get("name") == "logits")
+    acts = sum(b["bytes"] for b in at if b["kind"] != "parameter" and b["phase"] != "output"
+               and b.get("name") != "logits" and (b.get("name") or b["layer"] != "other"))
+    grads = min(grads, max(peak - params, 0))
+    logits = min(logits, max(peak - params - grads, 0))
+    acts = min(acts, max(peak - params - grads - logits, 0))
+    kinds = {"parameters": params, "optimizer_state": 0, "gradients": grads, "activations": acts,
+             "logits": logits}
+    kinds["other"] = max(peak - sum(kinds.values()), 0)
+    return {**kinds, "method": METHOD_TIMELINE}
+
+
+def memory_by_kind(memory: dict | None, model: dict, *, train: bool, logits_bytes: int = 0,
+                   timeline: dict | None = None) -> dict:
+    """``{kind: bytes}`` summing to ``memory["peak_bytes"]``, plus ``method``; {} without memory.
+
+    ``timeline``: the memory timeline of the same program as ``memory`` (not the training step's);
+    with it the kinds come from its buffers at the peak, else by size.
+    """
     if not memory or memory.get("peak_bytes") is None:
         return {}
+    if timeline and timeline.get("at_peak") and not train:
+        found = _from_timeline(memory, model, timeline)
+        if found is not None:
+            return found
     params = int(model["parameter_bytes"])
     state = int(model["optimizer_state_bytes"]) if train else 0
     temp = int(memory["temp_bytes"])

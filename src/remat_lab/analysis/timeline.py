@@ -1,4 +1,8 @@
-"""Memory over the program: live bytes at each instruction of XLA's schedule, and what holds the peak."""
+"""Memory over the program: live bytes at each instruction of XLA's schedule, and what holds the peak.
+
+This module finds XLA's dump of a compile (the step's own, a kept copy, or an uncached compile)
+and keeps it; ``timeline_parse`` reads it.
+"""
 
 from __future__ import annotations
 
@@ -18,23 +22,15 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import jax
-import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from remat_lab.analysis import hlotext
-from remat_lab.analysis.layers import layer_of, layer_of_path
+from remat_lab.analysis.timeline_parse import MAX_POINTS, PHASES, _downsample, parse_dump
 from remat_lab.program import backend
 
-PHASES = ("parameter", "output", "forward", "recomputed", "backward", "other")
-MAX_POINTS = 2000
+__all__ = ["MAX_POINTS", "PHASES", "Dump", "_downsample", "clean_stale_dump_folders", "compile_dumped",
+           "memory_timeline", "parse_dump", "uncached"]
 
-_SEQ = re.compile(r"^\s+(\d+):(\S+)$")
-_RANGE = re.compile(r"^\s+(\S+?)(\{[\d,]*\}):(-?\d+)-(-?\d+)$")
-_ALLOC = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
-_VALUE = re.compile(r"^ value: <\d+ (\S+?)(\{[\d,]*\})?( \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
-_LEAF = re.compile(r"^leaves\[(\d+)\]$")
-_XLA_PEAK = re.compile(r"Live ranges at (\d+) \(peak\)")
-_XLA_PEAK_BYTES = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
 # One uncached compile at a time: each saves and restores the process-wide cache switch.
 _UNCACHED_LOCK = threading.Lock()
 
@@ -60,138 +56,6 @@ def _read(folder: str, suffix: str) -> str | None:
         return None
     with open(paths[-1]) as f:
         return f.read()
-
-
-def _checkpoint_name(op_name: str, names: Sequence[str]) -> str | None:
-    """The ``checkpoint_name`` tag whose scope directly holds the producing op (``.../l1/dot_general``)."""
-    parts = op_name.split("/")
-    if len(parts) >= 2 and parts[-2] in names and not parts[-1].startswith("jit("):
-        return parts[-2]
-    return None
-
-
-def _downsample(live: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices to plot: each bucket's maximum, so the peak (the first global maximum) is kept."""
-    n = len(live)
-    if n <= max_points:
-        return np.arange(n)
-    edges = np.linspace(0, n, max_points + 1).astype(int)
-    picks = {int(a + np.argmax(live[a:b])) for a, b in zip(edges[:-1], edges[1:]) if b > a}
-    picks.add(int(np.argmax(live)))
-    return np.array(sorted(picks))
-
-
-def _layer(op: str, depth: int, paths: Sequence[str]) -> str:
-    """The layer of a producing op; a parameter ``leaves[i]`` by its parameter path, ``x`` is the input."""
-    if op == "x":
-        return "input"
-    if (m := _LEAF.match(op)) and int(m.group(1)) < len(paths):
-        return layer_of_path(paths[int(m.group(1))], depth)
-    return layer_of(op, depth) if op else "other"
-
-
-def parse_dump(live_range: str, assignment: str, hlo: str, *, depth: int = 1, names: Sequence[str] = (),
-               paths: Sequence[str] = (), max_points: int = MAX_POINTS) -> dict:
-    """The timeline document from XLA's ``*-live-range.txt``, ``*-buffer-assignment.txt`` and HLO text.
-
-    Live bytes at instruction ``t`` count each buffer slice (allocation, offset, size) once while
-    any value assigned to it is live, so a loop-carried value and its aliases are not counted twice.
-    """
-    sequence = [m.group(2) for m in map(_SEQ.match, live_range.split("BufferLiveRange:")[0].splitlines())
-                if m]
-    n = len(sequence)
-    ranges = {}
-    for line in live_range.split("BufferLiveRange:")[-1].split("Live ranges at")[0].splitlines():
-        m = _RANGE.match(line)
-        if m:
-            ranges[m.group(1) + m.group(2)] = (int(m.group(3)), int(m.group(4)))
-    op_names = {ins.name: op for line in hlo.splitlines()
-                if (ins := hlotext.instruction(line)) and (op := hlotext.op_name(ins.rest))}
-
-    # slice -> values in it: (start, end, name, instruction, is_phi, shape text); allocation kinds
-    slices: dict[tuple, list] = {}
-    kinds: dict[int, str] = {}
-    alloc = None
-    for line in assignment.splitlines():
-        if m := _ALLOC.match(line):
-            alloc, attrs = int(m.group(1)), m.group(3)
-            kinds[alloc] = ("parameter" if " parameter " in attrs else "output" if "output shape" in attrs
-                            or "maybe-live-out" in attrs else "constant" if "constant" in attrs
-                            else "thread-local" if "thread-local" in attrs else "temp")
-        elif (m := _VALUE.match(line)) and alloc is not None:
-            instr, index, phi, size, offset, shape = m.groups()
-            key = instr + (index or "{}")
-            if key not in ranges:
-                continue  # thread-local and fused values live inside one instruction
-            start, end = ranges[key]
-            slices.setdefault((alloc, int(offset), int(size)), []).append(
-                (start, end, key, instr, bool(phi), shape.split("{")[0] if "[" in shape else shape))
-        elif not line.startswith(" "):
-            alloc = None
-
-    last = n - 1
-    live = np.zeros(n + 1, dtype=np.int64)
-    by_phase = {p: np.zeros(n + 1, dtype=np.int64) for p in PHASES}
-    segments = []  # (start, end, slice, representative value, phase)
-    for (a, _offset, size), values in slices.items():
-        real = sorted(v for v in values if not v[4])
-        starts = [v[0] for v in real]
-        spans = sorted((max(v[0], 0), min(v[1], last)) for v in values)
-        merged = []
-        for s, e in spans:
-            if merged and s <= merged[-1][1] + 1:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e])
-        for s, e in merged:
-            cuts = sorted({s, *(x for x in starts if s < x <= e)})
-            for i, cs in enumerate(cuts):
-                ce = cuts[i + 1] - 1 if i + 1 < len(cuts) else e
-                # The value written into the slice most recently (a loop's phi shows its source).
-                before = [v for v in real if v[0] <= cs]
-                rep = before[-1] if before else (real[0] if real else values[0])
-                op = op_names.get(rep[3], "")
-                phase = ("parameter" if kinds[a] == "parameter"
-                         else "output" if kinds[a] == "output" and (ce == last or not op)
-                         else hlotext.phase(op))
-                live[cs] += size
-                live[ce + 1] -= size
-                by_phase[phase][cs] += size
-                by_phase[phase][ce + 1] -= size
-                segments.append((cs, ce, a, size, rep, phase, op))
-    live = np.cumsum(live)[:n]
-    phases = {p: np.cumsum(v)[:n] for p, v in by_phase.items()}
-    peak = int(np.argmax(live)) if n else 0
-    picks = _downsample(live, max_points)
-
-    at_peak = []
-    for cs, ce, a, size, rep, phase, op in segments:
-        if cs <= peak <= ce:
-            m = hlotext.ARRAY.match(rep[5])
-            dims = hlotext.dims(m.group(2)) if m else None
-            at_peak.append({"bytes": size, "shape": dims, "dtype": m.group(1) if m else rep[5],
-                            "kind": kinds[a], "phase": phase,
-                            "layer": _layer(op, depth, paths),
-                            # a tag names a forward value (or its recomputation), not its gradient
-                            "name": (_checkpoint_name(op, names) if phase in ("forward", "recomputed")
-                                     else None),
-                            "instruction": rep[2], "op_name": op})
-    at_peak.sort(key=lambda b: (-b["bytes"], b["instruction"]))
-
-    xla_at = _XLA_PEAK.search(live_range)
-    xla_bytes = _XLA_PEAK_BYTES.search(live_range)
-    return {
-        "source": "xla live-range and buffer-assignment dump",
-        "instructions": n,
-        "points": [[int(i), int(live[i])] for i in picks],
-        "by_phase": {p: [[int(i), int(v[i])] for i in picks] for p, v in phases.items()},
-        "peak_index": peak,
-        "peak_live_bytes": int(live[peak]) if n else 0,
-        "at_peak": at_peak,
-        "note": None,
-        "_xla_live_range_peak": (int(xla_at.group(1)) if xla_at else None,
-                                 int(xla_bytes.group(1).replace(" ", "")) if xla_bytes else None),
-    }
 
 
 def _note(doc: dict, compiled) -> str:
@@ -355,7 +219,7 @@ def _find_dump(key: str | None) -> Dump | None:
 
 def memory_timeline(lowered: jax.stages.Lowered, *, compiled=None, dump: Dump | None = None,
                     depth: int = 1, names: Sequence[str] = (), paths: Sequence[str] = (),
-                    max_points: int = MAX_POINTS) -> dict:
+                    max_points: int = MAX_POINTS, witness: str | None = None) -> dict:
     """The memory timeline of ``lowered``'s compiled program (``run --json``'s ``memory_timeline``).
 
     ``compiled`` and ``dump`` from ``compile_dumped`` reuse the step's own compile; without a dump
@@ -383,7 +247,7 @@ def memory_timeline(lowered: jax.stages.Lowered, *, compiled=None, dump: Dump | 
         return {"source": None, "reason": f"the {jax.default_backend()} backend wrote no live-range dump"}
     try:
         doc = parse_dump(dump.live_range, dump.assignment, dump.hlo, depth=depth, names=names,
-                         paths=paths, max_points=max_points)
+                         paths=paths, max_points=max_points, witness=witness)
     except (ValueError, KeyError, IndexError) as err:  # a dump format this parser does not know
         return {"source": None, "reason": f"XLA's dump could not be read ({type(err).__name__}: {err})"}
     # The same text whichever compile the dump came from: a result is reproducible across processes.

@@ -31,12 +31,16 @@ POLICY_COLORS = {
 }
 MEMORY_COLORS = {"argument": "#0072B2", "output": "#56B4E9", "temp": "#E69F00",
                  "alias": "#999999", "generated_code": "#009E73"}
-KIND_COLORS = {"argument": "#8FA9C7", "dot_general": "#0072B2"}
+KIND_COLORS = {"argument": "#8FA9C7", "dot_general": "#0072B2", "layer input": "#E69F00",
+               "literal": "#BBBBBB"}
 _FALLBACK = ["#F0E442", "#7F3C8D", "#11A579", "#3969AC", "#F2B701", "#E73F74"]
+# Residual kinds without a colour of their own take these, one each in order of first use.
+_KIND_FALLBACK = ["#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#7F3C8D", "#11A579", "#F2B701", "#E73F74"]
 PAGE_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50),
                    legend=dict(orientation="v", yanchor="top", y=1, x=1.02, font=dict(size=11)),
                    title=dict(font=dict(size=15)), height=400)
-PHASE_COLORS = {"parameter": "#8FA9C7", "output": "#56B4E9", "forward": "#0072B2",
+# One grey only: "other" (no source in the program's metadata); the parameters are blue-violet.
+PHASE_COLORS = {"parameter": "#7F7FD5", "output": "#56B4E9", "forward": "#0072B2",
                 "recomputed": "#D55E00", "backward": "#009E73", "other": "#BBBBBB"}
 MIB = float(1 << 20)
 
@@ -44,6 +48,17 @@ MIB = float(1 << 20)
 def policy_color(policy: str) -> str:
     """The colour of ``policy`` (a stable fallback for unknown ids)."""
     return POLICY_COLORS.get(policy) or _FALLBACK[sum(map(ord, str(policy))) % len(_FALLBACK)]
+
+
+def kind_colors(kinds) -> dict[str, str]:
+    """A colour for each residual kind in ``kinds``: its own where it has one, else a distinct one
+    from a fallback list (two kinds never share a grey)."""
+    out, spare = {}, [c for c in _KIND_FALLBACK if c not in KIND_COLORS.values()]
+    for kind in kinds:
+        if kind in out:
+            continue
+        out[kind] = KIND_COLORS.get(kind) or (spare.pop(0) if spare else _FALLBACK[len(out) % len(_FALLBACK)])
+    return out
 
 
 def figure(title: str, x_title: str, y_title: str) -> go.Figure:

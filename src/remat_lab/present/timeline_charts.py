@@ -10,6 +10,13 @@ import plotly.graph_objects as go
 
 from remat_lab.present.palette import MIB, PHASE_COLORS, empty, figure, policy_color
 
+PHASES_CAPTION = ("Phases: parameter and output are the step's arguments and results; recomputed is "
+                  "only what the program does more than no_remat's compile of the same "
+                  "configuration (the witness; an identical program has none), forward and backward "
+                  "the pass the value belongs to. The grey \"other\" band is memory whose value has "
+                  "no source in the program's metadata: XLA's unnamed copies, loop counters, "
+                  "constants.")
+
 
 def make_timeline_figure(df: pd.DataFrame, peak_index: int | None = None,
                          peak_bytes: float | None = None) -> go.Figure:
@@ -25,7 +32,7 @@ def make_timeline_figure(df: pd.DataFrame, peak_index: int | None = None,
     if df is None or df.empty:
         return empty(fig)
     for phase, part in df.groupby("phase", sort=False):
-        color = PHASE_COLORS.get(phase, "#999")
+        color = PHASE_COLORS.get(phase, PHASE_COLORS["other"])
         fig.add_trace(go.Scatter(
             x=part["index"], y=part["bytes"] / MIB, name=str(phase), mode="lines", stackgroup="live",
             line=dict(width=0.5, color=color, shape="hv"), fillcolor=color, customdata=part["bytes"],
