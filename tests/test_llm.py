@@ -17,7 +17,7 @@ from remat_lab.analysis.costs import memory_report
 from remat_lab.analysis.gradcheck import UNIT_ROUNDOFF, check_gradients
 from remat_lab.cli import build_parser
 from remat_lab.cli.common import config_from
-from remat_lab.config import ConfigError, RunConfig, names_of, optimizer_state_bytes
+from remat_lab.config import APP_DEFAULT, ConfigError, RunConfig, names_of, optimizer_state_bytes
 from remat_lab.program.step import (
     build_problem,
     jit_program,
@@ -167,7 +167,7 @@ def test_flags_fill_the_configuration():
     cfg = config_from(parse(["run", "--model", "llm", "--vocab", "1000", "--kv-heads", "2",
                              "--mlp-dim", "96", "--no-tie-embeddings", "--width", "64"]))
     assert (cfg.vocab, cfg.kv_heads, cfg.mlp_dim, cfg.tie_embeddings) == (1000, 2, 96, False)
-    assert config_from(parse(["run"])) == RunConfig()
+    assert config_from(parse(["run"])) == APP_DEFAULT  # the app's opening configuration
 
 
 def test_cli_compile_only_gives_the_run_document_without_running():

@@ -15,11 +15,13 @@ from .catalog import (
     PRESET_FIELDS,
     PRESET_NAMES,
     PRESETS,
-    SEQ_MODELS,
     STACKS,
+    USER_MODEL,
     names_of,
 )
+from .errors import ConfigError, MemoryBudgetError, UserCodeError  # noqa: F401 (their home: errors.py)
 from .targets import LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES
+from .userblock import checked_input_shape
 
 DTYPES = ("float32", "bfloat16")
 OBJECTIVES = ("value_and_grad", "grad")
@@ -83,14 +85,6 @@ def _names_tuple(field: str, value: object) -> tuple[str, ...]:
     return tuple(n.strip() for n in value if n.strip())
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message is a sentence for the user."""
-
-
-class MemoryBudgetError(ConfigError):
-    """A configuration whose estimated memory exceeds the budget."""
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """One experiment. ``batch = 0`` means the seed's single vector ``x: (width,)`` (mlp only).
@@ -134,6 +128,8 @@ class RunConfig:
     microbatches: int = 1  # gradient accumulation over this many microbatches (lax.scan)
     preset: str = ""  # the published shape the llm fields came from (PRESETS), "" = none
     compile_only: bool = False  # abstract parameters, state and input: compiled, never allocated
+    model_module: str = ""  # model "user": the factory of the user's block (config/userblock.py)
+    input_shape: tuple[int, ...] = ()  # derived for built-in models; the user block's, batch first
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunConfig:
@@ -145,7 +141,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in NAME_FIELDS or f.name == "mesh":
+            if f.name in NAME_FIELDS or f.name in ("mesh", "model_module", "input_shape") or (
+                    f.name == "model" and value == USER_MODEL):
                 continue  # checked below, once model, policy and sizes are known
             if f.name in BOOL_FIELDS:
                 if not isinstance(value, bool):
@@ -172,6 +169,7 @@ class RunConfig:
         self._check_llm()
         self._check_step()
         self._check_names()
+        object.__setattr__(self, "input_shape", checked_input_shape(self))
         self._check_mesh()
         self._check_target()
 
@@ -196,7 +194,7 @@ class RunConfig:
                               "embedding rotates pairs of features, so it must be even.")
 
     def _check_step(self) -> None:
-        """Training steps, microbatches and compile-only against the objective, batch and mesh."""
+        """Training steps and microbatches against the objective and batch (the mesh: ``_check_mesh``)."""
         if self.step == "train" and self.objective != "value_and_grad":
             raise ConfigError("step train computes the loss and its gradients (value_and_grad) "
                               "and updates with adamw; objective grad is for step grad.")
@@ -206,10 +204,6 @@ class RunConfig:
         if self.param_dtype and self.param_dtype != self.dtype and self.model not in ("llm",):
             raise ConfigError(f"param_dtype differs from dtype only for the llm; {self.model} keeps "
                               "its parameters in its dtype.")
-        if self.mesh and (self.model == "llm" or self.step == "train" or self.microbatches > 1
-                          or self.compile_only):
-            raise ConfigError("the llm, step train, microbatches and compile_only run on one device "
-                              f"for now; leave the mesh out (mesh {self.mesh!r} given).")
 
     def _check_target(self) -> None:
         """A named target holds the mesh's devices (or one); ``local`` uses the attached ones."""
@@ -231,13 +225,30 @@ class RunConfig:
         if rows > 1 and (self.batch == 0 or self.batch % rows):
             raise ConfigError(f"batch {self.batch} cannot be split over data x fsdp = {rows} devices; "
                               f"use a batch that is a multiple of {rows}.")
+        if rows > 1 and self.microbatches > 1 and (self.batch // self.microbatches) % rows:
+            raise ConfigError(f"each of the {self.microbatches} microbatches of batch {self.batch} "
+                              f"is split over data x fsdp = {rows} devices; use a batch that is a "
+                              f"multiple of {self.microbatches * rows}.")
         tensor, fsdp = sizes.get("tensor", 1), sizes.get("fsdp", 1)
-        if self.width % (tensor * fsdp):
+        if self.model == "llm":
+            self._check_llm_mesh(fsdp, tensor)
+        elif self.width % (tensor * fsdp):
             raise ConfigError(f"width {self.width} cannot be split over fsdp x tensor = {fsdp * tensor} "
                               f"devices; use a width that is a multiple of {fsdp * tensor}.")
         if self.model == "transformer" and self.heads % tensor:
             raise ConfigError(f"heads {self.heads} cannot be split over tensor = {tensor} devices; "
                               f"use a number of heads that is a multiple of {tensor}.")
+
+    def _check_llm_mesh(self, fsdp: int, tensor: int) -> None:
+        """The llm split as ``program/mesh.py`` says: width over fsdp; heads, kv_heads, mlp, vocab
+        over tensor."""
+        t = ("tensor", tensor)
+        for name, size, (axis, n) in (("width", self.width, ("fsdp", fsdp)), ("heads", self.heads, t),
+                                      ("kv_heads", self.kv_heads_used, t),
+                                      ("mlp_dim", self.mlp_dim_used, t), ("vocab", self.vocab, t)):
+            if size % n:
+                raise ConfigError(f"{name} {size} cannot be split over {axis} = {n} devices; use "
+                                  f"{name} a multiple of {n}, or a smaller {axis} axis.")
 
     def _check_names(self) -> None:
         """``save_names``/``offload_names``: names of this model, only for policy custom, disjoint;
@@ -248,7 +259,7 @@ class RunConfig:
                 raise ConfigError("save_names and offload_names are only for policy custom; "
                                   f"policy {self.policy} decides by itself.")
             return
-        known = names_of(self.model)
+        known = names_of(self.model) or tuple(sorted({n for v in given.values() for n in v}))  # user block
         for f, names in given.items():
             unknown = [n for n in names if n not in known]
             if unknown:
@@ -266,6 +277,8 @@ class RunConfig:
         drops custom's names (a no_remat baseline or a comparison of policies needs no names)."""
         if changes.get("policy", "custom") != "custom":
             changes = {"save_names": (), "offload_names": (), **changes}
+        if self.model == USER_MODEL and "batch" in changes and "input_shape" not in changes:
+            changes["input_shape"] = (changes["batch"], *self.input_shape[1:])  # its first axis
         return RunConfig(**{**asdict(self), **changes})
 
     def as_dict(self) -> dict:
@@ -299,13 +312,6 @@ class RunConfig:
         return {k: (v, getattr(self, k)) for k, v in preset_fields(self.preset).items()
                 if getattr(self, k) != v}
 
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        if self.model == "llm":
-            return (self.batch, self.seq)  # integer tokens
-        if self.model in SEQ_MODELS:
-            return (self.batch, self.seq, self.width)
-        return (self.width,) if self.batch == 0 else (self.batch, self.width)
 
 
 def preset_fields(name: str) -> dict:

@@ -8,6 +8,11 @@ transformer's q/k/v heads, ``wi_0``, ``wi_1``) and the input features of the sec
 ``o_proj``'s heads, ``wo``). The rules are written on the parameters as Flax NNX sharding metadata
 (``out_sharding``, what ``nnx.with_partitioning`` sets) and read back with
 ``nnx.get_partition_spec``; the step is jitted with explicit ``NamedSharding`` in and out.
+The llm follows MaxText's logical axes (``embed`` on fsdp; ``vocab``, ``heads``, ``kv_heads`` and
+``mlp`` on tensor): the embedding ``(vocab, width)`` and ``lm_head`` ``(width, vocab)``, q/k/v
+``(width, heads, head_dim)``, ``o_proj`` ``(heads, head_dim, width)``, the gated MLP as the
+transformer's; norms over fsdp; the tokens' batch over data x fsdp; the optimizer state (AdamW's
+moments) laid out like its parameters (``state_specs``), the step count replicated.
 What the step communicates is read from the compiled program by ``analysis/collectives.py``.
 """
 
@@ -36,13 +41,18 @@ RULES: dict[str, dict[str, tuple]] = {
         "wo.kernel": ("tensor", "fsdp")},
 }
 RULES["seq_mixer"] = RULES["mlp"]
+RULES["llm"] = {**RULES["transformer"],
+                "embed.embedding": ("tensor", "fsdp"), "lm_head.kernel": ("fsdp", "tensor"),
+                "final_norm.scale": ("fsdp",)}
 
 RULES_TEXT = (
     "`data` and `fsdp` shard the batch. `fsdp` shards every parameter along its width axis; each "
     "block gathers its parameters for use inside its remat, so the policy decides whether the "
     "backward pass gathers them again. `tensor` shards the output features of the first projection "
     "(mlp `l1`; transformer q/k/v heads, `wi_0`, `wi_1`) and the input features of the second "
-    "(`l2`; `o_proj`'s heads, `wo`), Megatron style. A scan stack's layer axis is never sharded.")
+    "(`l2`; `o_proj`'s heads, `wo`), Megatron style. A scan stack's layer axis is never sharded. The "
+    "llm as MaxText: its embedding and vocabulary projection split the width over `fsdp` and the "
+    "vocabulary over `tensor`; AdamW's moments are laid out like their parameters.")
 
 
 def _axis(role, sizes: dict[str, int], use: bool):
@@ -85,6 +95,21 @@ def param_specs(state, config: RunConfig) -> list[PartitionSpec]:
     """Every parameter leaf's spec, in ``jax.tree.leaves(state)`` order, read from NNX metadata."""
     specs = nnx.get_partition_spec(annotate(state, config))
     return jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
+
+
+def state_specs(state, leaves, specs) -> object:
+    """The optimizer state's specs (a tree like ``state``): a leaf under list index ``i`` with
+    parameter ``i``'s shape (AdamW's moments) takes its spec; the rest (the count) is replicated."""
+    specs = list(specs)
+
+    def one(keys, leaf):
+        idx = [k.idx for k in keys if isinstance(k, jax.tree_util.SequenceKey)]
+        i = idx[-1] if len(idx) > 1 else -1
+        if 0 <= i < len(specs) and tuple(leaf.shape) == tuple(leaves[i].shape):
+            return specs[i]
+        return PartitionSpec()
+
+    return jax.tree_util.tree_map_with_path(one, state)
 
 
 def input_spec(config: RunConfig) -> PartitionSpec:
@@ -140,6 +165,21 @@ def gathered(config: RunConfig, mesh: Mesh) -> Callable[[nnx.Module], nnx.Module
     return gather
 
 
+def activations(config: RunConfig, mesh: Mesh, *, vocab: bool = False
+                ) -> Callable[[jax.Array], jax.Array]:
+    """``x -> x`` constrained to its batch axis over data x fsdp (``vocab``: the last axis, the
+    logits' vocabulary, over tensor), as MaxText constrains its activations. Without it XLA's
+    propagation may follow the fsdp-sharded embedding and give every device whole batches."""
+    rows, sizes = input_spec(config)[0], parse_mesh(config.mesh)
+    last = "tensor" if vocab and "tensor" in sizes else None
+
+    def constrain(x: jax.Array) -> jax.Array:
+        spec = PartitionSpec(rows, *(None,) * (x.ndim - 2), last)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return constrain
+
+
 def jit_step(problem, step: Callable) -> Callable:
     """``jax.jit(step)`` with explicit shardings: parameters and gradients by the rules, the
     input by ``input_spec``, the loss replicated."""
@@ -148,6 +188,19 @@ def jit_step(problem, step: Callable) -> Callable:
     x = NamedSharding(mesh, input_spec(problem.config))
     out = params if problem.config.objective == "grad" else (NamedSharding(mesh, PartitionSpec()), params)
     return jax.jit(step, in_shardings=(params, x), out_shardings=out)
+
+
+def jit_train(problem, step: Callable) -> Callable:
+    """The training step ``(leaves, opt_state, x) -> (loss, leaves, opt_state)`` jitted with
+    explicit shardings (parameters and state by the rules, both donated), the loss replicated."""
+    mesh = problem.mesh
+    named = lambda tree: jax.tree.map(lambda s: NamedSharding(mesh, s), tree,
+                                      is_leaf=lambda s: isinstance(s, PartitionSpec))
+    params, state = named(list(problem.specs)), named(
+        state_specs(problem.opt_state, problem.leaves, problem.specs))
+    x = NamedSharding(mesh, input_spec(problem.config))
+    return jax.jit(step, in_shardings=(params, state, x), donate_argnums=(0, 1),
+                   out_shardings=(NamedSharding(mesh, PartitionSpec()), params, state))
 
 
 def to_host(tree):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from remat_lab.config import LOCAL, ConfigError, RunConfig
+from remat_lab.config import LOCAL, RunConfig, mesh_devices
 from remat_lab.model.llm import next_token_loss
 from remat_lab.model.models import build_model, llm_options
 from remat_lab.model.policies import build_policy, get_policy
@@ -53,13 +53,16 @@ class Problem:
         return self.leaves, self.x
 
 
-def _block_fn(config: RunConfig, gather: Callable | None = None
+def _block_fn(config: RunConfig, gather: Callable | None = None, constrain: Callable | None = None
               ) -> Callable[[nnx.Module, jax.Array], jax.Array]:
     """How one block is called: directly (no_remat) or through ``nnx.remat(policy=...)``.
-    ``gather``: on a mesh with fsdp, lays the block's parameters out for use inside the remat."""
+    ``gather``: on a mesh with fsdp, lays the block's parameters out for use inside the remat;
+    ``constrain``: the llm's activations on a mesh, batch over data x fsdp (``mesh.activations``)."""
     policy = get_policy(config.policy)
 
     def call(block: nnx.Module, x: jax.Array) -> jax.Array:
+        if constrain is not None:
+            return constrain((block if gather is None else gather(block))(constrain(x)))
         return (block if gather is None else gather(block))(x)
 
     if not policy.remat:
@@ -142,13 +145,19 @@ def _abstract_parameters(model_name: str, width: int, depth: int, dtype_name: st
             tuple(_path_name(p) for p, _ in flat))
 
 
-def _loss_fn(config: RunConfig, graphdef, treedef, gather: Callable | None = None) -> Callable:
-    block_fn = _block_fn(config, gather)
+def _loss_fn(config: RunConfig, graphdef, treedef, gather: Callable | None = None,
+             mesh: jax.sharding.Mesh | None = None) -> Callable:
+    """The loss over flat leaves; on a ``mesh`` the llm's activations and logits constrained."""
+    on_mesh = mesh is not None and config.model == "llm"
+    block_fn = _block_fn(config, gather, sharding.activations(config, mesh) if on_mesh else None)
     if config.model == "llm":
+        logits_layout = (sharding.activations(config, mesh, vocab=True) if on_mesh
+                         else (lambda logits: logits))
+
         def lm_loss(leaves: list[jax.Array], tokens: jax.Array) -> jax.Array:
             """Mean next-token cross-entropy, in float32 (``llm.next_token_loss``)."""
             model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
-            return next_token_loss(model(tokens, block_fn), tokens)
+            return next_token_loss(logits_layout(model(tokens, block_fn)), tokens)
 
         return lm_loss
 
@@ -177,44 +186,52 @@ def build_problem(config: RunConfig) -> Problem:
         leaves = sharding.place(leaves, list(specs), mesh)
         x = sharding.place([x], [sharding.input_spec(config)], mesh)[0]
         gather = sharding.gathered(config, mesh) if "fsdp" in config.mesh else None
-    loss = _loss_fn(config, graphdef, treedef, gather)
-    opt_state = jax.jit(optimizer(config).init)(leaves) if config.step == "train" else None
+    loss = _loss_fn(config, graphdef, treedef, gather, mesh)
+    opt_state = None
+    if config.step == "train":
+        init, out = optimizer(config).init, {}
+        if mesh is not None:  # the moments laid out like their parameters (sharding.state_specs)
+            out["out_shardings"] = jax.tree_util.tree_map(
+                lambda s: jax.sharding.NamedSharding(mesh, s),
+                sharding.state_specs(jax.eval_shape(init, leaves), leaves, specs),
+                is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+        opt_state = jax.jit(init, **out)(leaves)
     return Problem(config, graphdef, treedef, leaves, paths, x, loss, mesh, specs, opt_state)
 
 
 def abstract_problem(config: RunConfig, config_file: str | None = None) -> Problem:
-    """``build_problem`` with ``jax.ShapeDtypeStruct`` leaves and input: for compile-only programs
-    (lower and compile, never run), so nothing of the configuration's size is allocated. Locally on
-    one device (the advisor's probes); on a named target placed on its compile-only devices, over
-    the mesh when there is one (``config_file``: the user's own GPU target description)."""
+    """``build_problem`` with ``jax.ShapeDtypeStruct`` leaves, optimizer state and input: for
+    compile-only programs (lower and compile, never run), so nothing of the configuration's size is
+    allocated. Locally on one device, or over the mesh of local devices; on a named target placed
+    on its compile-only devices, over the mesh when there is one (``config_file``: the user's own
+    GPU target description). On a mesh everything carries its ``NamedSharding`` (the rules of
+    ``mesh.py``; the optimizer state like its parameters)."""
     graphdef, treedef, leaves, paths = _abstract_parameters(config.model, config.width, config.depth,
                                                             config.dtype, config.stack, config.heads,
                                                             _llm_key(config))
+    leaves, paths = list(leaves), list(paths)
     x = jax.ShapeDtypeStruct(config.input_shape, input_dtype(config))
-    if config.target == LOCAL:
-        if config.mesh:
-            raise ConfigError("compile-only probes run on one device; leave the mesh out (mesh "
-                              f"{config.mesh!r} given).")
-        opt_state = (jax.eval_shape(optimizer(config).init, list(leaves))
-                     if config.step == "train" else None)
-        return Problem(config, graphdef, treedef, list(leaves), list(paths), x,
-                       _loss_fn(config, graphdef, treedef), opt_state=opt_state)
-    devices = targets.target_devices(config.target, config.target_devices, config_file)
+    state = jax.eval_shape(optimizer(config).init, leaves) if config.step == "train" else None
     if not config.mesh:
-        one = jax.sharding.SingleDeviceSharding(devices[0])
-        place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one)
-        opt_state = (jax.tree_util.tree_map(place, jax.eval_shape(optimizer(config).init, list(leaves)))
-                     if config.step == "train" else None)
-        return Problem(config, graphdef, treedef, [place(a) for a in leaves], list(paths), place(x),
-                       _loss_fn(config, graphdef, treedef), opt_state=opt_state)
+        if config.target != LOCAL:
+            one = jax.sharding.SingleDeviceSharding(
+                targets.target_devices(config.target, config.target_devices, config_file)[0])
+            place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one)
+            leaves, x, state = jax.tree_util.tree_map(place, (leaves, x, state))
+        return Problem(config, graphdef, treedef, leaves, paths, x,
+                       _loss_fn(config, graphdef, treedef), opt_state=state)
+    devices = (None if config.target == LOCAL else
+               targets.target_devices(config.target, config.target_devices, config_file))
     mesh = sharding.build_mesh(config.mesh, devices)
-    specs = tuple(sharding.param_specs(jax.tree_util.tree_unflatten(treedef, list(leaves)), config))
+    specs = tuple(sharding.param_specs(jax.tree_util.tree_unflatten(treedef, leaves), config))
     put = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                sharding=jax.sharding.NamedSharding(mesh, spec))
+    if state is not None:
+        state = jax.tree_util.tree_map(put, state, sharding.state_specs(state, leaves, specs))
     leaves = [put(a, spec) for a, spec in zip(leaves, specs)]
     gather = sharding.gathered(config, mesh) if "fsdp" in config.mesh else None
-    return Problem(config, graphdef, treedef, leaves, list(paths), put(x, sharding.input_spec(config)),
-                   _loss_fn(config, graphdef, treedef, gather), mesh, specs)
+    return Problem(config, graphdef, treedef, leaves, paths, put(x, sharding.input_spec(config)),
+                   _loss_fn(config, graphdef, treedef, gather, mesh), mesh, specs, state)
 
 
 def problem_for(config: RunConfig) -> Problem:
@@ -243,7 +260,9 @@ def _value_and_grad(problem: Problem) -> Callable:
     mean = problem.config.model == "llm"
 
     def accumulated(leaves: list[jax.Array], x: jax.Array):
-        xs = x.reshape(k, x.shape[0] // k, *x.shape[1:])
+        # Microbatch j takes examples j, j + k, ...: on a mesh each device's share of the batch
+        # stays on it (a contiguous split would put whole microbatches on some devices).
+        xs = jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
 
         def body(carry, xb):
             total, acc = carry
@@ -287,6 +306,8 @@ def jit_program(problem: Problem) -> Callable:
     training step with the parameters and optimizer state donated (arguments 0 and 1)."""
     if problem.config.step != "train":
         return jit_step(problem)
+    if problem.mesh is not None:
+        return sharding.jit_train(problem, make_train_step(problem))
     return jax.jit(make_train_step(problem), donate_argnums=(0, 1))
 
 
@@ -308,8 +329,14 @@ def jit_step(problem: Problem) -> Callable:
     return sharding.jit_step(problem, make_step(problem))
 
 
-def _nbytes(tree) -> int:
-    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree_util.tree_leaves(tree))
+def _nbytes(tree, per_device: bool = False) -> int:
+    """Bytes of ``tree``'s arrays (real or abstract); ``per_device``: of one device's shard."""
+    def shape(a) -> tuple:
+        where = getattr(a, "sharding", None) if per_device else None
+        return tuple(where.shard_shape(a.shape)) if where is not None else tuple(a.shape)
+
+    return sum(math.prod(shape(a)) * jnp.dtype(a.dtype).itemsize
+               for a in jax.tree_util.tree_leaves(tree))
 
 
 def model_report(problem: Problem) -> dict:
@@ -318,3 +345,21 @@ def model_report(problem: Problem) -> dict:
     return {"parameters": sum(math.prod(a.shape) for a in problem.leaves),
             "parameter_bytes": _nbytes(problem.leaves),
             "optimizer_state_bytes": _nbytes(problem.opt_state) if problem.opt_state is not None else 0}
+
+
+def device_model_report(problem: Problem) -> dict:
+    """``model_report``'s bytes for one device: each leaf's shard (the whole leaf off a mesh)."""
+    state = problem.opt_state
+    return {"parameters": sum(math.prod(a.shape) for a in problem.leaves),
+            "parameter_bytes": _nbytes(problem.leaves, per_device=True),
+            "optimizer_state_bytes": _nbytes(state, per_device=True) if state is not None else 0}
+
+
+def logits_bytes(config: RunConfig, *, per_device: bool = False) -> int:
+    """The llm's logits of one microbatch, ``batch x seq x vocab`` in the compute dtype (0 for the
+    other models); ``per_device``: one device's share (batch over data x fsdp, vocab over tensor)."""
+    if config.model != "llm":
+        return 0
+    split = mesh_devices(config.mesh) if per_device else 1
+    return (config.batch // config.microbatches * config.seq * config.vocab
+            * jnp.dtype(DTYPES[config.dtype]).itemsize // split)

@@ -1,24 +1,44 @@
 """The advisor's batch search: compile-only probes (cached by configuration) and the largest batch that fits.
 
 XLA's compiled memory analysis is known before anything is allocated, so the search needs compiles,
-not runs: each probe lowers and compiles the step on abstract inputs (``jax.ShapeDtypeStruct``) and
-reads ``memory.peak_bytes``. Per policy: from a first guess (the previous policy's answer), predictions
-from a line through the measured peaks, doubling and bisection, down to the exact batch that fits and
-the next one that does not.
+not runs: each probe lowers and compiles the program (``config.step``'s: the gradient step, or the
+whole training step with its optimizer state) on abstract inputs (``jax.ShapeDtypeStruct``, sharded
+on a mesh) and reads ``memory.peak_bytes``, per device on a mesh. Two policies whose lowered
+programs are the same text (e.g. ``full`` and ``nothing_saveable``) share one compile. The batch is
+searched per device and per microbatch (``batch_unit``): the global batch is that times data x fsdp
+times the microbatches. Per policy: from a first guess (the previous policy's answer), predictions
+from a line through the measured peaks, doubling and bisection, down to the exact batch that fits
+and the next one that does not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 
 from remat_lab.analysis import hlo
+from remat_lab.analysis.by_kind import memory_by_kind
 from remat_lab.analysis.costs import memory_report, program_flops
-from remat_lab.config import LIMITS, ConfigError, RunConfig, human_bytes
+from remat_lab.config import (
+    LIMITS,
+    SEQ_MODELS,
+    ConfigError,
+    RunConfig,
+    human_bytes,
+    mesh_devices,
+    parse_mesh,
+)
 from remat_lab.program.backend import xla_error
-from remat_lab.program.step import abstract_problem, jit_step
+from remat_lab.program.step import (
+    abstract_problem,
+    device_model_report,
+    jit_program,
+    logits_bytes,
+    program_args,
+)
 
 MAX_BATCH = LIMITS["batch"][1]
 PROBE_CACHE_ENTRIES = 1024  # a probe is a few numbers: ~1 KB each
@@ -56,48 +76,91 @@ class _ProbeCache:
 
 
 _PROBES = _ProbeCache(PROBE_CACHE_ENTRIES)
+_PROGRAMS = _ProbeCache(64)  # compiled figures by lowered program text: policies that lower alike
 
 
 def _probe_key(config: RunConfig) -> RunConfig:
     return config.replace(repeats=1, warmup=0, seed=0)  # none of these changes the program
 
 
-def compile_abstract(config: RunConfig):
-    """The jitted step of ``config`` lowered and compiled on abstract inputs (nothing allocated)."""
+def batch_unit(config: RunConfig) -> int:
+    """Examples per step for each example searched: one per device of data x fsdp, per
+    microbatch (the searched batch is per device and per microbatch)."""
+    sizes = parse_mesh(config.mesh)
+    return sizes.get("data", 1) * sizes.get("fsdp", 1) * config.microbatches
+
+
+def _lowered(config: RunConfig):
+    """``(problem, lowered)``: ``config.step``'s program traced and lowered on abstract inputs."""
     problem = abstract_problem(config)
     try:
-        return jit_step(problem).trace(*problem.args).lower().compile()
+        return problem, jit_program(problem).trace(*program_args(problem)).lower()
     except Exception as err:  # XlaRuntimeError and friends
         raise xla_error("compiling", err) from err
 
 
-def probe(config: RunConfig) -> dict:
-    """One compile-only probe: ``{"batch", "peak_bytes", "flops", "fingerprint", "cached", "s"}``.
+def compile_abstract(config: RunConfig):
+    """``config.step``'s program lowered and compiled on abstract inputs (nothing allocated)."""
+    _, lowered = _lowered(config)
+    try:
+        return lowered.compile()
+    except Exception as err:
+        raise xla_error("compiling", err) from err
 
-    ``peak_bytes`` is XLA's compiled peak (``memory.peak_bytes``); ``flops`` the step's flops with
-    loop bodies scaled by their trip counts. Results are cached in this process by configuration.
-    """
-    key = _probe_key(config)
-    found = _PROBES.get(key)
-    if found is not None:
-        return {**found, "cached": True}
-    t0 = time.perf_counter()
-    compiled = compile_abstract(config)
+
+def _compiled_figures(lowered) -> dict:
+    """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint."""
+    try:
+        compiled = lowered.compile()
+    except Exception as err:
+        raise xla_error("compiling", err) from err
     text = compiled.as_text()
     memory = memory_report(compiled) or {}
     if memory.get("peak_bytes") is None:
         raise ConfigError("this backend gives no compiled memory analysis, so the advisor cannot "
                           "size batches on it.")
     flops, bytes_accessed, _ = program_flops(compiled, text)
-    out = {"batch": config.batch, "peak_bytes": int(memory["peak_bytes"]), "flops": flops,
-           "bytes_accessed": bytes_accessed,
-           "fingerprint": hlo.fingerprint(text), "s": time.perf_counter() - t0}
+    parts = ("peak_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
+             "generated_code_bytes")
+    return {"peak_bytes": int(memory["peak_bytes"]), "memory": {k: memory.get(k) for k in parts},
+            "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text)}
+
+
+def probe(config: RunConfig) -> dict:
+    """One compile-only probe: ``{"batch", "peak_bytes", "memory", "by_kind", "flops",
+    "fingerprint", "cached", "s"}``.
+
+    ``peak_bytes`` is XLA's compiled peak (``memory.peak_bytes``; one device's on a mesh);
+    ``by_kind`` what fills that device (``analysis/by_kind.py``, with the parameters' and optimizer
+    state's bytes of one device's shards); ``flops`` the step's flops with loop bodies scaled by
+    their trip counts. Results are cached in this process by configuration, and the compiled
+    figures by the lowered program's text (a policy that lowers as another reuses its compile).
+    """
+    key = _probe_key(config)
+    found = _PROBES.get(key)
+    if found is not None:
+        return {**found, "cached": True}
+    t0 = time.perf_counter()
+    problem, lowered = _lowered(config)
+    text_key = (config.target, config.target_devices, config.compile_only,
+                hashlib.sha256(lowered.as_text().encode()).hexdigest())
+    figures, reused = _PROGRAMS.get(text_key), True
+    if figures is None:
+        figures, reused = _compiled_figures(lowered), False
+        _PROGRAMS.put(text_key, figures)
+    kinds = memory_by_kind(figures["memory"], device_model_report(problem),
+                           train=config.step == "train",
+                           logits_bytes=logits_bytes(config, per_device=True))
+    out = {"batch": config.batch, **figures, "by_kind": {k: v for k, v in kinds.items()
+                                                         if k != "method"},
+           "same_program": reused, "s": time.perf_counter() - t0}
     _PROBES.put(key, out)
-    return {**out, "cached": False}
+    return {**out, "cached": reused}
 
 
 def clear_cache() -> None:
     _PROBES.clear()
+    _PROGRAMS.clear()
 
 
 def _interpolate(lo: int, p_lo: int, hi: int, p_hi: int, budget: int) -> int:
@@ -112,23 +175,34 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
                   measure: Callable[[RunConfig], dict] | None = None) -> dict:
     """The largest batch of ``config`` (its policy) whose compiled peak is at most ``budget``.
 
+    The batch is searched per device and per microbatch: batch ``b`` is the global batch
+    ``b * batch_unit(config)`` (data x fsdp devices, microbatches), whose compiled peak is one
+    device's; ``guess`` and ``max_batch`` are global batches, and so are the batches returned.
     The compiled peak grows about linearly with the batch, so the search predicts from a line
     through what it has measured and checks the prediction and the batch after it; bisection
     takes over once a prediction does not narrow the bracket by half. It starts at ``guess`` (the
-    previous policy's answer) and its next batch, or at batches 1 and 64. At most about
-    2·log2(max_batch) + 3 compiles, usually 3 to 6. Returns ``{"max_batch", "peak_bytes",
-    "next_batch", "next_peak_bytes", "probes": [{"batch", "peak_bytes", "fits"}], "compiles",
-    "reason"}``: ``max_batch`` 0 when batch 1 does not fit, ``next_batch`` None when even
-    ``max_batch`` (the lab's limit) fits.
+    previous policy's answer) and its next batch, or at batches 1 and 2. At most about
+    2·log2(max_batch) + 3 compiles, usually 2 to 5. Returns ``{"max_batch", "per_device_batch",
+    "peak_bytes", "next_batch", "next_peak_bytes", "probes": [{"batch", "per_device_batch",
+    "peak_bytes", "fits"}], "compiles", "reason"}``: ``max_batch`` 0 when batch 1 (per device)
+    does not fit, ``next_batch`` None when even ``max_batch`` (the lab's limit) fits.
     """
     say = progress or (lambda message: None)
     measure = measure or probe  # ``probe`` (a compile); tests pass synthetic curves
     probes: dict[int, dict] = {}
+    unit = batch_unit(config)
+    rows_per_device = unit // config.microbatches
+    if max_batch < unit:
+        raise ConfigError(f"max_batch {max_batch} is less than one example per device and "
+                          f"microbatch ({unit}); raise it to {unit} or more.")
+    guess = guess // unit if guess else None
+    max_batch = max_batch // unit
 
     def peak(b: int) -> int:
         if b not in probes:
-            say(f"{config.policy}: compiling batch {b}")
-            probes[b] = measure(config.replace(batch=b))
+            say(f"{config.policy}: compiling batch {b * unit}"
+                + (f" ({b * config.microbatches} per device)" if rows_per_device > 1 else ""))
+            probes[b] = measure(config.replace(batch=b * unit))
         return probes[b]["peak_bytes"]
 
     def fits(b: int) -> bool:
@@ -153,15 +227,12 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
             hi = lo + 1
         else:
             lo = lo + 1
-    far = min(max_batch, 64) if not guess else None
     predicted = False  # upward: one prediction from a line, then doubling
     while hi is None and lo < max_batch:
         b, use = lo * 2, False
-        if far and far > lo:
-            b, far = far, None
-        elif not predicted:
+        if not predicted:
             small = min(probes)
-            if lo - small >= 8 and peak(lo) > peak(small):
+            if lo > small and peak(lo) > peak(small):
                 pred = _interpolate(small, peak(small), lo, peak(lo), budget)
                 if pred > lo:
                     b, use, predicted = pred, True, True
@@ -190,22 +261,37 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
         else:
             hi = b
         predict = predict and hi - lo <= width // 2  # one that does not halve it: bisect from now on
-    rows = [{"batch": k, "peak_bytes": v["peak_bytes"], "fits": v["peak_bytes"] <= budget}
+    rows = [{"batch": k * unit, "per_device_batch": k * config.microbatches,
+             "peak_bytes": v["peak_bytes"], "fits": v["peak_bytes"] <= budget}
             for k, v in sorted(probes.items())]
+    per = " per device" if rows_per_device > 1 else ""
     if lo == 0:
-        reason = (f"does not fit even batch 1: its compiled peak is "
+        reason = (f"does not fit even batch 1{per}: its compiled peak is "
                   f"{human_bytes(probes[1]['peak_bytes'])}, over the budget of {human_bytes(budget)}")
     elif hi is None:
-        reason = f"fits the largest batch the lab searches ({max_batch})"
+        reason = f"fits the largest batch the lab searches ({max_batch * unit})"
     else:
-        reason = (f"batch {lo} peaks at {human_bytes(probes[lo]['peak_bytes'])}; batch {hi} "
-                  f"would need {human_bytes(probes[hi]['peak_bytes'])}")
+        reason = (f"batch {lo * unit} peaks at {human_bytes(probes[lo]['peak_bytes'])}{per}; batch "
+                  f"{hi * unit} would need {human_bytes(probes[hi]['peak_bytes'])}")
     return {
-        "max_batch": lo, "peak_bytes": probes[lo]["peak_bytes"] if lo else None,
-        "next_batch": hi, "next_peak_bytes": probes[hi]["peak_bytes"] if hi else None,
+        "max_batch": lo * unit, "per_device_batch": lo * config.microbatches,
+        "peak_bytes": probes[lo]["peak_bytes"] if lo else None,
+        "next_batch": hi * unit if hi else None,
+        "next_peak_bytes": probes[hi]["peak_bytes"] if hi else None,
         "probes": rows, "compiles": sum(not v["cached"] for v in probes.values()),
         "reason": reason,
     }
+
+
+def device_fields(config: RunConfig, found: dict) -> dict:
+    """An advice row's per-device figures at ``found``'s largest batch (``largest_batch``):
+    ``devices``, ``tokens_per_step`` (global batch x seq for the sequence models, else None) and
+    ``by_kind``, what fills one device at that batch (``probe``'s, from the cache)."""
+    batch = found["max_batch"]
+    seq = config.seq if config.model in SEQ_MODELS else None
+    return {"devices": mesh_devices(config.mesh),
+            "tokens_per_step": batch * seq if seq else None,
+            "by_kind": probe(config.replace(batch=batch))["by_kind"] if batch else None}
 
 
 def probe_seconds(config: RunConfig, repeats: int = 5) -> list[float]:
@@ -214,6 +300,7 @@ def probe_seconds(config: RunConfig, repeats: int = 5) -> list[float]:
     out = []
     for _ in range(repeats):
         _PROBES.drop(_probe_key(config))
+        _PROGRAMS.clear()
         t = time.perf_counter()
         probe(config)
         out.append(time.perf_counter() - t)
