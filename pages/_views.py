@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from remat_lab.config import RunConfig, human_bytes, human_seconds
-from remat_lab.present import charts, reproduce, tables
+from remat_lab.present import advisor_tables, charts, reproduce, tables
 from remat_lab.serve import safe_text
 from remat_lab.store.results import describe_environment
 
@@ -202,27 +202,12 @@ def advice_view(doc: dict, key: str) -> None:
     else:
         right.info("Not timed: sizes only (examples per second, MFU and HFU need timing).")
     st.subheader("Policy table")
-    shown = frame.assign(
-        peak=frame["peak_bytes"].map(lambda v: "-" if v is None or v != v else f"{v / tables.MIB:,.2f} MiB"),
-        next_over=[("-" if n is None or n != n else f"{int(n)} (+{human_bytes(p - budget)})")
-                   for n, p in zip(frame["next_batch"], frame["next_peak_bytes"])])
-    cols = ["policy", "max_batch", "peak", "next_over", "probes", "step_time_ms", "examples_per_s",
-            "mfu", "hfu", "recompute_overhead", "model_flops", "hardware_flops", "same_program_as", "note"]
-    st.dataframe(shown[cols], hide_index=True, width="stretch", key=f"{key}_table", column_config={
-        "max_batch": MS("largest batch", format="%d"),
-        "peak": st.column_config.TextColumn("peak at it"),
-        "next_over": st.column_config.TextColumn("next batch (over the budget by)"),
-        "probes": MS("compiles", format="%d"),
-        "step_time_ms": MS("step (ms)", format="%.3f"),
-        "examples_per_s": MS("examples/s", format="%.0f"),
-        "mfu": MS("MFU", format="percent", help="model flops (the no_remat program's) / step time / peak"),
-        "hfu": MS("HFU", format="percent", help="hardware flops (this program's, recomputation "
-                                                 "included) / step time / peak"),
-        "recompute_overhead": MS("HFU − MFU", format="percent"),
-        "model_flops": MS("model flops", format="%.4g"),
-        "hardware_flops": MS("hardware flops", format="%.4g"),
-        "same_program_as": st.column_config.TextColumn("same program as"),
-        "note": st.column_config.TextColumn("note", width="large")})
+    st.dataframe(advisor_tables.advice_display_frame(doc), hide_index=True, width="stretch",
+                 key=f"{key}_table")
+    st.caption("Each number to its precision (examples/s and milliseconds to three significant "
+               "figures); blank where there is no number. MFU = model flops (the no_remat program's) / "
+               "step time / peak; HFU = this program's flops (recomputation included) / step time / "
+               "peak; recompute overhead = hardware flops / model flops − 1.")
     search = (doc.get("method") or {}).get("search")
     st.caption(f"Budget {human_bytes(budget)} ({md(doc.get('budget_source', 'given'))})."
                + (f" The search: {md(search)}." if search else "")

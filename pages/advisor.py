@@ -9,12 +9,15 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _page_state, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import LOCAL, ConfigError, RunConfig, human_bytes, parse_bytes, resolve_budget
+from pages import _advisor_run, _page_state, _running, _shared, _sidebar, _views  # noqa: E402
+from remat_lab.config import LOCAL, ConfigError, RunConfig, human_bytes, parse_bytes  # noqa: E402
+from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
-from remat_lab.present import (
+from remat_lab.present import (  # noqa: E402
+    advisor_tables,
+    charts,
     reproduce,
-    tables,  # noqa: E402
+    tables,
 )
 from remat_lab.program.backend import ExecutionError  # noqa: E402
 from remat_lab.serve import quotas
@@ -29,17 +32,23 @@ def _advice_cache() -> ByteCache:
     return ByteCache(4 << 20, "advice")
 
 
+def _job_key(model: RunConfig, budget: int, policies: list[str], timing: bool,
+             max_batch: int | None, time_budget: int) -> tuple:
+    return (tuple(sorted(model.as_dict().items())), budget, tuple(policies), timing, max_batch,
+            time_budget if timing else None)
+
+
 def _advise(model: RunConfig, budget: int, policies: list[str], timing: bool, say,
-            max_batch: int | None) -> dict:
-    """The advice, from the cache or the worker pool. Timing runs each policy at its largest batch,
-    one at a time, within this server's budget: the need is twice that budget (device program and
-    host work) or the user's budget if smaller; sizing only compiles."""
-    allowed = min(budget, resolve_budget(None, _sidebar._device_limit()))
-    need = 2 * allowed + (48 << 20) if timing else 64 << 20
-    key = (tuple(sorted(model.as_dict().items())), budget, tuple(policies), timing, max_batch)
-    return _running.cached_call("advise" if timing else "advise_sizes", _advice_cache(), key,
-                                {"config": model.as_dict(), "budget": budget, "policies": policies,
-                                 "max_batch": max_batch}, say, need=need)
+            max_batch: int | None, time_budget: int) -> dict:
+    """The advice, from the cache or the worker pool (with a Stop: ``_advisor_run``). The job asks
+    the pool for the compiles' workspace only: the engine times a policy only where its compiled
+    peak plus the process overhead fits what the worker may allocate at that moment (in a
+    container: its limit less what is in use), and says so in each row it leaves untimed."""
+    key = _job_key(model, budget, policies, timing, max_batch, time_budget)
+    return _advisor_run.run("advise" if timing else "advise_sizes", _advice_cache(), key,
+                            {"config": model.as_dict(), "budget": budget, "policies": policies,
+                             "max_batch": max_batch, "time_budget_s": time_budget}, say,
+                            need=COMPILE_WORKSPACE)
 
 
 def _default_budget(target: str) -> tuple[int, str]:
@@ -95,6 +104,15 @@ timing = right.toggle("Time each policy at its largest batch (examples/s, MFU, H
                       help="Off: sizes only. The search compiles and never allocates; timing runs "
                            "the step at each policy's largest batch, on this server. On a named "
                            "target nothing runs: examples/s are roofline estimates.")
+time_budget = right.select_slider("Time budget for timing (s)", [10, 20, 30, 60, 90, 120], value=30,
+                                  key="advisor_time_budget", disabled=not timing or on_target,
+                                  help="Rounds stop earlier once the best policy's interval of "
+                                       "examples/s separates from the runner-up's; at least 3 rounds.")
+right.caption("A policy is timed only where its compiled peak at its largest batch plus the "
+              "process overhead (64 MiB, and the other timed policies' parameters and inputs) fits "
+              "what this server may allocate when timing starts; the others are sized only and "
+              "their note gives the numbers. In a small container (1 GiB) that is often none: the "
+              "answer is then the sizes, labelled so.")
 _page_state.write({"budget": budget_text.strip()[:64], "policies": ",".join(chosen),
                    "timed": None if on_target else ("1" if timing else "0")})
 timing = timing and not on_target
@@ -117,7 +135,7 @@ if cfg.mesh and not on_target:
 model = cfg.replace(batch=1, policy="no_remat", save_names=(), offload_names=())
 if "custom" in chosen:
     model = cfg.replace(batch=1)
-key = (model, budget, tuple(chosen), timing)
+key = (model, budget, tuple(chosen), timing, time_budget)
 max_batch = quotas.PUBLIC_ADVISOR_MAX_BATCH if public else None
 if public:
     limits = quotas.deadlines()
@@ -128,32 +146,64 @@ if public:
                f"policies, a budget up to {human_bytes(quotas.PUBLIC_ADVISOR_MAX_BUDGET)} and batches "
                f"up to {quotas.PUBLIC_ADVISOR_MAX_BATCH}{stop}. The command line has no limits.")
 clicked = st.button("Find the largest batches", key="advisor_run", type="primary")
-if not (clicked or st.session_state.get("_advisor_done") == key):
+running = st.session_state.get("_advisor_running") == key
+_advisor_run.release(("advise" if timing else "advise_sizes",
+                      _job_key(model, budget, list(chosen), timing, max_batch, time_budget))
+                     if clicked or running else None)
+if not (clicked or running or st.session_state.get("_advisor_done") == key):
     st.info("Each policy's batch is found by compiling only (nothing is allocated): a few seconds "
             "per policy. With timing on, every policy then runs at its largest batch.")
     st.stop()
 
-with st.status(f"Advising on {len(chosen)} policies…", expanded=False) as status:
-    say = lambda message: status.update(label=f"{message}…", state="running")  # noqa: E731
-    try:
-        doc = _advise(model, budget, list(chosen), timing, say, max_batch)
-    except (ConfigError, ExecutionError) as err:
-        status.update(label="The advisor failed", state="error")
-        doc, error = None, err
-    else:
-        error = None
-        status.update(label=f"Done: {len(doc['rows'])} policies sized in {doc['search_s']:.1f} s of "
-                            "compiling" + (", then timed" if doc["timed"] else ""), state="complete")
-if error is not None:
-    _running.show_error(error)
-    st.stop()
-st.session_state["_advisor_done"] = key
+stored = st.session_state.get("_advisor_doc")
+if stored is not None and stored[0] == key and not (clicked or running):
+    doc = stored[1]  # this session's last answer (a stopped one is not in the server's cache)
+else:
+    if timing:
+        st.button("Stop timing (keep the finished rounds)", key="advisor_stop",
+                  on_click=_advisor_run.request_stop,
+                  args=(_job_key(model, budget, list(chosen), timing, max_batch, time_budget),))
+    st.session_state["_advisor_running"] = key
+    with st.status(f"Advising on {len(chosen)} policies…", expanded=False) as status:
+        say = lambda message: status.update(label=f"{message}…", state="running")  # noqa: E731
+        try:
+            doc = _advise(model, budget, list(chosen), timing, say, max_batch, time_budget)
+        except (ConfigError, ExecutionError) as err:
+            status.update(label="The advisor failed", state="error")
+            doc, error = None, err
+        else:
+            error = None
+            status.update(label=f"Done: {len(doc['rows'])} policies sized in {doc['search_s']:.1f} s "
+                                "of compiling" + (", then timed" if doc["timed"] else ""),
+                          state="complete")
+    st.session_state.pop("_advisor_running", None)
+    if error is not None:
+        _running.show_error(error)
+        st.stop()
+    st.session_state["_advisor_done"] = key
+    st.session_state["_advisor_doc"] = (key, doc)
+
+# ---------------------------------------------------------------- the decision, first
+for i, line in enumerate(advisor_tables.decision_lines(doc)):
+    (st.success if i == 0 and doc["decision"].get("pick") else st.caption if i else st.warning)(
+        _views.md(line))
+if timing and not doc["timed"]:
+    t = doc.get("timing") or {}
+    st.info(f"Sizes only: no policy was timed ({_views.md(str(doc.get('stopped_because')))}); this "
+            f"server could allocate {human_bytes(t.get('allowance_bytes') or 0)} for timing "
+            f"({_views.md(str(t.get('allowance_source')))}). Each row's note gives the numbers.")
 
 # ---------------------------------------------------------------- the answer
 _views.advice_view(doc, key="advisor")
+kinds = advisor_tables.advice_by_kind_frame(doc)
+if not kinds.empty:
+    st.plotly_chart(charts.make_memory_by_kind_figure(kinds), width="stretch", key="advisor_kinds")
+    st.caption("What fills each device's memory at each policy's largest batch (per device).")
 st.markdown("The same advice from the command line:")
 exact = _size_text(budget) if parse_bytes(_size_text(budget)) == budget else str(budget)
-st.code(reproduce.advise_command(model, exact, chosen, timing, max_batch), language="bash")
+command = reproduce.advise_command(model, exact, chosen, timing, max_batch)
+st.code(command.replace(" --json", f" --time-budget {time_budget} --json") if timing else command,
+        language="bash")
 a, b = st.columns(2)
 a.download_button("Download CSV", tables.advice_frame(doc).to_csv(index=False), "remat_lab_advice.csv",
                   "text/csv", key="advisor_csv")

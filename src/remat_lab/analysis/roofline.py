@@ -34,11 +34,12 @@ from remat_lab.analysis.machine import (
 from remat_lab.analysis.machine import identity_key as _identity_key
 from remat_lab.analysis.machine import physical_from_cpuinfo as _physical_from_cpuinfo
 from remat_lab.analysis.machine import physical_from_sysfs as _physical_from_sysfs
+from remat_lab.config.targets import TARGETS
 
 __all__ = [
     # the cached roofs and the report (this module)
     "CALIBRATION_FILE", "FILE_FORMAT", "cache_dir", "calibrate", "calibration_path", "clear_cache",
-    "peak_flops", "recalibrate", "roofline_report",
+    "CALIBRATED_PEAK", "peak_flops", "recalibrate", "roofline_report", "stated_peak",
     # re-exported from machine, calibration and intensity (callers and tests reach them here)
     "_identity_key", "_measure", "_peak_note", "_physical_from_cpuinfo", "_physical_from_sysfs",
     "cpu_count", "cpu_info", "machine_identity", "matmul_precision", "physical_core_count",
@@ -129,7 +130,8 @@ def calibrate(force: bool = False) -> dict:
 
     Cached by ``machine_identity()`` in this process and in ``calibration.json`` in the cache
     directory (``$REMAT_LAB_CACHE_DIR``, default ``~/.cache/remat_lab/jax``); an entry for another
-    identity is ignored. ``force`` measures again and replaces both. If measuring fails, the
+    identity is ignored. ``force`` measures again and stores, per roof, the higher of the new and
+    the stored figure (a measurement under load never lowers the peak). If measuring fails, the
     spec-sheet roofs (``peak_source`` "spec", numbers possibly None) are returned, not cached.
     ``details["cache"]`` says where this answer came from: "measured", "file" or "memory".
     """
@@ -137,19 +139,20 @@ def calibrate(force: bool = False) -> dict:
 
 
 def _calibrate(force: bool, previous: dict | None = None) -> dict:
-    """``calibrate``; with ``previous`` (a calibration found too low) measure again and keep, for
-    each roof, the higher of the new and the previous figure (both are best-of measurements)."""
+    """``calibrate``; measuring again (``force``, or ``previous``: a calibration found too low)
+    keeps, for each roof, the higher of the new and the stored figure: both are best-of
+    measurements, and one taken under load only ever reads low."""
     identity = machine_identity()
     key = _identity_key(identity)
     path = calibration_path()
     with _LOCK:
-        if not force:
-            if key in _MEMO:
-                return _answer(_MEMO[key], "memory")
-            entry = _from_file(path, key, identity)
-            if entry is not None:
-                _MEMO[key] = entry
-                return _answer(entry, "file")
+        if not force and key in _MEMO:
+            return _answer(_MEMO[key], "memory")
+        stored = _MEMO.get(key) or _from_file(path, key, identity)
+        if not force and stored is not None:
+            _MEMO[key] = stored
+            return _answer(stored, "file")
+        previous = previous or stored  # measuring again never lowers the stored roofs (best-of)
         try:
             with _timing_slot() as held:
                 measured = _measure(identity["backend"])
@@ -208,6 +211,42 @@ def peak_flops() -> tuple[float | None, str]:
     return roofs["peak_flops_per_s"], roofs["peak_note"]
 
 
+CALIBRATED_PEAK = "calibrated best matmul rate, not a vendor peak"
+
+
+def stated_peak(dtype: str = "float32", identity: dict | None = None) -> dict:
+    """The peak FLOP/s that MFU and HFU are stated against, and what it is.
+
+    ``{"peak_flops_per_s", "peak_kind", "peak_source"}``. On a device named in
+    ``config/targets.json`` (its ``device_kind``): the vendor's dense figure for ``dtype``
+    (``peak_kind`` "vendor"; float32 on a GPU at JAX's default matmul precision is its TF32 figure).
+    Elsewhere (every CPU): this machine's calibrated best matmul rate (``peak_kind`` "calibrated",
+    the source saying it is not a vendor peak); None when neither is known.
+    """
+    identity = identity or machine_identity()
+    kind = str(identity.get("device_kind", "")).lower()
+    for t in TARGETS.values():
+        if identity.get("backend") != "cpu" and t.device_kind.lower() == kind:
+            key = dtype
+            if (dtype == "float32" and t.platform == "cuda" and "tf32" in t.peak_flops
+                    and identity.get("matmul_precision") not in ("highest", "float32")):
+                key = "tf32"
+            if key in t.peak_flops:
+                return {"peak_flops_per_s": t.peak_flops[key], "peak_kind": "vendor",
+                        "peak_source": f"vendor: {t.device_kind} dense {key} peak ({t.source})"}
+    try:
+        roofs = calibrate()
+    except Exception as err:  # noqa: BLE001 - rates without fractions rather than no answer
+        return {"peak_flops_per_s": None, "peak_kind": None,
+                "peak_source": f"no peak: {type(err).__name__}: {str(err)[:120]}"}
+    if roofs.get("peak_source") != "calibrated":
+        return {"peak_flops_per_s": roofs.get("peak_flops_per_s"), "peak_kind": "spec",
+                "peak_source": str(roofs.get("peak_note"))}
+    return {"peak_flops_per_s": roofs["peak_flops_per_s"], "peak_kind": "calibrated",
+            "peak_source": f"{CALIBRATED_PEAK} ({roofs.get('peak_note')}; measured "
+                           f"{roofs.get('measured_at')})"}
+
+
 # ---------------------------------------------------------------- one step under the roofs
 
 
@@ -234,10 +273,11 @@ def roofline_report(flops: float | None, bytes_accessed: float | None,
     - ``achieved_fraction`` = achieved / peak, ``fraction_of_attainable`` = achieved / attainable;
     - ``stale_calibration`` (bool), ``above_memory_roof`` (bool), ``notes`` (list of str).
 
-    No fraction is ever above 1. A step faster than the calibrated peak means the calibration is
-    stale (measured under load, or the machine changed): it is measured again once per process,
-    keeping the higher of the old and new figures, and the report recomputed; if the step is
-    still faster, the fraction is capped at 1.0 and ``stale_calibration`` is true. A step above
+    A step faster than the calibrated peak means the calibration is stale (measured under load,
+    or the machine changed): it is measured again once per process, keeping the higher of the old
+    and new figures, and the report recomputed; if the step is still faster, the fraction stays
+    above 1 (never capped: it measures the peak's error), ``stale_calibration`` is true and a
+    note names it a calibration error. A step above
     the memory roof (its working set stays in cache, so XLA's bytes accessed overstate memory
     traffic) has ``fraction_of_attainable`` capped at 1.0 and ``above_memory_roof`` true.
     """
@@ -260,11 +300,12 @@ def roofline_report(flops: float | None, bytes_accessed: float | None,
             notes.append(f"step ran above the calibrated peak {before / 1e9:.1f} GFLOP/s: "
                          f"recalibrated ({(report['peak_flops_per_s'] or 0) / 1e9:.1f} GFLOP/s)")
         stale = bool(report["achieved_fraction"] and report["achieved_fraction"] > 1.0)
-    if stale:
-        notes.append(f"achieved {report['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s is above the "
-                     f"{report['peak_source']} peak {report['peak_flops_per_s'] / 1e9:.1f} "
-                     "GFLOP/s: the peak is stale or too low; fraction capped at 1.0")
-        report["achieved_fraction"] = 1.0
+    if stale:  # reported as it is: a fraction over 1 is the peak's error, not the step's
+        notes.append(f"calibration error: achieved {report['achieved_flops_per_s'] / 1e9:.1f} "
+                     f"GFLOP/s is above the {report['peak_source']} peak "
+                     f"{report['peak_flops_per_s'] / 1e9:.1f} GFLOP/s, so the peak is too low "
+                     f"(fraction {report['achieved_fraction']:.2f}, not capped); run "
+                     "`python -m remat_lab calibrate` on an idle machine")
     above_memory = bool(report["fraction_of_attainable"] and report["fraction_of_attainable"] > 1.0)
     if above_memory:
         if report["bound"] == "memory":

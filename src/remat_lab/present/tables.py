@@ -333,47 +333,14 @@ def peak_holdings_frame(results: list[dict], top: int = 3) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-# ---------------------------------------------------------------- the advisor (advisor.advise)
+# ---------------------------------------------------------------- the advisor: in advisor_tables
 
-ADVICE_COLUMNS = ["policy", "max_batch", "peak_bytes", "peak_mib", "next_batch", "next_peak_bytes",
-                  "probes", "step_time_ms", "step_time_low_ms", "step_time_high_ms", "examples_per_s",
-                  "examples_per_s_low", "examples_per_s_high", "model_flops", "hardware_flops",
-                  "mfu", "hfu", "recompute_overhead", "same_program_as", "note"]
-PROBE_COLUMNS = ["policy", "batch", "peak_bytes", "peak_mib", "fits", "answer"]
-
-
-def advice_frame(doc: dict | None) -> pd.DataFrame:
-    """One row per policy of an advice document (``advisor.advise``), in its order."""
-    rows = []
-    for r in (doc or {}).get("rows", []):
-        time_ci = r.get("step_time_ci_s") or [None, None]
-        eps_ci = r.get("examples_per_s_ci") or [None, None]
-        ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-        rows.append({
-            "policy": r["policy"], "max_batch": r["max_batch"], "peak_bytes": r.get("peak_bytes"),
-            "peak_mib": None if r.get("peak_bytes") is None else r["peak_bytes"] / MIB,
-            "next_batch": r.get("next_batch"), "next_peak_bytes": r.get("next_peak_bytes"),
-            "probes": len(r.get("probes") or []),
-            "step_time_ms": ms(r.get("step_time_s")), "step_time_low_ms": ms(time_ci[0]),
-            "step_time_high_ms": ms(time_ci[1]), "examples_per_s": r.get("examples_per_s"),
-            "examples_per_s_low": eps_ci[0], "examples_per_s_high": eps_ci[1],
-            "model_flops": r.get("model_flops"), "hardware_flops": r.get("hardware_flops"),
-            "mfu": r.get("mfu"), "hfu": r.get("hfu"), "recompute_overhead": r.get("recompute_overhead"),
-            "same_program_as": r.get("same_program_as") or "",
-            "note": r.get("not_timed") or ("" if r["max_batch"] else r.get("reason", "")),
-        })
-    return pd.DataFrame(rows, columns=ADVICE_COLUMNS)
-
-
-def advice_probes_frame(doc: dict | None) -> pd.DataFrame:
-    """Every compile-only probe of an advice: policy, batch, compiled peak, whether it fit, and
-    whether it is the policy's answer (its largest batch that fits)."""
-    rows = [{"policy": r["policy"], "batch": p["batch"], "peak_bytes": p["peak_bytes"],
-             "peak_mib": p["peak_bytes"] / MIB, "fits": bool(p["fits"]),
-             "answer": p["batch"] == r["max_batch"]}
-            for r in (doc or {}).get("rows", []) for p in r.get("probes") or []]
-    return pd.DataFrame(rows, columns=PROBE_COLUMNS)
-
+from remat_lab.present.advisor_tables import (  # noqa: E402,F401 - re-exported: tables names them
+    ADVICE_COLUMNS,
+    PROBE_COLUMNS,
+    advice_frame,
+    advice_probes_frame,
+)
 
 # ---------------------------------------------------------------- across targets (across_targets)
 

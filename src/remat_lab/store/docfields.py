@@ -160,7 +160,8 @@ def check(kind: str, doc: dict) -> None:
 
 
 # What the views read (pages/_views.py, present/tables.py); everything else is dropped.
-RUN_CONFIG = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective", "heads", "stack")
+RUN_CONFIG = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective", "heads", "stack",
+              "model_module", "input_shape")  # the user's block: its factory as text, never loaded
 ENV_KEEP = ("backend", "device_kind", "device_count", "jax")
 STEP_KEEP = ("median", "p25", "p75", "min", "max", "repeats", "warmup")
 MEMORY_KEEP = tuple(f"{p}_bytes" for p in ("argument", "output", "alias", "temp", "generated_code", "peak"))
@@ -172,7 +173,8 @@ COMPARE_KEEP = ("schema", "config", "environment", "policies", "rows", "fastest"
                 "fastest_reason", "pareto", "pareto_reason", "programs", "failed", "method")
 ADVICE_KEEP = ("schema", "kind", "budget_bytes", "budget_source", "config", "policies", "rows",
                "recommended", "near_ties", "reason", "search_s", "notes", "timed", "peak_flops_per_s",
-               "peak_source", "method", "environment")
+               "peak_source", "method", "environment", "decision", "time_budget_s", "rounds",
+               "stopped_because", "timing", "peak_kind")
 TEXT = 2000  # characters kept of an error message or a configuration value of an error row
 
 

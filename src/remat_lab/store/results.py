@@ -109,6 +109,8 @@ COMPARE = {"config": dict, "environment": ENV, "policies": list, "rows": list, "
            "pareto": list, "pareto_reason": (OPT, str), "programs": list, "failed": list,
            "method": {"rounds": int, "calls_per_round": int, "interval": str}}
 CONFIG_KEYS = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective")  # what views read
+# The user's block (model user): its factory's name, kept as text (reading a document never loads it).
+USER_CONFIG = {"model_module": (OPT, str), "input_shape": (OPT, list)}
 PROBE = {"batch": int, "peak_bytes": NUM, "fits": bool}
 ADVICE_ROW = {"policy": str, "max_batch": int, "peak_bytes": (OPT, NUM), "next_batch": (OPT, int),
               "next_peak_bytes": (OPT, NUM), "probes": list, "step_time_s": (OPT, NUM),
@@ -120,7 +122,10 @@ ADVICE_ROW = {"policy": str, "max_batch": int, "peak_bytes": (OPT, NUM), "next_b
 ADVICE = {"kind": str, "budget_bytes": NUM, "config": dict, "environment": ENV, "policies": list,
           "rows": list, "recommended": (OPT, str), "reason": str, "search_s": NUM, "timed": bool,
           "notes": (OPT, list), "peak_flops_per_s": (OPT, NUM), "peak_source": (OPT, str),
-          "budget_source": (OPT, str), "method": (OPT, dict)}
+          "budget_source": (OPT, str), "method": (OPT, dict), "peak_kind": (OPT, str),
+          "decision": (OPT, {"pick": (OPT, str), "why": str, "cannot_show": (OPT, list)}),
+          "time_budget_s": (OPT, NUM), "rounds": (OPT, NUM), "stopped_because": (OPT, str),
+          "timing": (OPT, dict)}
 ERROR_ROW = {"config": dict, "error": {"kind": str, "message": str}, "environment": (OPT, ENV)}
 
 
@@ -129,6 +134,7 @@ def _config(raw: dict, *, policy_optional: bool = False) -> None:
     needed = [k for k in CONFIG_KEYS if k not in raw and not (policy_optional and k == "policy")]
     if needed:
         raise Invalid(f"config.{needed[0]} is missing")
+    _check(raw, USER_CONFIG, "config.")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     if policy_optional and "policy" not in values:
         values["policy"] = "custom" if values.get("save_names") or values.get("offload_names") else "no_remat"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 
@@ -29,18 +29,21 @@ from remat_lab.config import (
 from remat_lab.config.targets import GPU_USABLE_FRACTION, TPU_USABLE_FRACTION
 from remat_lab.model.policies import POLICIES
 from remat_lab.program.backend import device_memory_limit, environment
+from remat_lab.studies.advisor_decision import decide, sig
 from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the advisor's public names
     MAX_BATCH,
     PROBE_CACHE_ENTRIES,
     Progress,
     clear_cache,
     compile_abstract,
+    device_fields,
     largest_batch,
     probe,
     probe_seconds,
 )
 from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
     CALLS_PER_ROUND,
+    MAX_ROUNDS,
     MIN_ROUNDS,
     TIME_BUDGET_S,
     flop_rates,
@@ -100,15 +103,17 @@ def _recommend_by_estimate(rows: list[dict], target: str) -> tuple[str | None, l
     top = best["examples_per_s_estimate"]
     ties = [r["policy"] for r in fits if r["examples_per_s_estimate"] >= 0.98 * top]
     why = (f"{best['policy']} fits batch {best['max_batch']} on the {target}; by the roofline "
-           f"estimate (not measured: nothing runs on a target) it processes {top:,.0f} examples/s")
+           f"estimate (not measured: nothing runs on a target) it processes {sig(top)} examples/s")
     others = [p for p in ties if p != best["policy"]]
     if others:
         why += f"; {_names(others)} within 2 % of it by the same estimate"
     return best["policy"], ties, why
 
 
-def _policy_list(policies: Sequence[str] | None) -> list[str]:
-    default = [p for p, spec in POLICIES.items() if spec.group == "jax"]
+def _policy_list(policies: Sequence[str] | None, model: str = "") -> list[str]:
+    """The policies given, or JAX's (and, for the llm, whose names they are, MaxText's recipes)."""
+    groups = ("jax", "maxtext") if model == "llm" else ("jax",)
+    default = [p for p, spec in POLICIES.items() if spec.group in groups]
     chosen = list(dict.fromkeys(policies)) if policies else default
     for p in chosen:
         if p not in POLICIES:
@@ -141,7 +146,7 @@ def _recommend(rows: list[dict], timed: bool) -> tuple[str | None, list[str], st
         why += (" where no_remat does not fit batch 1" if base["max_batch"] == 0 else
                 " as no_remat does" if base["max_batch"] == best["max_batch"] else
                 f" where no_remat fits {base['max_batch']}")
-    why += f"; at that batch it processes {best['examples_per_s']:,.0f} examples/s"
+    why += f"; at that batch it processes {sig(best['examples_per_s'])} examples/s"
     if base is not None and base is not best and base["examples_per_s"]:
         why += (f", {best['examples_per_s'] / base['examples_per_s']:.2f}× no_remat at its "
                 "largest batch")
@@ -171,16 +176,19 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
            policies: Sequence[str] | None = None, timing: bool = True,
            time_budget_s: float = TIME_BUDGET_S, max_batch: int = MAX_BATCH,
            server_budget: str | int | None = None, progress: Progress | None = None,
-           seed: int = 0) -> dict:
+           seed: int = 0, should_stop: Callable[[], bool] | None = None) -> dict:
     """The advice document of ``remat_lab advise --json`` (see the module docstring).
 
     ``config`` gives the model (its batch and policy are ignored). ``budget``: the device memory
     the user has (default: the device's memory, or half this machine's, as the run budget).
     ``server_budget``: what this process may allocate for the timed runs (default: the same as
-    ``run``'s budget); a policy whose largest batch is over it is sized but not timed.
+    ``run``'s budget, or what a container has free); a policy whose compiled peak at its largest
+    batch plus the process overhead is over it is sized but not timed (``advisor_timing.plan``).
+    ``time_budget_s``: seconds for the timing (rounds stop earlier once the best separates);
+    ``should_stop``: checked between rounds, finished rounds are kept.
     """
     say = progress or (lambda message: None)
-    chosen = _policy_list(policies)
+    chosen = _policy_list(policies, config.model)
     budget_bytes, budget_source = advice_budget(budget, target=config.target)
     on_target = config.target != LOCAL
     timing = timing and not on_target  # nothing runs on a named target: estimates instead
@@ -198,13 +206,13 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         found = largest_batch(configs[p], budget_bytes, guess=guess, max_batch=max_batch,
                               progress=lambda m, i=i: say(f"{i}/{len(chosen)} {m}"))
         guess = found["max_batch"] or guess
-        rows.append({"policy": p, **found})
+        rows.append({"policy": p, **found, **device_fields(configs[p], found)})
     # Model FLOPs at each policy's largest batch: the no_remat program's count at that batch.
     for r in rows:
         r.update(step_time_s=None, step_time_ci_s=None, examples_per_s=None, examples_per_s_ci=None,
                  model_flops=None, hardware_flops=None, model_flops_per_s=None,
                  hardware_flops_per_s=None, mfu=None, hfu=None, recompute_overhead=None,
-                 not_timed=None)
+                 not_timed=None, rate_error=None, rounds=None)
         if r["max_batch"] == 0:
             continue
         at = configs[r["policy"]].replace(batch=r["max_batch"])
@@ -216,19 +224,24 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
             r["recompute_overhead"] = r["hardware_flops"] / r["model_flops"] - 1
     search_s = time.perf_counter() - t0
 
-    timed = time_rows(rows, configs, server_budget, time_budget_s, seed, say) if timing else False
-    peak, peak_source = flop_rates(rows) if timed else (None, None)
+    timing_doc = (time_rows(rows, configs, server_budget, time_budget_s, seed, say, should_stop)
+                  if timing else {"timed": False, "rounds": 0, "stopped_because": None,
+                                  "time_budget_s": None})
+    timed = timing_doc["timed"]
+    stated = flop_rates(rows, config.dtype) if timed else {}
     if on_target:
         _estimate_rows(rows, configs, config.target)
         recommended, ties, reason = _recommend_by_estimate(rows, config.target)
     else:
         recommended, ties, reason = _recommend(rows, timed)
-    notes = _notes(configs, rows)
+    cannot_show = _notes(configs, rows)
+    notes = cannot_show + _rate_notes(rows, stated)
     for r in rows:
         r.pop("fingerprint", None)
-    return {
+    doc = {
         "schema": 1,  # the results schema (see results.py)
         "kind": "advice",
+        "decision": None,  # filled below from the rest (advisor_decision.decide)
         "budget_bytes": budget_bytes,
         "budget_source": budget_source,
         "config": {**{k: v for k, v in base_cfg.as_dict().items() if k not in ("batch", "policy")},
@@ -241,30 +254,48 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         "search_s": search_s,
         "notes": notes,
         "timed": timed,
-        "peak_flops_per_s": peak,
-        "peak_source": peak_source,
+        "time_budget_s": timing_doc["time_budget_s"],
+        "rounds": timing_doc["rounds"],
+        "stopped_because": timing_doc["stopped_because"],
+        "timing": {k: v for k, v in timing_doc.items() if k not in ("timed", "rounds",
+                                                                    "stopped_because")},
+        "peak_flops_per_s": stated.get("peak_flops_per_s"),
+        "peak_kind": stated.get("peak_kind"),
+        "peak_source": stated.get("peak_source"),
         "method": {
             "probe": "lower + compile on jax.ShapeDtypeStruct inputs; XLA's compiled memory "
                      "analysis peak (generated code + arguments + outputs - aliases + temp)",
-            "search": "from the previous policy's answer (batches 1 and 64 for the first): "
+            "search": "per device and microbatch (global batch = that x data x fsdp x "
+                      "microbatches), from the previous policy's answer (batches 1 and 2 for the "
+                      "first): "
                       "linear predictions checked with the batch after, doubling, bisection; "
                       "exact to one batch",
             "timing": (f"interleaved round-robin at each policy's largest batch, {CALLS_PER_ROUND} "
-                       "call per round; bootstrap 95 % interval of the median"),
+                       f"call per round, at least {MIN_ROUNDS} rounds, then until the best "
+                       "policy's examples/s interval lies above the runner-up's, the time budget "
+                       f"(compiles for timing included) ends or {MAX_ROUNDS} rounds; bootstrap "
+                       "95 % interval of the median. Timed only where the compiled peak at the "
+                       "largest batch + the process overhead (all timed policies' parameters and "
+                       "inputs alive together) fits what this process may allocate"),
             "model_flops": "the no_remat program's flops at the same batch (loop bodies scaled by "
                            "their trip counts)",
             "hardware_flops": "this policy's program's flops at that batch (recomputation included)",
-            "mfu": "model flops / step time / peak FLOP/s (calibrated on this machine)",
-            "hfu": "hardware flops / step time / peak FLOP/s",
+            "mfu": "model flops / step time / the stated peak (peak_source: a vendor figure "
+                   "where the device is known, else the calibrated best matmul rate); over 1 is a "
+                   "calibration error, never capped",
+            "hfu": "hardware flops / step time / the stated peak",
+            "recompute_overhead": "hardware flops / model flops - 1",
         },
         "environment": environment(),
         **({"target": get_target(config.target).as_dict(),
             "estimate_basis": BASIS} if on_target else {}),
     }
+    doc["decision"] = decide(doc, cannot_show)
+    return doc
 
 
 def _notes(configs: dict[str, RunConfig], rows: list[dict]) -> list[str]:
-    """What this backend cannot show, and rows that were sized but not timed."""
+    """What this backend cannot show (the decision's ``cannot_show``)."""
     notes = []
     target = next(iter(configs.values())).target
     if target != LOCAL:
@@ -280,7 +311,21 @@ def _notes(configs: dict[str, RunConfig], rows: list[dict]) -> list[str]:
         if next(iter(configs.values())).dtype == "bfloat16":
             notes.append("XLA CPU computes bfloat16 products in float32: step times, MFU and HFU are "
                          "against the float32 peak; on a GPU or TPU bfloat16 runs at its own rate.")
+    return notes
+
+
+def _rate_notes(rows: list[dict], stated: dict) -> list[str]:
+    """Rows sized but not timed, the peak MFU and HFU are stated against, and calibration errors."""
+    notes = []
     if any(r.get("not_timed") for r in rows):
-        notes.append("Some policies were sized but not timed: their largest batch is estimated over "
-                     "what this machine may allocate (see each row).")
+        notes.append("Some policies were sized but not timed: each row's note gives the numbers "
+                     "(compiled peak + process overhead against what this process may allocate).")
+    if stated.get("peak_kind") == "calibrated":
+        notes.append("MFU and HFU are against this machine's calibrated best matmul rate, not a "
+                     "vendor peak.")
+    bad = [r["policy"] for r in rows if r.get("rate_error")]
+    if bad:
+        notes.append(f"Calibration error: {', '.join(bad)} ran above the stated peak (MFU or HFU "
+                     "over 1, shown uncapped): the peak is too low; recalibrate on an idle machine "
+                     "(`python -m remat_lab calibrate`).")
     return notes

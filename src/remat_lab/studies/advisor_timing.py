@@ -1,114 +1,254 @@
-"""The advisor's timing: each fitting policy at its largest batch, interleaved, and its MFU and HFU.
+"""The advisor's timing: every fitting policy at its largest batch, interleaved, until the best separates.
 
-Every policy that fits is timed at its largest batch (interleaved round-robin, as Compare does) and
-its model and hardware FLOP rates are reported against the machine's peak:
+Which policies run is decided from the compiled peaks the search measured, never from the
+width-based estimate: the timed set holds, at once, every timed executable's parameters and input
+(interleaving keeps them all alive) plus one step's temporaries and outputs and the process
+overhead of the memory model (``config.budget.COMPILE_WORKSPACE``); it must fit what this process
+may allocate now (``allowance``). A policy left out gets a ``not_timed`` text with those numbers.
 
-- model FLOPs: the ``no_remat`` program's flops at that batch (the work the model needs);
-- hardware FLOPs: this policy's program's flops at that batch (recomputation included);
-- MFU and HFU: each divided by the step time and by the calibrated peak FLOP/s.
+Rounds run round-robin in a shuffled order (as Compare does), one call per policy each, and
+continue until the best policy's interval of examples/s lies above the runner-up's
+(``"separated"``), the time budget ends, ``MAX_ROUNDS`` is reached, or ``should_stop()`` says
+stop (checked between rounds; finished rounds are kept). MFU and HFU are stated against
+``analysis.roofline.stated_peak``: a vendor figure where the device is known, else this machine's
+calibrated best matmul rate, named as such. A fraction over 1 is a calibration error and is
+reported, never capped.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
+from collections.abc import Callable
 
 import jax
+import numpy as np
 
-from remat_lab.analysis.roofline import calibrate
-from remat_lab.config import ConfigError, RunConfig, check_budget, human_bytes, resolve_budget
+from remat_lab.analysis.roofline import stated_peak
+from remat_lab.config import BUDGET_ENV, RunConfig, human_bytes, limits, resolve_budget
+from remat_lab.config.budget import COMPILE_WORKSPACE
 from remat_lab.program.backend import device_memory_limit, xla_error
-from remat_lab.program.step import build_problem, make_step
-from remat_lab.program.timing import timing_slot
+from remat_lab.program.step import abstract_problem, build_problem, make_step
+from remat_lab.program.timing import MIN_WARMUP_S, time_executable, timing_slot
 from remat_lab.studies.advisor_search import Progress
-from remat_lab.studies.compare import interleaved, median_interval
+from remat_lab.studies.compare import median_interval
 
-TIME_BUDGET_S = 8.0  # the timing of all policies together aims at about this long
-MIN_ROUNDS = 3
+TIME_BUDGET_S = 8.0  # the engine's default for the timing phase (the CLI's --time-budget: 60 s)
+MIN_ROUNDS = 3  # an interval needs rounds: the time budget never stops timing before this many
+SEPARATE_MIN_ROUNDS = 5  # separation is judged from this many rounds on
+MAX_ROUNDS = 60
 CALLS_PER_ROUND = 1
+PROCESS_OVERHEAD = COMPILE_WORKSPACE  # the memory model's allowance for XLA and the process
+CONTAINER_MARGIN = 64 << 20  # left free under a container's limit (as the worker pool leaves)
+SLOW_CALL_S = 0.5  # a round of calls this slow names each policy as it runs
 
 
-def _rounds(per_call: dict[str, float], time_budget_s: float, cap: int) -> int:
-    total = sum(per_call.values()) * CALLS_PER_ROUND
-    fit = int(time_budget_s / total) if total > 0 else cap
-    return max(MIN_ROUNDS, min(cap, fit))
+def allowance(server_budget: str | int | None = None) -> tuple[int, str]:
+    """``(bytes, why)``: what the timed runs may allocate now. On a GPU or TPU the device's limit
+    (the compiled peak is device memory); on CPU the run budget (``server_budget``,
+    ``$REMAT_LAB_MEMORY_BUDGET`` or half this machine's memory), or less when a container's
+    limit minus what is in use there now (less a margin) is smaller."""
+    device = device_memory_limit()
+    if device and server_budget is None:
+        return int(device), "the device's memory limit"
+    budget = resolve_budget(server_budget, device)
+    why = ("the server budget given" if server_budget is not None else
+           f"${BUDGET_ENV}" if os.environ.get(BUDGET_ENV) else
+           "the run budget: half this machine's memory")
+    if device:
+        return budget, why
+    cg = limits.cgroup_memory()
+    if cg["limit"] and cg["usage"] is not None:
+        free = cg["limit"] - cg["usage"] - CONTAINER_MARGIN
+        if free < budget:
+            return max(free, 0), (f"free in this container now: its {human_bytes(cg['limit'])} limit "
+                                  f"- {human_bytes(cg['usage'])} in use - a "
+                                  f"{human_bytes(CONTAINER_MARGIN)} margin")
+    return budget, why
 
 
-def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, time_budget_s: float,
-              seed: int, say: Progress) -> bool:
-    """Time each fitting policy at its largest batch, interleaved; fill the rows. True if any."""
-    allowed = resolve_budget(server_budget, device_memory_limit())
-    executables, same_as = {}, {}
-    by_program: dict[tuple, str] = {}
+def args_bytes(config: RunConfig) -> int:
+    """Bytes of the step's arguments (parameters, input, optimizer state), from their shapes."""
+    p = abstract_problem(config)
+    leaves = jax.tree_util.tree_leaves((p.args, p.opt_state))
+    return int(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in leaves))
+
+
+def plan(rows: list[dict], configs: dict[str, RunConfig], allow: int, allow_why: str
+         ) -> tuple[list[str], dict[str, str], int]:
+    """``(policies to time, {policy: the policy whose program it shares}, bytes held at once)``.
+
+    Programs are taken from the smallest compiled peak up while the set fits ``allow``; a policy
+    that does not gets ``not_timed`` with the numbers. Policies compiling to the same program at
+    the same batch are timed once and share it.
+    """
+    owners: dict[tuple, str] = {}
+    same_as: dict[str, str] = {}
     for r in rows:
         if r["max_batch"] == 0:
             continue
-        cfg = configs[r["policy"]].replace(batch=r["max_batch"])
-        try:
-            check_budget(cfg, allowed)
-        except ConfigError:
-            r["not_timed"] = (f"not timed: batch {r['max_batch']} is over this server's memory budget "
-                              f"({human_bytes(allowed)}) for running; sized by compiling only")
+        key = (r.get("fingerprint"), r["max_batch"])
+        if key in owners:
+            same_as[r["policy"]] = owners[key]
+        else:
+            owners[key] = r["policy"]
+    by_policy = {r["policy"]: r for r in rows}
+    held_args, worst_rest, chosen = 0, 0, []
+    for p in sorted(owners.values(), key=lambda p: by_policy[p]["peak_bytes"]):
+        r = by_policy[p]
+        args = min(args_bytes(configs[p].replace(batch=r["max_batch"])), r["peak_bytes"])
+        need = held_args + args + max(worst_rest, r["peak_bytes"] - args) + PROCESS_OVERHEAD
+        if need <= allow:
+            chosen.append(p)
+            held_args += args
+            worst_rest = max(worst_rest, r["peak_bytes"] - args)
             continue
-        key = (r["fingerprint"], r["max_batch"])
-        if key in by_program:  # the same program at the same batch: timed once, shared
-            same_as[r["policy"]] = by_program[key]
-            continue
-        by_program[key] = r["policy"]
-        say(f"compiling {r['policy']} at batch {r['max_batch']} for timing")
-        problem = build_problem(cfg)
+        with_others = (f" + {human_bytes(held_args)} of the other timed policies' parameters and "
+                       "inputs (alive together while timed interleaved)") if held_args else ""
+        r["not_timed"] = (f"not timed: compiled peak {human_bytes(r['peak_bytes'])} at batch "
+                          f"{r['max_batch']} + {human_bytes(PROCESS_OVERHEAD)} process overhead"
+                          f"{with_others} = {human_bytes(need)}, over the {human_bytes(allow)} this "
+                          f"process may allocate for timing ({allow_why}); sized by compiling only")
+    for p, owner in same_as.items():
+        if owner not in chosen:
+            by_policy[p]["not_timed"] = by_policy[owner]["not_timed"]
+    used = held_args + worst_rest + PROCESS_OVERHEAD if chosen else 0
+    return chosen, {p: o for p, o in same_as.items() if o in chosen}, used
+
+
+def _interval(samples: list[float], seed: int) -> tuple[float, float, float]:
+    return median_interval(np.asarray(samples), seed=seed)
+
+
+def separated(samples: dict[str, list[float]], batches: dict[str, int], seed: int) -> bool:
+    """Whether the best policy's examples/s interval lies wholly above the runner-up's."""
+    if len(samples) < 2:
+        return False
+    rates = []
+    for p, s in samples.items():
+        med, low, high = _interval(s, seed)
+        rates.append((batches[p] / med, batches[p] / high, batches[p] / low))
+    rates.sort(reverse=True)
+    return rates[0][1] > rates[1][2]
+
+
+def _run_rounds(executables: dict[str, tuple], batches: dict[str, int], *, warmup: int,
+                deadline: float, seed: int, say: Progress,
+                should_stop: Callable[[], bool] | None) -> tuple[dict[str, list[float]], str]:
+    """Round-robin rounds until a stop rule holds: ``(seconds per call per policy, why it stopped)``."""
+    clock = time.perf_counter
+    names = list(executables)
+    for compiled, args in executables.values():  # each warmed up on its own first ...
+        time_executable(compiled, args, warmup=warmup, repeats=0, min_warmup_s=MIN_WARMUP_S)
+    t = clock()
+    for compiled, args in executables.values():  # ... then one untimed round in the timed pattern
+        jax.block_until_ready(compiled(*args))
+    per_round = clock() - t
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    rng = np.random.default_rng(seed)
+    done = 0
+    while True:
+        left = deadline - clock()
+        if should_stop is not None and should_stop():
+            return samples, "stopped"
+        if done >= MAX_ROUNDS:
+            return samples, "max rounds"
+        if done >= MIN_ROUNDS and left < per_round:
+            return samples, "time budget"
+        cap = min(MAX_ROUNDS, max(MIN_ROUNDS, done + int(max(left, 0) / max(per_round, 1e-9))))
+        head = f"timing round {done + 1} of ≤{cap} · {len(names)} policies · ~{max(left, 0):.0f} s left"
+        say(head)
+        start = clock()
+        for k, i in enumerate(rng.permutation(len(names)), 1):
+            compiled, args = executables[names[i]]
+            if per_round / len(names) >= SLOW_CALL_S:
+                say(f"{head} · {names[i]} ({k} of {len(names)})")
+            t0 = clock()
+            jax.block_until_ready(compiled(*args))
+            samples[names[i]].append(clock() - t0)
+        per_round, done = clock() - start, done + 1
+        if len(names) == 1 and done >= SEPARATE_MIN_ROUNDS:
+            return samples, "one program"
+        if done >= SEPARATE_MIN_ROUNDS and separated(samples, batches, seed):
+            return samples, "separated"
+
+
+def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, time_budget_s: float,
+              seed: int, say: Progress, should_stop: Callable[[], bool] | None = None) -> dict:
+    """Time the policies that fit (``plan``) at their largest batches; fill the rows. Returns
+    ``{"timed", "rounds", "stopped_because", "time_budget_s", "timing_s", "allowance_bytes",
+    "allowance_source", "timed_set_bytes"}``; the time budget counts from here (compiles too)."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_budget_s
+    allow, allow_why = allowance(server_budget)
+    chosen, same_as, used = plan(rows, configs, allow, allow_why)
+    summary = {"timed": False, "rounds": 0, "stopped_because": None, "time_budget_s": time_budget_s,
+               "timing_s": 0.0, "allowance_bytes": allow, "allowance_source": allow_why,
+               "timed_set_bytes": used}
+    by_policy = {r["policy"]: r for r in rows}
+    executables = {}
+    for i, p in enumerate(chosen, 1):
+        if should_stop is not None and should_stop():
+            break
+        r = by_policy[p]
+        say(f"compiling {p} at batch {r['max_batch']} for timing ({i} of {len(chosen)})")
+        problem = build_problem(configs[p].replace(batch=r["max_batch"]))
         try:
             compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
         except Exception as err:  # noqa: BLE001
             r["not_timed"] = f"not timed: {xla_error('compiling', err)}"
             continue
-        executables[r["policy"]] = (compiled, problem.args)
+        executables[p] = (compiled, problem.args)
     if not executables:
-        return False
+        summary["stopped_because"] = ("stopped" if should_stop is not None and should_stop() else
+                                      "nothing fits for timing")
+        return summary
+    batches = {p: by_policy[p]["max_batch"] for p in executables}
     with timing_slot(lambda stage: say("waiting: another run is timing (one timing at a time)")):
-        per_call = {}
-        for p, (compiled, args) in executables.items():  # one call each: how long a round takes
-            t = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            per_call[p] = time.perf_counter() - t
-        cap = max(configs[p].repeats for p in executables)
-        rounds = _rounds(per_call, time_budget_s, cap)
-        say(f"timing {len(executables)} policies at their largest batches: {rounds} rounds")
         try:
-            times = interleaved(executables, rounds=rounds, calls=CALLS_PER_ROUND,
-                                 warmup=min(configs[p].warmup for p in executables), seed=seed)
+            times, why = _run_rounds(executables, batches, warmup=min(
+                configs[p].warmup for p in executables), deadline=deadline, seed=seed, say=say,
+                should_stop=should_stop)
         except Exception as err:
             raise xla_error("running", err) from err
-    by_policy = {r["policy"]: r for r in rows}
-    for p in list(executables) + list(same_as):
-        r = by_policy[p]
-        med, low, high = median_interval(times[same_as.get(p, p)], seed=seed)
+    rounds = min(len(s) for s in times.values())
+    summary.update(rounds=rounds, stopped_because=why, timing_s=time.perf_counter() - t0)
+    for p in [*executables, *(q for q, o in same_as.items() if o in executables)]:
+        r, s = by_policy[p], times[same_as.get(p, p)][:rounds]
+        if not s:
+            r["not_timed"] = "not timed: stopped before the first round finished"
+            continue
+        med, low, high = _interval(s, seed)
         b = r["max_batch"]
-        r["step_time_s"], r["step_time_ci_s"] = med, [low, high]
-        r["examples_per_s"] = b / med
-        r["examples_per_s_ci"] = [b / high, b / low]
-        r["rounds"] = int(times[same_as.get(p, p)].shape[0])
+        r.update(step_time_s=med, step_time_ci_s=[low, high], examples_per_s=b / med,
+                 examples_per_s_ci=[b / high, b / low], rounds=len(s))
         if p in same_as:
             r["same_program_as"] = same_as[p]
-    return True
+    summary["timed"] = rounds > 0
+    return summary
 
 
-
-def flop_rates(rows: list[dict]) -> tuple[float | None, str | None]:
-    """Fill each timed row's FLOP rates and, against the calibrated peak, its MFU and HFU. Returns
-    ``(peak FLOP/s, where it came from)``."""
-    peak, peak_source = None, None
-    try:
-        roofs = calibrate()
-        peak, peak_source = roofs.get("peak_flops_per_s"), roofs.get("peak_note")
-    except Exception:  # noqa: BLE001 - rates without fractions rather than no advice
-        peak = None
+def flop_rates(rows: list[dict], dtype: str = "float32") -> dict:
+    """Fill each timed row's FLOP rates and, against the stated peak (``stated_peak``), its MFU and
+    HFU; a fraction over 1 is kept and named a calibration error in ``rate_error``. Returns the
+    stated peak ``{"peak_flops_per_s", "peak_kind", "peak_source"}``."""
+    peak = stated_peak(dtype)
+    top = peak["peak_flops_per_s"]
     for r in rows:
+        r.setdefault("rate_error", None)
         if not r["step_time_s"]:
             continue
         for kind in ("model", "hardware"):
             flops = r[f"{kind}_flops"]
             r[f"{kind}_flops_per_s"] = flops / r["step_time_s"] if flops else None
-        if peak:
-            r["mfu"] = min(r["model_flops_per_s"] / peak, 1.0) if r["model_flops_per_s"] else None
-            r["hfu"] = min(r["hardware_flops_per_s"] / peak, 1.0) if r["hardware_flops_per_s"] else None
-    return peak, peak_source
+        if not top:
+            continue
+        r["mfu"] = r["model_flops_per_s"] / top if r["model_flops_per_s"] else None
+        r["hfu"] = r["hardware_flops_per_s"] / top if r["hardware_flops_per_s"] else None
+        over = max(r["mfu"] or 0.0, r["hfu"] or 0.0)
+        if over > 1:
+            r["rate_error"] = (f"calibration error: {over:.2f} × the stated peak "
+                               f"({top / 1e9:,.1f} GFLOP/s, {peak['peak_kind']}); the peak is too "
+                               "low, the fraction is not capped")
+    return peak

@@ -1,0 +1,121 @@
+"""Advice documents (``advisor.advise``) -> DataFrames and text: the numbers, the shown table, the decision.
+
+``advice_frame`` keeps the exact numbers (CSV downloads, charts); ``advice_display_frame`` is the
+table a person reads, every number to its precision (three significant figures for examples/s and
+milliseconds) and empty cells blank; ``decision_lines`` is the decision summary as lines of text,
+shown first by the CLI and the page. pandas only: no Streamlit, no JAX.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from remat_lab.config import human_bytes
+from remat_lab.studies.advisor_decision import ms, sig
+
+MIB = float(1 << 20)
+
+ADVICE_COLUMNS = ["policy", "max_batch", "peak_bytes", "peak_mib", "next_batch", "next_peak_bytes",
+                  "probes", "step_time_ms", "step_time_low_ms", "step_time_high_ms", "examples_per_s",
+                  "examples_per_s_low", "examples_per_s_high", "model_flops", "hardware_flops",
+                  "mfu", "hfu", "recompute_overhead", "rounds", "same_program_as", "note"]
+PROBE_COLUMNS = ["policy", "batch", "peak_bytes", "peak_mib", "fits", "answer"]
+DISPLAY_COLUMNS = ["policy", "largest batch", "peak at it", "next batch (over by)", "compiles",
+                   "step time", "examples/s", "95 % interval", "MFU", "HFU", "recompute overhead",
+                   "rounds", "note"]
+KIND_COLUMNS = ["run", "kind", "bytes"]
+
+
+def _note(r: dict) -> str:
+    """A row's note: not timed (why), not fitting (why), its program shared, a calibration error."""
+    parts = [r.get("not_timed") or ("" if r["max_batch"] else r.get("reason", "")),
+             f"same program as {r['same_program_as']}" if r.get("same_program_as") else "",
+             r.get("rate_error") or ""]
+    return "; ".join(p for p in parts if p)
+
+
+def advice_frame(doc: dict | None) -> pd.DataFrame:
+    """One row per policy of an advice document, in its order: exact numbers (None where absent)."""
+    rows = []
+    for r in (doc or {}).get("rows", []):
+        time_ci = r.get("step_time_ci_s") or [None, None]
+        eps_ci = r.get("examples_per_s_ci") or [None, None]
+        to_ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+        rows.append({
+            "policy": r["policy"], "max_batch": r["max_batch"], "peak_bytes": r.get("peak_bytes"),
+            "peak_mib": None if r.get("peak_bytes") is None else r["peak_bytes"] / MIB,
+            "next_batch": r.get("next_batch"), "next_peak_bytes": r.get("next_peak_bytes"),
+            "probes": len(r.get("probes") or []),
+            "step_time_ms": to_ms(r.get("step_time_s")), "step_time_low_ms": to_ms(time_ci[0]),
+            "step_time_high_ms": to_ms(time_ci[1]), "examples_per_s": r.get("examples_per_s"),
+            "examples_per_s_low": eps_ci[0], "examples_per_s_high": eps_ci[1],
+            "model_flops": r.get("model_flops"), "hardware_flops": r.get("hardware_flops"),
+            "mfu": r.get("mfu"), "hfu": r.get("hfu"), "recompute_overhead": r.get("recompute_overhead"),
+            "rounds": r.get("rounds"), "same_program_as": r.get("same_program_as") or "",
+            "note": _note(r),
+        })
+    return pd.DataFrame(rows, columns=ADVICE_COLUMNS)
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{sig(100 * x)} %"
+
+
+def advice_display_frame(doc: dict | None) -> pd.DataFrame:
+    """The policy table as read: text cells, numbers to their precision, blank where absent.
+
+    On a named target the step time and examples/s are the roofline estimate, marked "(est.)".
+    """
+    budget = (doc or {}).get("budget_bytes") or 0
+    rows = []
+    for r in (doc or {}).get("rows", []):
+        ci = r.get("examples_per_s_ci")
+        step, rate = ms(r.get("step_time_s")), sig(r.get("examples_per_s"))
+        if not step and r.get("estimate_s"):
+            step, rate = f"~{ms(r['estimate_s'])} (est.)", f"~{sig(r.get('examples_per_s_estimate'))} (est.)"
+        nxt = r.get("next_batch")
+        rows.append({
+            "policy": r["policy"], "largest batch": str(r["max_batch"]),
+            "peak at it": "" if r.get("peak_bytes") is None else human_bytes(r["peak_bytes"]),
+            "next batch (over by)": ("" if nxt is None or r.get("next_peak_bytes") is None else
+                                     f"{nxt} (+{human_bytes(r['next_peak_bytes'] - budget)})"),
+            "compiles": str(len(r.get("probes") or [])), "step time": step, "examples/s": rate,
+            "95 % interval": f"{sig(ci[0])}–{sig(ci[1])}" if ci else "",
+            "MFU": _pct(r.get("mfu")), "HFU": _pct(r.get("hfu")),
+            "recompute overhead": _pct(r.get("recompute_overhead")),
+            "rounds": "" if not r.get("rounds") else str(r["rounds"]), "note": _note(r),
+        })
+    return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)
+
+
+def advice_probes_frame(doc: dict | None) -> pd.DataFrame:
+    """Every compile-only probe of an advice: policy, batch, compiled peak, whether it fit, and
+    whether it is the policy's answer (its largest batch that fits)."""
+    rows = [{"policy": r["policy"], "batch": p["batch"], "peak_bytes": p["peak_bytes"],
+             "peak_mib": p["peak_bytes"] / MIB, "fits": bool(p["fits"]),
+             "answer": p["batch"] == r["max_batch"]}
+            for r in (doc or {}).get("rows", []) for p in r.get("probes") or []]
+    return pd.DataFrame(rows, columns=PROBE_COLUMNS)
+
+
+def advice_by_kind_frame(doc: dict | None) -> pd.DataFrame:
+    """Columns run (the policy), kind, bytes: what fills each device's memory at each policy's
+    largest batch, from rows that carry ``by_kind`` (per-device sizing on a mesh); else empty."""
+    rows = [{"run": r["policy"], "kind": k, "bytes": v}
+            for r in (doc or {}).get("rows", []) for k, v in (r.get("by_kind") or {}).items()
+            if k != "method" and isinstance(v, int | float) and not isinstance(v, bool)]
+    return pd.DataFrame(rows, columns=KIND_COLUMNS)
+
+
+def decision_lines(doc: dict | None) -> list[str]:
+    """The decision summary as text lines: the pick and why, then what this backend cannot show."""
+    d = (doc or {}).get("decision") or {}
+    if not d:
+        return []
+    if d.get("pick") is None:
+        return [f"Decision: none. {d.get('why') or (doc or {}).get('reason', '')}"]
+    basis = {"measured": "measured here", "estimate": "roofline estimate, not measured",
+             "batch only": "not timed: by batch alone"}.get(d.get("basis"), "")
+    lines = [f"Decision: {d['pick']} ({basis}). {d['why']}"]
+    lines += [f"This backend cannot show: {n}" for n in d.get("cannot_show") or []]
+    return lines

@@ -1,0 +1,116 @@
+"""The advisor's decision summary: the pick, why (batch, examples/s with interval, headroom), the runner-up.
+
+``decide`` reads an advice document's rows and recommendation (``advisor.advise``) and returns the
+``decision`` field: what to use and the numbers behind it, the runner-up and whether the two
+separate, and what this backend cannot show. ``sig`` writes a number to three significant
+figures (``14878.651`` -> ``14,900``, ``0.6`` -> ``0.600``); the CLI and the page use it too.
+"""
+
+from __future__ import annotations
+
+import math
+
+from remat_lab.config import human_bytes
+
+STOPPED = {
+    "separated": "the best interval separated from the runner-up's",
+    "time budget": "the time budget ended",
+    "max rounds": "the round limit was reached",
+    "stopped": "stopped on request",
+    "one program": "only one program was timed",
+    "nothing fits for timing": "no policy fit this process's memory for timing",
+}
+
+
+def sig(x: float | None, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant figures with thousands separators; ``""`` for none/NaN."""
+    if x is None or isinstance(x, bool) or not isinstance(x, int | float) or math.isnan(x):
+        return ""
+    if x == 0 or math.isinf(x):
+        return f"{x:g}"
+    v = float(f"{x:.{digits}g}")
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
+    return f"{v:,.{decimals}f}"
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as milliseconds to three significant figures: ``'14,900 ms'``; ``""`` for none."""
+    return "" if seconds is None else f"{sig(seconds * 1e3)} ms"
+
+
+def _rate(r: dict) -> str:
+    ci = r.get("examples_per_s_ci")
+    text = f"{sig(r['examples_per_s'])} examples/s"
+    return text + (f" (95 % interval {sig(ci[0])}–{sig(ci[1])})" if ci else "")
+
+
+def _runner_up(rows: list[dict], best: dict, timed: bool) -> dict | None:
+    """The next policy with another program: by examples/s when timed, else by batch."""
+    same = {best["policy"], best.get("same_program_as")} - {None}
+    rest = [r for r in rows if r["max_batch"] > 0 and r["policy"] not in same
+            and r.get("same_program_as") not in same]
+    if timed:
+        rest = [r for r in rest if r.get("examples_per_s")]
+        return max(rest, key=lambda r: r["examples_per_s"], default=None)
+    return max(rest, key=lambda r: r["max_batch"], default=None)
+
+
+def decide(doc: dict, cannot_show: list[str]) -> dict:
+    """The ``decision`` of an advice document: ``pick``, ``basis`` ("measured", "estimate" or
+    "batch only"), ``batch``, ``examples_per_s`` and ``examples_per_s_ci``, ``peak_bytes``,
+    ``headroom_bytes`` (budget - compiled peak at the pick) and ``headroom_fraction``,
+    ``runner_up`` (policy, batch, examples/s and interval), ``separated`` (the pick's interval
+    above the runner-up's; None untimed), ``rounds``, ``stopped_because``, ``why`` (one sentence)
+    and ``cannot_show`` (what this backend cannot show)."""
+    rows, budget, timed = doc["rows"], doc["budget_bytes"], bool(doc.get("timed"))
+    by_policy = {r["policy"]: r for r in rows}
+    best = by_policy.get(doc.get("recommended"))
+    out = {"pick": None, "basis": None, "batch": None, "examples_per_s": None,
+           "examples_per_s_ci": None, "peak_bytes": None, "headroom_bytes": None,
+           "headroom_fraction": None, "runner_up": None, "separated": None,
+           "rounds": doc.get("rounds"), "stopped_because": doc.get("stopped_because"),
+           "why": doc.get("reason", ""), "cannot_show": list(cannot_show)}
+    if best is None:
+        return out
+    estimate = "target" in doc
+    timed = timed and best.get("examples_per_s") is not None
+    out.update(pick=best["policy"], batch=best["max_batch"], peak_bytes=best.get("peak_bytes"),
+               basis="estimate" if estimate else "measured" if timed else "batch only")
+    if best.get("peak_bytes") is not None:
+        out["headroom_bytes"] = budget - best["peak_bytes"]
+        out["headroom_fraction"] = out["headroom_bytes"] / budget
+    why = f"{best['policy']} fits batch {best['max_batch']}"
+    if out["headroom_bytes"] is not None:
+        why += (f" (compiled peak {human_bytes(best['peak_bytes'])}, "
+                f"{human_bytes(out['headroom_bytes'])} = {100 * out['headroom_fraction']:.1f} % "
+                f"under the {human_bytes(budget)} budget)")
+    runner = _runner_up(rows, best, timed)
+    if timed:
+        out.update(examples_per_s=best["examples_per_s"], examples_per_s_ci=best["examples_per_s_ci"])
+        why += f"; it processes {_rate(best)}"
+        if doc.get("rounds"):
+            why += f" over {doc['rounds']} interleaved rounds"
+    elif estimate and best.get("examples_per_s_estimate"):
+        out["examples_per_s"] = best["examples_per_s_estimate"]
+        why += f"; about {sig(best['examples_per_s_estimate'])} examples/s by the roofline estimate"
+    else:
+        why += "; not timed, so chosen by batch alone"
+    if runner is not None:
+        out["runner_up"] = {k: runner.get(k) for k in ("policy", "max_batch", "examples_per_s",
+                                                         "examples_per_s_ci", "peak_bytes")}
+        if timed:
+            lo, hi = best["examples_per_s_ci"][0], runner["examples_per_s_ci"][1]
+            out["separated"] = bool(lo > hi)
+            why += (f". Runner-up {runner['policy']} at batch {runner['max_batch']}: {_rate(runner)}; "
+                    + ("the intervals separate" if out["separated"] else
+                       "the intervals overlap, a near-tie"))
+        else:
+            why += f". Runner-up {runner['policy']} fits batch {runner['max_batch']}"
+    stop = doc.get("stopped_because")
+    if timed and stop in STOPPED:
+        why += f" (timing ended: {STOPPED[stop]})"
+    untimed = [r["policy"] for r in rows if r.get("not_timed")]
+    if untimed and not estimate:
+        why += f". Not timed: {', '.join(untimed)} (each row's note says why)"
+    out["why"] = why + "."
+    return out
