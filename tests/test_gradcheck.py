@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from remat_lab.analysis import gradcheck, gradcheck_bounds
 from remat_lab.analysis.gradcheck import (
     REFERENCE,
     bound_parameters,
@@ -197,3 +198,72 @@ def test_loss_reported_apart_and_none_for_grad_objective():
     bad = check_gradients(problem, grads, loss * 1.01, jaxpr)
     assert not bad["ok"] and bad["failures"][0].startswith("loss:")
     assert bad["grad_max_rel_err"] == bad["max_rel_err"] == 0.0  # the loss is in neither
+
+
+# --- the faults of issue 24 ------------------------------------------------------------------------
+
+BF16_WIDE = _cfg(width=64, batch=32, dtype="bfloat16")
+
+
+@pytest.mark.parametrize("cfg", [BF16_WIDE, BF16_MIXER], ids=["mlp", "seq_mixer"])
+def test_a_bf16_loss_off_by_a_tenth_of_a_percent_fails(cfg):
+    problem, loss, grads, jaxpr = _run(cfg)
+    assert check_gradients(problem, grads, loss, jaxpr)["ok"]
+    bad = check_gradients(problem, grads, loss * 1.001, jaxpr)
+    assert not bad["ok"] and [f[:5] for f in bad["failures"]] == ["loss:"]
+    # The bound is the statistical one, far below the old one (two ulps of sum|out|).
+    _, _, abs_out, l2_out = gradcheck._reference(problem)
+    bound = gradcheck_bounds.loss_bound(cfg, abs_out, l2_out)
+    assert bound < 0.001 * abs(loss) and bound < 2 * 2.0**-8 * abs_out / 5
+
+
+BF16_DEEP = _cfg(model="transformer", width=32, batch=2, seq=4, heads=2, depth=8, stack="scan",
+                 dtype="bfloat16", policy="dots_saveable")
+
+
+def _one_entry(rel):
+    def change(g):
+        g = g.copy()
+        i = np.unravel_index(np.argmax(np.abs(g)) // 2, g.shape)  # an entry that is not the max
+        g[i] += rel * np.max(np.abs(g))
+        return g
+    return change
+
+
+def _flip_small(frac):
+    return lambda g: np.where(np.abs(g) < frac * np.max(np.abs(g)), -g, g)
+
+
+@pytest.mark.parametrize("path,change,says", [
+    ("blocks.wi_0.kernel", _one_entry(0.05), "entries out of bound"),
+    ("blocks.q_proj.kernel", _flip_small(0.02), "signs flipped"),
+    ("blocks.wo.kernel", _flip_small(0.02), "signs flipped"),
+], ids=["one-entry-5%", "flip<2%-q", "flip<2%-wo"])
+def test_deep_bf16_transformer_faults_fail(path, change, says):
+    # Depth 8, the issue's depth: the per-element allowance grows as depth**0.3 (11.2 u), below
+    # the 12.8 u of one entry off by 5 % of the leaf's max; flips of entries too small for the
+    # per-element test are caught by the small-entry sign test.
+    assert _check(BF16_DEEP)["ok"], _check(BF16_DEEP)["failures"]
+    problem, _, grads, _ = _run(BF16_DEEP)
+    changed = dict(zip(problem.paths, grads))[path]
+    assert np.sum(change(changed) != changed) >= 1
+    result = _injected(BF16_DEEP, path, change)
+    assert not result["ok"] and any(says in f for f in result["failures"]), result["failures"]
+    assert all(f.startswith(path + ":") for f in result["failures"])
+
+
+def test_small_entry_sign_test_on_synthetic_leaves():
+    rng = np.random.default_rng(0)
+    u = 2.0**-8
+    r = rng.standard_normal((64, 64))
+    atol = 11 * u  # the per-element allowance of a deep transformer, in units of the leaf max
+    scale = np.max(np.abs(r))
+    noisy = r + rng.uniform(-3, 3, r.shape) * u * scale  # rounding noise within the allowance
+    assert gradcheck_bounds._leaf_errors("w", noisy, r, 2 * u, atol, u, 0.0)[2] == []
+    hidden = np.abs(r) < atol * scale / 2  # a flip here is within the per-element allowance
+    assert hidden.sum() >= gradcheck_bounds.FLIP_MIN_ENTRIES
+    flipped = np.where(hidden, -r, noisy)
+    failures = gradcheck_bounds._leaf_errors("w", flipped, r, 2 * u, atol, u, 0.0)[2]
+    assert len(failures) == 1 and "signs flipped" in failures[0]
+    zeroed = np.where(hidden, 0.0, noisy)  # zeroing (projection -1) is not a flip
+    assert gradcheck_bounds._leaf_errors("w", zeroed, r, 2 * u, atol, u, 0.0)[2] == []

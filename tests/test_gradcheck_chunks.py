@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from remat_lab.analysis import gradcheck
+from remat_lab.analysis import gradcheck, gradcheck_bounds
 
 
 @pytest.mark.parametrize("chunk", [7, 1 << 18])
 def test_chunked_leaf_errors_match_whole_leaf_numbers(monkeypatch, chunk):
-    monkeypatch.setattr(gradcheck, "CHUNK", chunk)
+    monkeypatch.setattr(gradcheck_bounds, "CHUNK", chunk)
     rng = np.random.default_rng(0)
     r = rng.standard_normal((33, 17)).astype(np.float32)
     u = gradcheck.UNIT_ROUNDOFF["float32"]

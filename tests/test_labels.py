@@ -120,3 +120,19 @@ def test_colour_bar_labels_keep_apart_and_log_ticks_do_not_touch():
     kept = run_charts.log_ticks(widths)
     assert kept[0] == 8 and 24 not in kept and len(kept) < len(widths)
     assert run_charts.log_ticks([16, 24]) == [16, 24]
+
+
+# ---------------------------------------------------------------- notes that name the program itself
+
+
+def test_no_remat_is_not_said_to_be_the_same_as_itself(capsys):
+    assert main(["run", *TINY, "--policy", "no_remat"]) == 0
+    out = capsys.readouterr().out
+    assert "same as no_remat's" not in out and "same compiled program as no_remat" not in out
+    from remat_lab.analysis.notes import program_notes
+    from remat_lab.config import RunConfig
+
+    same = {"identical_to": "no_remat", "excess_dots_vs_no_remat": 0}
+    other = program_notes(RunConfig(policy="nothing_saveable"), [], same, "cpu")
+    assert any("same as no_remat's" in n for n in other)  # another policy is still told
+    assert not program_notes(RunConfig(policy="no_remat"), [], same, "cpu")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from remat_lab.analysis import hlo
+import jax
+import jax.extend.backend
+
+from remat_lab.analysis import hlo, hlotext
 
 MEMORY_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
 
@@ -46,9 +49,105 @@ def cost_of(compiled) -> dict:
 
 
 def step_flops(xla_flops: float | None, text: str) -> float | None:
-    """The step's flops: XLA's count plus the products it leaves out by counting each while-loop
-    (scan) body once. Element-wise work inside a loop body stays counted once (a few per cent)."""
-    return None if xla_flops is None else xla_flops + hlo.loop_flops_left_out(text)
+    """The step's flops: XLA's count with every while-loop (scan) body scaled as a whole.
+
+    XLA's cost analysis counts a loop body once. Each body's own cost (products, element-wise work,
+    reductions: XLA's rules, from ``body_costs``) is added ``runs - 1`` more times. Where XLA's
+    analysis cannot be re-run on the text (see ``body_costs``), only the body's products are
+    scaled (``hlo.loop_flops_left_out``) and element-wise work in a body stays counted once."""
+    if xla_flops is None:
+        return None
+    bodies = body_costs(text, xla_flops)
+    if bodies is None:
+        return xla_flops + hlo.loop_flops_left_out(text)
+    runs, _ = hlo.executions(text)
+    return xla_flops + sum((runs.get(name, 1) - 1) * own for name, own in bodies.items())
+
+
+def _loops(text: str) -> list[tuple[str, str, str]]:
+    """``(computation holding it, body, condition)`` of every ``while`` instruction."""
+    out = []
+    for comp, ins in hlotext.instructions(text):
+        if ins.opcode == "while":
+            parts = dict(hlotext.called(ins.rest))
+            if "body" in parts and "condition" in parts:
+                out.append((comp, parts["body"], parts["condition"]))
+    return out
+
+
+def _analysed_flops(text: str) -> float:
+    """XLA's cost analysis (this process's backend) of a module's text, parsed back: its flops."""
+    from jax._src.lib import _jax  # XLA's HloCostAnalysis over a parsed module, as jax.stages uses it
+    from jaxlib import _hlo
+
+    cost = _jax.hlo_module_cost_analysis(jax.extend.backend.get_backend(), _hlo.hlo_module_from_text(text))
+    return float(cost.get("flops", 0.0))
+
+
+_CALLS = ("calls=", "to_apply=", "body=", "condition=", "computations=")
+
+
+class _Module:
+    """A module's text split into computations (metadata left out), each with what it calls."""
+
+    def __init__(self, text: str):
+        self.blocks: dict[str, list[str]] = {}
+        self.callees: dict[str, set[str]] = {}
+        self.entry = None
+        current = None
+        for line in hlotext.without_metadata(text).splitlines():
+            comp = hlotext.computation(line)
+            if comp is not None:
+                current = comp
+                self.entry = comp if line.startswith("ENTRY ") else self.entry
+                self.blocks[comp] = [line[len("ENTRY "):] if line.startswith("ENTRY ") else line]
+                self.callees[comp] = set()
+            elif current is not None:
+                self.blocks[current].append(line)
+                if any(c in line for c in _CALLS):
+                    self.callees[current].update(c for _, c in hlotext.called(line))
+                if line.startswith("}"):
+                    current = None
+
+    def rooted_at(self, name: str | None) -> str:
+        """A module of the computations ``name`` reaches (all when None), ``name`` the entry."""
+        keep, todo = set(), [name]
+        while todo and name is not None:
+            comp = todo.pop()
+            if comp not in keep and comp in self.blocks:
+                keep.add(comp)
+                todo.extend(self.callees[comp])
+        parts = []
+        for comp, block in self.blocks.items():
+            if name is None or comp in keep:
+                head = "ENTRY " + block[0] if comp == (name or self.entry) else block[0]
+                parts.append("\n".join([head, *block[1:]]))
+        return "HloModule rooted\n\n" + "\n\n".join(parts)
+
+
+def body_costs(text: str, xla_flops: float) -> dict[str, float] | None:
+    """Each loop body's and condition's own flops (nested loops taken out), by XLA's own rules.
+
+    The compiled text is parsed back and XLA's cost analysis run on it with the body as the entry:
+    no compile. Used only when the whole module, analysed the same way, gives XLA's count of the
+    compiled program exactly (the same rules as the compiling backend); None otherwise, or when the
+    text does not parse back (a target's custom instructions)."""
+    loops = _loops(text)
+    if not loops:
+        return {}
+    try:
+        module = _Module(text)
+        if abs(_analysed_flops(module.rooted_at(None)) - xla_flops) > 1e-9 * max(abs(xla_flops), 1.0):
+            return None
+        whole = {name: _analysed_flops(module.rooted_at(name))
+                 for _, body, cond in loops for name in (body, cond)}
+    except Exception:  # the parser or the analysis refuses this text: products only
+        return None
+    own = dict(whole)
+    for comp, body, cond in loops:  # a loop nested in a body: its cost is counted in its own entry
+        if comp in own:
+            own[comp] -= whole[body] + whole[cond]
+    return own
 
 
 def flops_of(compiled) -> float | None:
@@ -56,7 +155,7 @@ def flops_of(compiled) -> float | None:
     return cost_of(compiled)["flops"]
 
 
-XLA_FLOPS = "XLA's cost analysis, loop bodies scaled by their trip counts"
+XLA_FLOPS = "XLA's cost analysis, each loop body scaled as a whole by its trip count"
 PRODUCT_FLOPS = ("matrix products of the compiled HLO (2 x output elements x contracted size, times "
                  "their runs); XLA gives no cost analysis for this target, elementwise work left out")
 

@@ -26,30 +26,7 @@ as XLA compiles it by default, and with ``xla_allow_excess_precision=False`` (ev
 rounded, the jaxpr's literal semantics). The step passes when it is within the bound of either
 (measured on CPU: every policy matches one of the two bit for bit). In float32 the two coincide.
 
-**Bound.** ``u`` is the unit roundoff of the step's dtype (bfloat16 ``2**-8``, float32
-``2**-24``), ``u_acc = 2**-24`` that of the float32 accumulation (dots and the loss sum accumulate
-in float32 in both dtypes), ``K = max(width, rows)`` the longest reduction feeding any gradient
-(``rows`` = batch * seq for seq_mixer, batch for mlp, 1 for batch 0: the kernel and bias gradients
-sum over rows, the backward products over width), ``d`` the depth, ``acc = C_ACC * sqrt(d * K) *
-u_acc`` (float32 accumulation reordered along d chained reductions of K terms) and, per leaf,
-``S = max|r|`` and ``n_eff = (sum r^2)^2 / sum r^4`` (its effective number of entries). Leaf ``g``
-with reference ``r`` passes when all its entries are finite and
-
-* per element:  ``|g - r| <= 2u * |r| + (C_ELEM * u + acc) * S``: one ulp of the entry (the
-  programs may round the last step to neighbouring values) plus half an ulp of the leaf's scale;
-* leaf scale:  ``|<g - r, r>| / <r, r> <= (C_SCALE + 6 / sqrt(n_eff)) * u + acc``: round-to-nearest
-  is unbiased, so a leaf-wide scale error beyond half an ulp is not rounding; ``6 / sqrt(n_eff)``
-  is three standard deviations of the projection of independent one-ulp noise.
-
-With ``C_ELEM = C_SCALE = 1`` and ``C_ACC = 4``: in bfloat16 a whole leaf scaled by 1.01 (2.56 u)
-fails the scale test on any leaf with ``n_eff > 15``, one scaled by 1.03 (7.7 u) fails per
-element, and zeroing entries below 2 % of the leaf's max fails per element wherever an entry lies
-between 0.4 % and 2 % of it; in float32 a 1e-4 relative error fails both tests up to ``d * K`` of
-about 1e5. A single bf16 entry off by less than about one ulp is not detectable.
-
-The loss is compared apart: ``|loss - ref| <= (C_LOSS * u + C_ACC * sqrt(n) * u_acc) * sum|out|``
-with ``n`` the number of output entries (each may round to a neighbouring value, ``C_LOSS = 2``;
-the float32 sum of ``n`` terms may be reordered).
+**Bound.** See ``gradcheck_bounds``: the bounds, from the dtype and the reduction sizes.
 
 **The llm**'s reference is ``reference_llm.py`` (same rules). Its bound uses ``K = max(width,
 mlp_dim, vocab, batch * seq)`` and the transformer's per-element allowance; the loss bound the mean
@@ -71,25 +48,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core
 
+from remat_lab.analysis.gradcheck_bounds import (
+    RTOL_ULPS,
+    UNIT_ROUNDOFF,
+    _leaf_errors,
+    bound_parameters,
+    loss_bound,
+)
 from remat_lab.analysis.reference_llm import llm_loss_and_abs
 from remat_lab.model.policies import get_policy
 
 REFERENCE = "plain jax.numpy, no NNX, no remat"
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8}
-ACC_ROUNDOFF = 2.0**-24  # float32 accumulation, kept for bfloat16 too
-RTOL_ULPS = 2.0  # one ulp of the entry, in units of u
-C_ELEM = 1.0  # half an ulp of the leaf's largest entry
-# Per block, the transformer rounds far more bfloat16 intermediates between a parameter and the
-# loss (RMSNorm, q/k/v, scores, softmax, context, two MLP branches, residual adds), and RMSNorm and
-# softmax amplify a neighbouring rounding. Measured on CPU (width 64, seq 16, depth 2, every policy,
-# both stacks, two seeds): legitimate per-element differences reach 6 u * S. Its per-element
-# allowance is C_ELEM_DEEP * sqrt(depth) instead of C_ELEM; a leaf-wide 1 % error is still caught
-# by the scale test, which does not change.
-C_ELEM_DEEP = {"transformer": 6.0, "llm": 6.0}
-C_SCALE = 1.0  # a leaf-wide scale error of half an ulp
-C_NOISE = 6.0  # three standard deviations of one-ulp noise projected on the leaf
-C_ACC = 4.0  # float32 accumulation: C_ACC * sqrt(terms) * u_acc
-C_LOSS = 2.0  # one ulp per output entry, for the loss
+__all__ = ["UNIT_ROUNDOFF", "bound_parameters", "check_gradients", "reference_loss_and_grads",
+           "remat_applied", "_leaf_errors"]
 REMAT_PRIMITIVES = ("remat2", "checkpoint", "remat")
 
 
@@ -184,10 +155,13 @@ def reference_loss(params: dict, x: jax.Array, model: str, depth: int) -> jax.Ar
 
 
 def _loss_and_abs(params: dict, x: jax.Array, model: str, depth: int):
+    """The loss and what bounds its rounding: ``(sum|out|, sqrt(sum out^2))`` (the llm: its mean
+    ``|ce|`` and NaN, see ``gradcheck_bounds.loss_bound``)."""
     if model == "llm":
-        return llm_loss_and_abs(params, x, depth)
-    out = reference_forward(params, x, model, depth)
-    return jnp.sum(out, dtype=jnp.float32), jnp.sum(jnp.abs(out), dtype=jnp.float32)
+        loss, mean_abs = llm_loss_and_abs(params, x, depth)
+        return loss, (mean_abs, jnp.float32(jnp.nan))
+    out = reference_forward(params, x, model, depth).astype(jnp.float32)
+    return jnp.sum(out), (jnp.sum(jnp.abs(out)), jnp.sqrt(jnp.sum(jnp.square(out))))
 
 
 @functools.lru_cache(maxsize=8)
@@ -230,6 +204,12 @@ def reference_loss_and_grads(problem, dtype=None, *, excess_precision: bool = Tr
     ``dtype`` defaults to the step's (``jnp.float32`` gives an upcast evaluation);
     ``excess_precision=False`` compiles with every intermediate rounded to the dtype.
     """
+    return _reference(problem, dtype, excess_precision)[:3]
+
+
+def _reference(problem, dtype=None, excess_precision: bool = True
+               ) -> tuple[float, list[np.ndarray], float, float]:
+    """``reference_loss_and_grads`` and ``sqrt(sum out^2)`` (NaN for the llm)."""
     cfg = problem.config
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
     _check_paths(problem.paths, cfg.depth, cfg.model)
@@ -237,9 +217,8 @@ def reference_loss_and_grads(problem, dtype=None, *, excess_precision: bool = Tr
     x = jnp.asarray(problem.x) if cfg.model == "llm" else jnp.asarray(problem.x).astype(dtype)
     shapes = tuple(sorted((p, tuple(v.shape)) for p, v in params.items()))
     fn = _compiled(cfg.model, cfg.depth, shapes, tuple(x.shape), dtype.name, excess_precision)
-    (loss, abs_sum), grads = fn(params, x)
-    return (float(loss), [np.asarray(grads[p]) for p in problem.paths],
-            float(abs_sum))
+    (loss, (abs_sum, l2)), grads = fn(params, x)
+    return (float(loss), [np.asarray(grads[p]) for p in problem.paths], float(abs_sum), float(l2))
 
 
 # --- the structural check --------------------------------------------------------------------
@@ -260,85 +239,12 @@ def remat_applied(step_jaxpr) -> bool:
 
 # --- the check -------------------------------------------------------------------------------
 
-def _c_elem(config) -> float:
-    """The per-element allowance in ulps of the leaf's largest entry (see C_ELEM_DEEP)."""
-    deep = C_ELEM_DEEP.get(config.model)
-    return C_ELEM if deep is None else deep * math.sqrt(config.depth)
-
-
-def bound_parameters(config) -> dict:
-    """The bound's parameters for ``config`` (see the module docstring)."""
-    if config.model == "llm":
-        rows = config.batch * config.seq
-        k = max(config.width, config.mlp_dim_used, config.vocab, rows)
-    else:
-        rows = math.prod(config.input_shape[:-1])
-        k = max(config.width * (4 if config.model == "transformer" else 1), rows)  # 4w: the MLP's wo
-    return {"u": UNIT_ROUNDOFF[config.dtype], "u_acc": ACC_ROUNDOFF, "K": k, "d": config.depth,
-            "acc": C_ACC * math.sqrt(config.depth * k) * ACC_ROUNDOFF, "rtol_ulps": RTOL_ULPS,
-            "c_elem": _c_elem(config), "c_scale": C_SCALE, "c_noise": C_NOISE, "c_acc": C_ACC,
-            "c_loss": C_LOSS}
-
-
-CHUNK = 1 << 18  # entries of a leaf compared at a time (2 MiB per float64 temporary)
-
-
-def _chunks(a: np.ndarray):
-    """``a`` flattened, in float64 slices of at most CHUNK entries (no float64 copy of the leaf)."""
-    flat = a.reshape(-1)
-    for start in range(0, flat.size, CHUNK):
-        yield start, flat[start:start + CHUNK].astype(np.float64)
-
-
-def _leaf_errors(path: str, g: np.ndarray, r: np.ndarray, rtol: float, atol: float, u: float,
-                 acc: float) -> tuple[float, float, list[str]]:
-    """``(worst |g - r|, max |r|, failures)`` of one leaf, computed in float64 chunk by chunk.
-
-    The same tests as on whole float64 copies (per element, then the leaf-wide scale test), with
-    the host memory of one chunk: a width-4096 model's leaves are 64 MiB each in float32.
-    """
-    bad = scale = 0.0
-    r2 = r4 = 0.0
-    for _, rc in _chunks(r):
-        scale = max(scale, float(np.max(np.abs(rc), initial=0.0)))
-        r2 += float(np.sum(rc * rc))
-        r4 += float(np.sum(rc**4))
-    for _, gc in _chunks(g):
-        bad += int(np.sum(~np.isfinite(gc)))
-    if bad:
-        return math.inf, scale, [f"{path}: {int(bad)} non-finite entries"]
-    worst, count, top, cross = 0.0, 0, (-math.inf, 0), 0.0
-    for (start, gc), (_, rc) in zip(_chunks(g), _chunks(r)):
-        diff = gc - rc
-        err = np.abs(diff)
-        worst = max(worst, float(np.max(err, initial=0.0)))
-        excess = err - (rtol * np.abs(rc) + atol * scale)
-        count += int(np.sum(excess > 0))
-        if excess.size and float(np.max(excess)) > top[0]:
-            top = (float(np.max(excess)), start + int(np.argmax(excess)))
-        cross += float(np.sum(diff * rc))
-    failures = []
-    if count:
-        i = np.unravel_index(top[1], g.shape)
-        failures.append(f"{path}: {count} of {g.size} entries out of bound, worst at "
-                        f"{tuple(int(k) for k in i)}: {float(g[i]):.6g} vs {float(r[i]):.6g} "
-                        f"(leaf max {scale:.3g})")
-    if r2 > 0:
-        n_eff = r2 * r2 / r4
-        bias = cross / r2
-        bias_tol = (C_SCALE + C_NOISE / math.sqrt(n_eff)) * u + acc
-        if abs(bias) > bias_tol:
-            failures.append(f"{path}: scaled by {1 + bias:.6g} against the reference "
-                            f"(bound {bias_tol:.3g})")
-    return worst, scale, failures
-
-
 def _compare(problem, grads, loss, ref) -> dict:
     """Errors of ``grads``/``loss`` against one reference evaluation, and what is out of bound."""
     cfg, b = problem.config, bound_parameters(problem.config)
     u, acc = b["u"], b["acc"]
     rtol, atol = RTOL_ULPS * u, b["c_elem"] * u + acc
-    ref_loss, ref_grads, abs_out = ref
+    ref_loss, ref_grads, abs_out, l2_out = ref
     failures: list[str] = []
     if len(grads) != len(ref_grads):
         failures.append(f"{len(grads)} gradient leaves, expected {len(ref_grads)}")
@@ -356,8 +262,7 @@ def _compare(problem, grads, loss, ref) -> dict:
     loss_err = None
     if loss is not None:
         loss_err = abs(float(loss) - ref_loss)
-        n_out = cfg.batch * (cfg.seq - 1) if cfg.model == "llm" else math.prod(cfg.input_shape)
-        loss_tol = (C_LOSS * u + C_ACC * math.sqrt(n_out) * ACC_ROUNDOFF) * abs_out
+        loss_tol = loss_bound(cfg, abs_out, l2_out)
         if not loss_err <= loss_tol:  # also catches NaN
             failures.append(f"loss: {float(loss):.8g} vs {ref_loss:.8g} (bound {loss_tol:.3g})")
     return {"loss_err": loss_err, "grad_max_abs_err": max_abs, "grad_max_rel_err": max_rel,
@@ -375,10 +280,10 @@ def check_gradients(problem, grads, loss, step_jaxpr) -> dict:
     those against the reference evaluation (default or no excess precision) the step is closer to.
     """
     cfg = problem.config
-    result = _compare(problem, grads, loss, reference_loss_and_grads(problem))
+    result = _compare(problem, grads, loss, _reference(problem))
     if result["failures"] and cfg.dtype != "float32":
         other = _compare(problem, grads, loss,
-                         reference_loss_and_grads(problem, excess_precision=False))
+                         _reference(problem, excess_precision=False))
         if (len(other["failures"]), other["grad_max_rel_err"]) < (len(result["failures"]),
                                                                  result["grad_max_rel_err"]):
             result = other

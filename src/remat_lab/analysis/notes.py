@@ -8,7 +8,7 @@ model lacks or the backward pass never needs.
 
 from __future__ import annotations
 
-from remat_lab.model.models import names_of
+from remat_lab.model.models import block_names
 from remat_lab.model.policies import get_policy, policy_names
 
 _BARRIER_CPU = (
@@ -61,7 +61,7 @@ def program_notes(cfg, dots: list[dict], compiled: dict, backend: str) -> list[s
     jaxpr_rec = sum(d["layers"] for d in dots if d["recomputed"])
     excess = compiled.get("excess_dots_vs_no_remat")
     scanned = any(d["layers"] > 1 for d in dots)
-    if compiled.get("identical_to"):
+    if compiled.get("identical_to") and compiled["identical_to"] != cfg.policy:  # not itself
         notes.append(f"The compiled program is the same as {compiled['identical_to']}'s (same "
                      "instructions up to names and metadata): whatever the jaxpr says, this policy "
                      "changes nothing once compiled.")
@@ -106,7 +106,7 @@ def name_notes(cfg, residuals: list[dict]) -> list[str]:
     backward pass never needs (so nothing is saved for them)."""
     saved, offloaded = policy_names(cfg)
     named = list(dict.fromkeys((*saved, *offloaded)))
-    model_names = names_of(cfg.model)
+    model_names = block_names(cfg)
     present = [n for n in model_names if n in named]
     notes = []
     missing = [n for n in named if n not in model_names]

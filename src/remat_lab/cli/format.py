@@ -55,7 +55,7 @@ def format_tables(result: dict) -> str:
         if h.get("excess_flops_vs_no_remat") is not None:
             line += f", {h['excess_flops_vs_no_remat'] / 1e6:+.3g} MFLOP"
         line += ")"
-    if h.get("identical_to"):
+    if h.get("identical_to") and h["identical_to"] != (result.get("config") or {}).get("policy"):
         line += f"; the same compiled program as {h['identical_to']}"
     out.append(line)
     out += [f"Note: {n}" for n in result["notes"]]
