@@ -12,6 +12,7 @@ from remat_lab.config import RunConfig
 from remat_lab.studies import bench
 
 TINY = RunConfig(width=16, batch=2, repeats=2, warmup=1)
+TINY_TRANSFORMER = RunConfig(model="transformer", width=16, seq=4, heads=2, depth=2, batch=1, repeats=2)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -100,11 +101,14 @@ def test_report_document_and_table(monkeypatch):
     real_advise = bench.advise_bench
     monkeypatch.setattr(bench, "advise_bench", lambda: real_advise(
         RunConfig(width=8, batch=2, depth=2, repeats=2, warmup=0), 1 << 20, probes=1, policies=2))
+    real_tf = bench.advise_transformer
+    monkeypatch.setattr(bench, "advise_transformer", lambda cache=None: real_tf(
+        TINY_TRANSFORMER, 1 << 20, ("no_remat", "nothing_saveable"), cache=cache))
     doc = json.loads(json.dumps(bench._jsonable(bench.run_all(quick=True))))
     keys = {"fidelity_ratio_default", "fidelity_ratio_small", "overhead_ratio", "warm_latency_s",
             "cold_latency_s", "dissect_overhead_ratio", "sweep_s_per_config", "cache_speedup",
             "achieved_flops_fraction", "timeline_overhead_ratio", "machine", "advise_s",
-            "advise_no_time_s", "probe_s"}
+            "advise_no_time_s", "probe_s", "advise_transformer_s", "advise_transformer_no_time_s"}
     assert keys <= set(doc)
     for key in keys - {"machine", "achieved_flops_fraction", "timeline_overhead_ratio"}:
         assert _positive(doc[key]), key
@@ -154,3 +158,19 @@ def test_advise_bench_structure():
         assert out[key]["max_batch"]["nothing_saveable"] >= out[key]["max_batch"]["no_remat"] > 0
     assert _positive(out["probe_s"]) and len(out["probe_samples_s"]) == 2
     assert {"advise_s", "advise_no_time_s", "probe_s"} <= set(bench.TARGETS)
+
+
+def test_advise_transformer_structure():
+    """The transformer advice's figures, on a tiny transformer: both advices timed, every policy
+    sized, the timed one timing each policy that fits."""
+    from remat_lab.studies.bench_advise import ADVISE_TRANSFORMER, ALL_POLICIES
+
+    assert (ADVISE_TRANSFORMER.model, ADVISE_TRANSFORMER.width, ADVISE_TRANSFORMER.seq,
+            ADVISE_TRANSFORMER.heads, ADVISE_TRANSFORMER.depth) == ("transformer", 512, 256, 8, 8)
+    assert "custom" not in ALL_POLICIES and len(ALL_POLICIES) >= 17
+    out = bench.advise_transformer(TINY_TRANSFORMER, 1 << 20, ("no_remat", "nothing_saveable"),
+                                   cache=bench.temporary_cache_dir)
+    for key in ("no_time", "timed"):
+        assert _positive(out[key]["s"]) and set(out[key]["max_batch"]) == {"no_remat", "nothing_saveable"}
+    assert out["no_time"]["timed"] == 0 and out["timed"]["timed"] >= 1
+    assert {"advise_transformer_s", "advise_transformer_no_time_s"} <= set(bench.TARGETS)

@@ -78,4 +78,5 @@ def test_memory_by_kind_figure():
                                    "logits", "other"]
     fig = charts.make_memory_by_kind_figure(frame)
     assert [t.name for t in fig.data][:2] == ["parameters", "optimizer state"]
-    assert "GiB" in fig.layout.xaxis.title.text and fig.layout.legend.y > 1
+    assert "GiB" in fig.layout.xaxis.title.text
+    assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0  # under the bars

@@ -18,7 +18,7 @@ import sys
 
 from remat_lab.cli.common import add_config_args, config_from, engine_errors, quiet_if_distributed, record
 from remat_lab.cli.format import fmt_time, format_table, format_tables
-from remat_lab.config import human_bytes
+from remat_lab.config import flag_defaults, human_bytes
 from remat_lab.model.models import SEQ_MODELS
 
 GRAD_MISMATCH = 3  # exit status of run: the gradients do not match the reference (MISMATCH)
@@ -28,10 +28,13 @@ RUN_EPILOG = ("exit status: 0 ok; 3 the gradient check failed (MISMATCH; the res
 
 def add_parsers(sub) -> None:
     """``run`` and ``explain`` under the subcommands ``sub``."""
-    add_config_args(sub.add_parser("run", help="compile, time, size and dissect one configuration",
-                                   epilog=RUN_EPILOG))
+    run = sub.add_parser("run", help="compile, time, size and dissect one configuration",
+                         epilog=RUN_EPILOG)
+    add_config_args(run)
     ex = sub.add_parser("explain", help="the residual and per-dot tables and jaxprs, no timing")
     add_config_args(ex)
+    for p in (run, ex):  # without flags: the app's opening configuration (config/defaults.py)
+        p.set_defaults(**flag_defaults())
     ex.add_argument("--no-jaxpr", action="store_true", help="leave the jaxprs out of the output")
 
 
@@ -93,6 +96,9 @@ def _config_line(c: dict) -> str:
                  f" tie_embeddings={c.get('tie_embeddings')}"
                  f" param_dtype={c.get('param_dtype') or c['dtype']}"
                  + (f" preset={c['preset']}" if c.get("preset") else ""))
+    if c["model"] == "user":  # the user's block: its factory and input instead of the lab's sizes
+        head = head.replace(f"width={c['width']} ", f"module={c.get('model_module')} input_shape="
+                            f"{','.join(map(str, c.get('input_shape') or ()))} ")
     extra = [f"step={c['step']}" if c.get("step", "grad") != "grad" else "",
              f"microbatches={c['microbatches']}" if c.get("microbatches", 1) > 1 else "",
              "compile-only" if c.get("compile_only") else ""]
@@ -143,6 +149,8 @@ def format_run(result: dict) -> str:
         lines.append(f"step time: not measured; estimate {fmt_time(est)} ({timing['estimate_basis']})"
                      if est else f"step time: not measured ({timing['estimate_basis']})")
         lines.append(f"gradient check: not run ({g['reason']})")
+    elif g.get("ok") is None:  # a user block: no independent reference
+        lines.append(g["reason"])
     else:
         loss_err = "" if g["loss_err"] is None else f"loss error {g['loss_err']:.3g}, "
         remat = ("remat applied" if g["remat_applied"] else "no remat") + (

@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from remat_lab.present.palette import empty, figure
+from remat_lab.present.run_charts import legend_outside, titled
 
 KIND_LABELS = {"parameters": "parameters", "optimizer_state": "optimizer state",
                "gradients": "gradients", "activations": "activations", "logits": "logits",
@@ -22,10 +23,8 @@ def make_memory_by_kind_figure(df: pd.DataFrame) -> go.Figure:
     """Horizontal stacked bars of ``df`` (columns ``run``, ``kind``, ``bytes``; one bar per run),
     in MiB or GiB by the largest bar, each segment labelled when wide enough, the legend between
     the title and the bars."""
-    fig = figure("Memory by kind, at the compiled peak", "", "")
-    fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, xanchor="left",
-                                  font=dict(size=12), traceorder="normal"),
-                      margin=dict(l=20, r=20, t=86, b=50), barmode="stack")
+    fig = titled(figure("", "", ""), "Memory by kind", "at the compiled peak")
+    fig.update_layout(margin=dict(l=20, r=20, t=76), barmode="stack", legend=dict(traceorder="normal"))
     if df is None or df.empty or df["bytes"].sum() <= 0:
         fig.update_xaxes(title_text="bytes")
         return empty(fig)
@@ -45,4 +44,5 @@ def make_memory_by_kind_figure(df: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title_text=f"{unit} at the compiled peak")
     fig.update_yaxes(automargin=True, showticklabels=len(runs) > 1)
     fig.update_layout(height=230 + 50 * len(runs))
-    return fig
+    # Under the bars, three entries a row (a legend above wrapped into the title at 1024 px).
+    return legend_outside(fig, len(fig.data), "below", per_row=3)

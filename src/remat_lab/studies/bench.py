@@ -25,7 +25,10 @@ Five measurements, side by side in one process, each reported as a ratio with it
 7. **Advisor**: ``advisor.advise`` for JAX's 7 named policies at the app's default model (scanned
    8-block mlp, width 256) with a 64 MiB budget (largest batches ~2000-3800), each with an empty
    persistent cache: with timing (``advise_s``) and without (``advise_no_time_s``); and the median
-   of compile-only probes at the default size, each a new program (``probe_s``).
+   of compile-only probes at the default size, each a new program (``probe_s``). Then the
+   issue's real task (``bench_advise``): every policy on a transformer (width 512, seq 256, 8
+   heads, depth 8) in 2 GiB, compile-only (``advise_transformer_no_time_s``) and timed
+   (``advise_transformer_s``).
 
 Timings on a shared machine are noisy: every figure is a median, the two sides of each ratio are
 interleaved, and the load average before and after is recorded in ``machine``.
@@ -55,6 +58,7 @@ from remat_lab.analysis.roofline import roofline_report
 from remat_lab.config import RunConfig
 from remat_lab.model.policies import POLICIES
 from remat_lab.studies import experiment
+from remat_lab.studies.bench_advise import advise_transformer
 from remat_lab.studies.bench_compile import sweep, timeline_overhead
 from remat_lab.studies.bench_env import clear_caches, loadavg, machine, use_cache_dir
 from remat_lab.studies.bench_latency import Status, timed_run
@@ -64,11 +68,13 @@ from remat_lab.studies.experiment import run_experiment
 
 _jsonable = jsonable  # the name the bench test and older callers use
 
-# The bench_* modules' names are re-exported here. ``run_all`` reads DEFAULT, SMALL, sweep_pair and
-# advise_bench from this module's namespace, so replacing ``bench.X`` changes what it runs.
+# The bench_* modules' names are re-exported here. ``run_all`` reads DEFAULT, SMALL, sweep_pair,
+# advise_bench and advise_transformer from this module's namespace, so replacing ``bench.X`` changes
+# what it runs.
 __all__ = [
     "ADVISE_BUDGET", "ADVISE_MODEL", "DEFAULT", "SMALL", "TARGETS", "_app_runner", "_jsonable", "jsonable",
-    "advise_bench", "bare_loop", "clear_caches", "compile_step", "fidelity", "format_report",
+    "advise_bench", "advise_transformer", "bare_loop", "clear_caches", "compile_step", "fidelity",
+    "format_report",
     "interleave", "latency", "machine", "main", "overhead", "run_all", "sweep", "sweep_pair",
     "temporary_cache_dir", "timeline_overhead", "use_cache_dir", "verdict",
 ]
@@ -245,6 +251,8 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         tl = timeline_overhead(DEFAULT, rounds=3 if quick else 7)
         say("advisor")
         adv = advise_bench()
+        say("advisor on the transformer (every policy, 2 GiB)")
+        adv_tf = advise_transformer(cache=temporary_cache_dir)
     roof = roofline_report(fid_default["flops"], fid_default["bytes_accessed"],
                            fid_default["engine_median_s"])
     m["loadavg_end"] = loadavg()
@@ -263,6 +271,8 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "advise_s": adv["timed"]["s"],
         "advise_no_time_s": adv["no_time"]["s"],
         "probe_s": adv["probe_s"],
+        "advise_transformer_s": adv_tf["timed"]["s"],
+        "advise_transformer_no_time_s": adv_tf["no_time"]["s"],
         "dissect_overhead_ratio_policy_change": lat["policy_change"]["overhead_ratio"],
         "policy_change_latency_s": lat["policy_change"]["total_s"],
         "sweep_compile_share": sw["first"]["compile_share"],
@@ -274,7 +284,7 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "machine": m,
         "details": {"fidelity_default": fid_default, "fidelity_small": fid_small,
                     "overhead": ovh, "latency": lat, "sweep": sw, "timeline": tl,
-                    "advise": adv},
+                    "advise": adv, "advise_transformer": adv_tf},
     }
 
 

@@ -23,6 +23,9 @@ TARGETS = {  # key -> (comparison, bound, meaning)
                                           "(an uncached copy) / step compile, default size"),
     "advise_s": ("<=", 30.0, "advice for 7 policies at the app's default model, 64 MiB, timed"),
     "advise_no_time_s": ("<=", 10.0, "the same advice, compile-only (--no-time)"),
+    "advise_transformer_s": ("<=", 180.0, "advice for every policy on a transformer (width 512, seq "
+                             "256, 8 heads, depth 8), 2 GiB, timed; idle 2-core machine"),
+    "advise_transformer_no_time_s": ("<=", 60.0, "the same advice, compile-only (--no-time)"),
     "probe_s": ("<=", 0.5, "one compile-only probe (abstract inputs), app's default model, median"),
 }
 
@@ -85,8 +88,19 @@ def format_report(doc: dict) -> str:
         f"advisor (7 policies, default model, 64 MiB): {d['advise']['no_time']['compiles']} "
         f"compiles; largest batches {d['advise']['timed']['max_batch']}; recommended "
         f"{d['advise']['timed']['recommended']}",
+        *_transformer_line(d.get("advise_transformer")),
     ]
     return "\n".join(lines)
+
+
+def _transformer_line(adv: dict | None) -> list[str]:
+    """The Advisor on the transformer: policies, both times, how many were timed, the pick."""
+    if not adv:
+        return []
+    return [f"advisor on the transformer ({len(adv['policies'])} policies, "
+            f"{adv['budget_bytes'] / 2**30:g} GiB): compile-only {adv['no_time']['s']:.1f} s, timed "
+            f"{adv['timed']['s']:.1f} s ({adv['timed']['timed']} policies timed); recommended "
+            f"{adv['timed']['recommended']}"]
 
 
 def _roofline_line(roof: dict) -> str:

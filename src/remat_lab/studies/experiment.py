@@ -6,7 +6,6 @@ number the app shows can be reproduced with ``python -m remat_lab run --json``.
 
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -20,7 +19,9 @@ from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.gradcheck import check_gradients
 from remat_lab.analysis.roofline import roofline_report
 from remat_lab.analysis.timeline import compile_dumped, memory_timeline
-from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, names_of, resolve_budget
+from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, resolve_budget
+from remat_lab.model.models import USER_MODEL, block_names
+from remat_lab.model.user_block import NO_GRADIENT_CHECK
 from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the studies' error type)
     ExecutionError,
     device_memory_limit,
@@ -31,8 +32,10 @@ from remat_lab.program.mesh import to_host
 from remat_lab.program.step import (
     Problem,
     build_problem,
+    device_model_report,
     jit_program,
     jit_step,
+    logits_bytes,
     model_report,
     problem_for,
     program_args,
@@ -44,29 +47,10 @@ from remat_lab.program.timing import (
     time_executable,
     timing_slot,
 )
+from remat_lab.studies.witness_compiles import Witnesses, baseline_program  # noqa: F401 (re-exported)
 
+# The no_remat witness and its cache live in ``witness_compiles`` (beside the main compile).
 STAGES = ("waiting", "building", "lowering", "compiling", "timing", "checking", "dissecting")
-
-
-def baseline_program(config: RunConfig) -> dict:
-    """The ``no_remat`` compile of ``config``'s model with the same objective, not run.
-
-    The witness for what a policy's compiled program recomputes (``dissect.compare_compiled``):
-    ``{"text", "flops", "memory"}``. Cached per model and objective, so a sweep over policies
-    compiles it once.
-    """
-    return _baseline(config.replace(policy="no_remat", repeats=1, warmup=0))
-
-
-@functools.lru_cache(maxsize=16)
-def _baseline(ref_cfg: RunConfig) -> dict:
-    problem = problem_for(ref_cfg)
-    compiled = jit_step(problem).trace(*problem.args).lower().compile()
-    text = compiled.as_text()
-    return {"text": text, "flops": program_flops(compiled, text)[0], "memory": memory_report(compiled)}
-
-
-baseline_program.cache_clear = _baseline.cache_clear  # type: ignore[attr-defined]
 
 
 def _check_sharded(problem, grads, loss, jaxpr) -> tuple[dict, float]:
@@ -95,6 +79,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     progress("building")
     problem = build_problem(config)
     step = jit_step(problem)  # on a mesh: explicit shardings (sharding.py)
+    witnesses = Witnesses(config, problem)  # no_remat's program and the reference, in threads
     progress("lowering")
     t0 = time.perf_counter()
     try:
@@ -107,7 +92,9 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
         compiled, dump = compile_dumped(lowered)
         t2 = time.perf_counter()
     except Exception as err:  # XlaRuntimeError and friends
+        witnesses.settle()
         raise xla_error("compiling", err) from err
+    witnesses.settle()  # before the timed calls: nothing else on the cores meanwhile
 
     result = {"schema": 1, "config": config.as_dict(), "environment": environment(),
               "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1}}
@@ -142,22 +129,25 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     # Against an independent plain-jax.numpy implementation of the model, and structurally: the
     # step's jaxpr has remat equations exactly when the policy asks for remat.
     if problem.mesh is None:
-        check = check_gradients(problem, grads, loss, traced.jaxpr)
+        check = (dict(NO_GRADIENT_CHECK) if config.model == USER_MODEL  # no plain-jnp reference
+                 else check_gradients(problem, grads, loss, traced.jaxpr))
     else:
         check, grad_norm = _check_sharded(problem, grads, loss, traced.jaxpr)
     result["loss"] = loss  # None for objective grad: the step returns no loss
     result["memory"] = memory_report(compiled)
-    # What holds the peak (timeline.py): from the dump above, or an uncached copy after a cache hit.
-    t3 = time.perf_counter()
-    result["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
-                                                 names=names_of(config.model), paths=problem.paths)
-    result["compile"]["timeline_s"] = time.perf_counter() - t3
 
     progress("dissecting")
     try:
-        base = baseline_program(config)
+        base = witnesses.baseline()
     except Exception as err:
         raise xla_error("compiling the no_remat baseline", err) from err
+    # What holds the peak (timeline.py): from the dump above, or an uncached copy after a cache hit;
+    # its phases judged against the no_remat witness (analysis/witness.py).
+    t3 = time.perf_counter()
+    result["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
+                                                 names=block_names(config), paths=problem.paths,
+                                                 witness=base["text"])
+    result["compile"]["timeline_s"] = time.perf_counter() - t3
     dis: Dissection = dissect(problem, text, step_jaxpr=traced.jaxpr, flops=flops, baseline=base,
                               backend=jax.default_backend())
     result["hlo"] = dis.compiled
@@ -175,23 +165,24 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     return _with_program(config, result, problem)
 
 
-def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, dump, progress: Progress
-                       ) -> dict:
+def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, dump, progress: Progress,
+                       witnesses: Witnesses) -> dict:
     """What the compiled program alone shows: memory, its timeline, the dissection against the
     no_remat witness on the same backend or target, collectives on a mesh."""
     text = compiled.as_text()
     flops, bytes_accessed, source = program_flops(compiled, text)
     out = {"flops": flops, "flops_xla": cost_of(compiled)["flops"], "flops_source": source,
            "memory": memory_report(compiled), "bytes_accessed": bytes_accessed}
-    t0 = time.perf_counter()
-    out["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
-                                             names=names_of(config.model), paths=problem.paths)
-    out["timeline_s"] = time.perf_counter() - t0
     progress("dissecting")
     try:
-        base = baseline_program(config)
+        base = witnesses.baseline()
     except Exception as err:
         raise xla_error("compiling the no_remat baseline", err) from err
+    t0 = time.perf_counter()
+    out["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
+                                             names=block_names(config), paths=problem.paths,
+                                             witness=base["text"])
+    out["timeline_s"] = time.perf_counter() - t0
     backend = jax.default_backend() if config.target == LOCAL else get_target(config.target).platform
     out["dissection"] = dissect(problem, text, step_jaxpr=traced.jaxpr, flops=flops, baseline=base,
                                 backend=backend)
@@ -220,13 +211,11 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
             "memory is the whole training step's (the AdamW update, parameters and optimizer state "
             "donated); the step time, the gradient check and the per-dot tables are the gradient "
             "step's, whose remat decisions are the same")]
-    logits = 0
-    if config.model == "llm":
-        rows = config.batch // max(config.microbatches, 1) * config.seq
-        logits = rows * config.vocab * (2 if config.dtype == "bfloat16" else 4)
+    logits = logits_bytes(config, per_device=True)  # on a mesh, as the memory: one device's
     if result["memory"]:
-        result["memory"]["by_kind"] = memory_by_kind(result["memory"], model,
-                                                     train=config.step == "train", logits_bytes=logits)
+        result["memory"]["by_kind"] = memory_by_kind(result["memory"], device_model_report(problem),
+                                                     train=config.step == "train", logits_bytes=logits,
+                                                     timeline=result.get("memory_timeline"))
     return result
 
 
@@ -238,6 +227,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     where = "this machine" if target is None else config.target
     progress("building")
     problem = problem_for(config)
+    witnesses = Witnesses(config, problem, reference=False)  # no_remat's program, in a thread
     progress("lowering")
     t0 = time.perf_counter()
     try:
@@ -248,8 +238,9 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         compiled, dump = compile_dumped(lowered)
         t2 = time.perf_counter()
     except Exception as err:
+        witnesses.settle()
         raise xla_error(f"compiling for {where}", err) from err
-    sec = _compiled_sections(config, problem, traced, lowered, compiled, dump, progress)
+    sec = _compiled_sections(config, problem, traced, lowered, compiled, dump, progress, witnesses)
     dis, base = sec["dissection"], sec["baseline"]
     if target is not None:
         estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype)

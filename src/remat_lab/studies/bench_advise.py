@@ -1,0 +1,43 @@
+"""The bench's time to an answer on the issue's real task: the Advisor on a transformer, timed and not.
+
+"I have a transformer (width 512, seq 256, 8 heads, 8 blocks); which policy, and what batch fits in
+2 GiB?": ``advisor.advise`` over every named policy (custom needs names: left out), from an empty
+persistent cache, probe cache and in-process compile caches, once compile-only
+(``advise_transformer_no_time_s``) and once timed (``advise_transformer_s``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from remat_lab.config import RunConfig
+from remat_lab.model.policies import POLICIES
+from remat_lab.studies.bench_env import clear_caches
+
+ADVISE_TRANSFORMER = RunConfig(model="transformer", width=512, seq=256, heads=8, depth=8, stack="scan",
+                               batch=1, repeats=3)
+ADVISE_TRANSFORMER_BUDGET = 2 << 30
+ALL_POLICIES = tuple(p for p in POLICIES if p != "custom")
+
+
+def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADVISE_TRANSFORMER_BUDGET,
+                       policies: tuple[str, ...] = ALL_POLICIES, cache=None) -> dict:
+    """Seconds to the advice without and with timing; ``cache``: a context manager factory giving
+    an empty persistent cache directory (``bench.temporary_cache_dir``)."""
+    from contextlib import nullcontext
+
+    from remat_lab.studies import advisor
+
+    out = {"config": config.as_dict(), "budget_bytes": budget, "policies": list(policies)}
+    for key, timing in (("no_time", False), ("timed", True)):
+        with (cache() if cache else nullcontext()):
+            clear_caches()
+            advisor.clear_cache()
+            t0 = time.perf_counter()
+            doc = advisor.advise(config, budget, timing=timing, policies=list(policies))
+            rows = doc["rows"]
+            out[key] = {"s": time.perf_counter() - t0, "search_s": doc["search_s"],
+                        "recommended": doc["recommended"],
+                        "max_batch": {r["policy"]: r["max_batch"] for r in rows},
+                        "timed": sum(1 for r in rows if r.get("step_time_s") is not None)}
+    return out

@@ -1,0 +1,73 @@
+"""A run's witness compiles, started beside its main compile: no_remat's program and the gradient reference.
+
+Both are independent of the policy's own compile, and XLA's compiles release the GIL, so on a
+fresh configuration they run in threads while the main program lowers and compiles; the run waits
+for them before it times its step (nothing else then shares the cores with the timed calls).
+The no_remat witness is cached per model and objective (a sweep over policies compiles it once).
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from remat_lab.analysis.costs import memory_report, program_flops
+from remat_lab.analysis.gradcheck import reference_loss_and_grads
+from remat_lab.config import RunConfig
+from remat_lab.program.step import Problem, jit_step, problem_for
+
+# Two witnesses per run; runs in one process take turns (the worker runs one job at a time).
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="remat_lab_witness")
+
+
+def baseline_program(config: RunConfig) -> dict:
+    """The ``no_remat`` compile of ``config``'s model with the same objective, not run.
+
+    The witness for what a policy's compiled program recomputes (``dissect.compare_compiled``):
+    ``{"text", "flops", "memory"}``. Cached per model and objective, so a sweep over policies
+    compiles it once.
+    """
+    return _baseline(config.replace(policy="no_remat", repeats=1, warmup=0))
+
+
+@functools.lru_cache(maxsize=16)
+def _baseline(ref_cfg: RunConfig) -> dict:
+    problem = problem_for(ref_cfg)
+    compiled = jit_step(problem).trace(*problem.args).lower().compile()
+    text = compiled.as_text()
+    return {"text": text, "flops": program_flops(compiled, text)[0], "memory": memory_report(compiled)}
+
+
+baseline_program.cache_clear = _baseline.cache_clear  # type: ignore[attr-defined]
+
+
+class Witnesses:
+    """The witness compiles of one run, in flight. ``baseline()`` is no_remat's program (raises
+    what its compile raised); ``settle()`` waits for all, so nothing runs beside the timed calls.
+
+    The gradient reference is only compiled (and run once) here to fill its compile cache; the
+    gradient check calls it again and, the executable cached, only runs it. Its failure is left to
+    the check to report. A problem on a device mesh checks against a gathered copy: not warmed;
+    ``reference=False`` (compile-only: nothing is checked) leaves it out. ``parallel=False``: the
+    baseline is compiled when asked for, in this thread (the order before this module).
+    """
+
+    def __init__(self, config: RunConfig, problem: Problem, *, reference: bool = True,
+                 parallel: bool = True):
+        self.config = config
+        self._base: Future | None = None
+        self._reference: Future | None = None
+        if parallel:
+            self._base = _POOL.submit(baseline_program, config)
+            if reference and getattr(problem, "mesh", None) is None:
+                self._reference = _POOL.submit(reference_loss_and_grads, problem)
+
+    def settle(self) -> None:
+        """Wait until every witness has finished (successfully or not)."""
+        wait([f for f in (self._base, self._reference) if f is not None])
+
+    def baseline(self) -> dict:
+        """No_remat's program: from the thread, else (not started in parallel) compiled now."""
+        if self._base is None:
+            return baseline_program(self.config)
+        return self._base.result()
