@@ -31,9 +31,10 @@ st.caption("Files written elsewhere — `python -m remat_lab run --json`, `sweep
 files = st.file_uploader("Results files (.json, .jsonl)", type=["json", "jsonl"],
                          accept_multiple_files=True, key="results_files",
                          max_upload_size=CAP,
-                         help=f"Up to {uploads.MAX_FILES} files and {CAP} MiB in all. Only read as "
+                         help=f"Up to {uploads.MAX_FILES} files and {CAP} MB in all. Only read as "
                               "JSON: nothing in a file is executed.")
-st.caption(f"Limits: up to {uploads.MAX_FILES} files and {CAP} MiB per upload, all files together; "
+st.caption(f"Limits: up to {uploads.MAX_FILES} files and {CAP} MB per upload (10⁶ bytes each, as "
+           "the browser counts), all files together; "
            f"{results.MAX_KEPT:,} rows kept per file; the first {results.MAX_PROBLEMS} problems of a "
            f"file listed, then a count; the charts and tables draw the first {ROWS} rows of a sweep "
            f"(the CSV download has them all) and the first {uploads.MAX_VIEWS} views.")

@@ -1,18 +1,24 @@
 """Load benchmark: the real server in a 1 GiB memory cgroup, driven by headless Chromium (run by hand).
 
     PYTHONPATH=src python tests/load/load_bench.py [--small 200 --wide 20 --sessions 8] [--json out.json]
+    PYTHONPATH=src python tests/load/load_bench.py --only new --json out.json   # issue 21's cases only
 
 Root only (it creates a cgroup-v1 child of this process's memory cgroup, or a v2 child where v2
 has the memory controller; ``prlimit --as`` cannot stand in, JAX reserves address space far beyond
 its use). The server runs with the README's settings (``REMAT_LAB_MEMORY_BUDGET=512M``, one
-worker) and is moved into the cgroup before it execs, so its worker is in it too. The sequence:
+worker, ``REMAT_LAB_PUBLIC=1``) and joins the cgroup in its own process before it execs (its pid
+written to ``cgroup.procs`` by ``preexec_fn``), so its workers are in it too: every row records
+whether the server and each worker are members (``in_cgroup``), and the benchmark stops if the
+server is not. The sequence:
 the default page (first answer with a warm worker, then the cached answer), the width-4096 bf16
 link, ``--wide`` distinct width-2048 models, ``--small`` distinct small configurations,
 ``--sessions`` concurrent sessions, a worker killed with SIGKILL and the next answer, then (unless
-``--no-uploads``; ``--only-uploads`` runs just these) uploads on Open results: a 20 MiB junk file, a
-20 MiB file of valid sweep rows, one after the other, then both from two sessions at once. After each
-step: the server alive?, its RSS and its worker's, the cgroup's peak usage and OOM kills. Not in
-CI: it measures, it does not test.
+``--no-uploads``; ``--only uploads`` runs just these) uploads on Open results: a 20 MiB junk file, a
+20 MiB file of valid sweep rows, one after the other, then both from two sessions at once; then
+the Advisor hog (``hog_steps``: 1000T over every transformer policy, then the largest advice public
+mode allows, and a second visitor's small run meanwhile). After each step: the server alive?, its
+RSS and its worker's, the cgroup's peak usage and OOM kills, the machine's load average. Not in CI:
+it measures, it does not test.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from streamlit_driver import INIT_JS, url, wait_idle  # noqa: E402
 
 from remat_lab.config import limits  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load_cases import hog_steps, upload_steps  # noqa: E402
+
 MIB = 1 << 20
 
 
@@ -45,7 +54,9 @@ def make_cgroup(name: str, limit: int) -> Path:
     if v1.is_dir() and "v1" in paths:
         parent = v1 / paths["v1"].strip("/")
         cg = parent / name
-        cg.mkdir(exist_ok=True)
+        if cg.is_dir():  # left by a stopped run: a fresh one, so its peak and OOM count start at 0
+            cg.rmdir()
+        cg.mkdir()
         (cg / "memory.limit_in_bytes").write_text(str(limit))
         return cg
     v2 = Path("/sys/fs/cgroup")
@@ -81,20 +92,57 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def _join_cgroup(procs: Path):
+    """For ``preexec_fn``: the child writes its own pid to ``procs`` before it execs, so the server,
+    and every process it starts (its workers), are in the cgroup from their first byte."""
+    def join():
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    return join
+
+
+def cgroup_of(pid: int) -> str | None:
+    """The memory cgroup path of ``pid`` (v1 ``memory`` line, else the v2 ``0::`` line)."""
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    lines = [line.split(":", 2) for line in text.splitlines()]
+    v1 = [p for _, ctl, p in lines if "memory" in ctl.split(",")]
+    return v1[0] if v1 else next((p for h, ctl, p in lines if h == "0" and ctl == ""), None)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (workers, multiprocessing's resource tracker, ...)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
 class Bench:
     def __init__(self, args):
         self.args, self.rows = args, []
         self.cg = make_cgroup("remat_lab_load", args.limit_mib * MIB)
         port = args.port
         env = {**os.environ, "REMAT_LAB_MEMORY_BUDGET": args.budget, "REMAT_LAB_WORKERS": "1",
-               "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src")}
-        procs = self.cg / "cgroup.procs"
-        cmd = (f"echo $$ > {procs} && exec {sys.executable} -m streamlit run app.py "
-               f"--server.headless true --server.port {port} --server.address 127.0.0.1 "
-               "--server.fileWatcherType none")
+               "REMAT_LAB_PUBLIC": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src")}
+        cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+               "--server.port", str(port), "--server.address", "127.0.0.1",
+               "--server.fileWatcherType", "none"]
         self.log = open(args.log, "w")
-        self.server = subprocess.Popen(["sh", "-c", cmd], cwd=ROOT, env=env, stdout=self.log,
-                                       stderr=subprocess.STDOUT)
+        self.server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                       preexec_fn=_join_cgroup(self.cg / "cgroup.procs"))
         self.base = f"http://127.0.0.1:{port}"
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         for _ in range(200):
@@ -104,10 +152,18 @@ class Bench:
                         break
             except OSError:
                 time.sleep(0.3)
+        if self.pid_outside():
+            raise SystemExit(f"the server is not in {self.cg}: {self.pid_outside()}")
         from playwright.sync_api import sync_playwright
         self.pw = sync_playwright().start()
         self.browser = self.pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                                args=["--no-sandbox", "--disable-gpu"])
+
+    def pid_outside(self) -> dict:
+        """The server's processes (it and everything below it) whose memory cgroup is not ours."""
+        members = {int(p) for p in (self.cg / "cgroup.procs").read_text().split()}
+        pids = [self.server.pid] + descendants(self.server.pid)
+        return {p: cgroup_of(p) for p in pids if p not in members and cgroup_of(p) is not None}
 
     def page(self):
         ctx = self.browser.new_context(viewport={"width": 1280, "height": 900})
@@ -118,7 +174,11 @@ class Bench:
     def record(self, step: str, **extra) -> dict:
         alive = self.server.poll() is None
         workers = children(self.server.pid) if alive else []
-        row = {"step": step, "server_alive": alive,
+        members = {int(p) for p in (self.cg / "cgroup.procs").read_text().split()}
+        row = {"step": step, "server_alive": alive, "load_avg_1m": round(os.getloadavg()[0], 2),
+               "in_cgroup": {"server": self.server.pid in members,
+                             "workers": [w in members for w in workers],
+                             "outside": list(self.pid_outside().values()) if alive else []},
                "server_rss_mib": round((limits.rss_bytes(self.server.pid) or 0) / MIB, 1),
                "worker_rss_mib": round(sum(limits.rss_bytes(w) or 0 for w in workers) / MIB, 1),
                **cgroup_stats(self.cg), **extra}
@@ -126,11 +186,11 @@ class Bench:
         print(json.dumps(row), flush=True)
         return row
 
-    def visit(self, page, path: str = "", **params) -> tuple[float, str]:
+    def visit(self, page, path: str = "", timeout_s: float = 300, **params) -> tuple[float, str]:
         """Load a configuration; seconds until the page is idle, and what the main area says."""
         t0 = time.perf_counter()
         page.goto(url(self.base, path, **params), wait_until="domcontentloaded")
-        wait_idle(page, timeout=300_000)
+        wait_idle(page, timeout=int(timeout_s * 1000))
         took = time.perf_counter() - t0
         alerts = page.get_by_test_id("stAlertContentError").all_inner_texts()
         if alerts:
@@ -153,51 +213,62 @@ class Bench:
             pass
 
 
-def upload_files(folder: Path) -> tuple[Path, Path]:
-    """The 20 MiB junk and 20 MiB valid files of ``tests/test_uploads.py``, written to ``folder``."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_uploads import write_junk, write_valid
-
-    junk, valid = folder / "junk.jsonl", folder / "valid.jsonl"
-    write_junk(junk, 20 * MIB - 4096)
-    write_valid(valid, 20 * MIB - 4096)
-    return junk, valid
-
-
-def upload(b: Bench, page, path: Path) -> tuple[float, str]:
-    """Open results with ``path`` uploaded: seconds until idle, and the first alert or "ok"."""
-    page.goto(url(b.base, "results"), wait_until="domcontentloaded")
-    wait_idle(page, timeout=300_000)
-    t0 = time.perf_counter()
-    page.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(path))
-    page.wait_for_timeout(1000)
-    wait_idle(page, timeout=300_000)
-    alerts = page.get_by_test_id("stAlertContentError").all_inner_texts()
-    return time.perf_counter() - t0, " ".join(alerts[0].split())[:160] if alerts else "ok"
-
-
-def upload_steps(b: Bench, folder: Path) -> None:
-    junk, valid = upload_files(folder)
+def classic_steps(b: Bench, args, folder: Path) -> None:
+    """The sequence of the first load benchmark (pages, wide and small models, sessions, a killed
+    worker), then the uploads and the Advisor hog."""
     p = b.page()
-    for path in (junk, valid):
-        took, said = upload(b, p, path)
-        b.record(f"upload {path.name} (20 MiB)", seconds=round(took, 2), said=said)
-    took, said = upload(b, p, valid)
-    b.record("upload valid.jsonl again (cached parse)", seconds=round(took, 2), said=said)
-    pages = [b.page(), b.page()]
+    took, said = b.visit(p, "", width="16", batch="2", repeats="1")  # waits for the warm worker
+    b.record("first page (tiny config, worker warm-up)", seconds=round(took, 2), said=said)
+    took, said = b.visit(p)
+    b.record("default configuration, first answer, warm worker", seconds=round(took, 2), said=said)
+    took, said = b.visit(p)
+    b.record("default configuration again (cached)", seconds=round(took, 2), said=said)
+    took, said = b.visit(p, "", width="4096", batch="1", dtype="bfloat16")
+    b.record("width-4096 bf16 link (depth 8, the app's default)", seconds=round(took, 2), said=said)
+    took, said = b.visit(p, "", width="4096", batch="1", dtype="bfloat16", depth="1")
+    b.record("width-4096 bf16 link at depth 1", seconds=round(took, 2), said=said)
+    t0, outcomes = time.perf_counter(), {}
+    for i in range(args.wide):
+        _, said = b.visit(p, "", width="2048", batch=str(1 + i), depth="1", repeats="1")
+        said = "ok" if "s)" in said or "cache)" in said else said
+        outcomes[said[:60]] = outcomes.get(said[:60], 0) + 1
+    b.record(f"{args.wide} distinct width-2048 models", seconds=round(time.perf_counter() - t0, 1),
+             said=outcomes)
+    widths = [8, 16, 24, 32, 40, 48, 56, 64, 80, 96]
+    t0, first, outcomes = time.perf_counter(), None, {}
+    for i in range(args.small):
+        w, batch, depth = widths[i % 10], 1 + (i // 10) % 10, 1 + (i // 100) % 2
+        _, said = b.visit(p, "", width=str(w), batch=str(batch), depth=str(depth), repeats="2")
+        said = "ok" if "s)" in said or "cache)" in said else said
+        outcomes[said[:60]] = outcomes.get(said[:60], 0) + 1
+        if first is None:
+            first = b.record("after the first small configuration")
+    last = b.record(f"after {args.small} distinct small configurations",
+                    seconds=round(time.perf_counter() - t0, 1), said=outcomes)
+    if first["server_rss_mib"]:
+        last["server_rss_ratio"] = round(last["server_rss_mib"] / first["server_rss_mib"], 2)
+        print(json.dumps({"server_rss_ratio_after_small": last["server_rss_ratio"]}), flush=True)
+    pages = [b.page() for _ in range(args.sessions)]
     t0 = time.perf_counter()
-    for q, path in zip(pages, (junk, valid)):
-        q.goto(url(b.base, "results"), wait_until="domcontentloaded")
-        wait_idle(q, timeout=300_000)
-        q.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(path))
+    for i, q in enumerate(pages):
+        q.goto(url(b.base, "", width=str(24 + 8 * i), batch="3", repeats="2"), wait_until="commit")
     for q in pages:
-        q.wait_for_timeout(1000)
         wait_idle(q, timeout=300_000)
-    said = [(q.get_by_test_id("stAlertContentError").all_inner_texts() or ["ok"])[0][:60] for q in pages]
-    b.record("uploads from two sessions at once (junk, valid)", seconds=round(time.perf_counter() - t0, 1),
+    said = [(q.get_by_test_id("stAlertContentError").all_inner_texts() or ["ok"])[0][:60]
+            for q in pages]
+    b.record(f"{args.sessions} concurrent sessions", seconds=round(time.perf_counter() - t0, 1),
              said=said)
-    for q in pages + [p]:
+    for q in pages:
         q.context.close()
+    workers = children(b.server.pid)
+    for w in workers:
+        os.kill(w, signal.SIGKILL)
+    time.sleep(0.5)
+    took, said = b.visit(p, "", width="72", batch="5", repeats="2")
+    b.record("worker killed, next answer", seconds=round(took, 2), said=said)
+    if not args.no_uploads:
+        upload_steps(b, folder)
+    hog_steps(b)
 
 
 def main(argv=None) -> int:
@@ -211,72 +282,29 @@ def main(argv=None) -> int:
     ap.add_argument("--log", default="/tmp/remat_lab_load_server.log")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-uploads", action="store_true", help="skip the Open results upload steps")
-    ap.add_argument("--only-uploads", action="store_true", help="run only the Open results upload steps")
+    ap.add_argument("--only", choices=("uploads", "hog", "new"), default=None,
+                    help="run only the upload steps, the Advisor hog, or both (new: issue 21's cases)")
     ap.add_argument("--upload-dir", default="/tmp/remat_lab_load_uploads")
     args = ap.parse_args(argv)
     folder = Path(args.upload_dir)
     folder.mkdir(parents=True, exist_ok=True)
     b = Bench(args)
     try:
-        if args.only_uploads:
-            upload_steps(b, folder)
-            return 0 if all(r["server_alive"] for r in b.rows) else 1
-        p = b.page()
-        took, said = b.visit(p, "", width="16", batch="2", repeats="1")  # waits for the warm worker
-        b.record("first page (tiny config, worker warm-up)", seconds=round(took, 2), said=said)
-        took, said = b.visit(p)
-        b.record("default configuration, first answer, warm worker", seconds=round(took, 2), said=said)
-        took, said = b.visit(p)
-        b.record("default configuration again (cached)", seconds=round(took, 2), said=said)
-        took, said = b.visit(p, "", width="4096", batch="1", dtype="bfloat16")
-        b.record("width-4096 bf16 link (depth 8, the app's default)", seconds=round(took, 2), said=said)
-        took, said = b.visit(p, "", width="4096", batch="1", dtype="bfloat16", depth="1")
-        b.record("width-4096 bf16 link at depth 1", seconds=round(took, 2), said=said)
-        t0, outcomes = time.perf_counter(), {}
-        for i in range(args.wide):
-            _, said = b.visit(p, "", width="2048", batch=str(1 + i), depth="1", repeats="1")
-            said = "ok" if "s)" in said or "cache)" in said else said
-            outcomes[said[:60]] = outcomes.get(said[:60], 0) + 1
-        b.record(f"{args.wide} distinct width-2048 models", seconds=round(time.perf_counter() - t0, 1),
-                 said=outcomes)
-        widths = [8, 16, 24, 32, 40, 48, 56, 64, 80, 96]
-        t0, first, outcomes = time.perf_counter(), None, {}
-        for i in range(args.small):
-            w, batch, depth = widths[i % 10], 1 + (i // 10) % 10, 1 + (i // 100) % 2
-            _, said = b.visit(p, "", width=str(w), batch=str(batch), depth=str(depth), repeats="2")
-            said = "ok" if "s)" in said or "cache)" in said else said
-            outcomes[said[:60]] = outcomes.get(said[:60], 0) + 1
-            if first is None:
-                first = b.record("after the first small configuration")
-        last = b.record(f"after {args.small} distinct small configurations",
-                        seconds=round(time.perf_counter() - t0, 1), said=outcomes)
-        if first["server_rss_mib"]:
-            last["server_rss_ratio"] = round(last["server_rss_mib"] / first["server_rss_mib"], 2)
-            print(json.dumps({"server_rss_ratio_after_small": last["server_rss_ratio"]}), flush=True)
-        pages = [b.page() for _ in range(args.sessions)]
-        t0 = time.perf_counter()
-        for i, q in enumerate(pages):
-            q.goto(url(b.base, "", width=str(24 + 8 * i), batch="3", repeats="2"), wait_until="commit")
-        for q in pages:
-            wait_idle(q, timeout=300_000)
-        said = [(q.get_by_test_id("stAlertContentError").all_inner_texts() or ["ok"])[0][:60]
-                for q in pages]
-        b.record(f"{args.sessions} concurrent sessions", seconds=round(time.perf_counter() - t0, 1),
-                 said=said)
-        for q in pages:
-            q.context.close()
-        workers = children(b.server.pid)
-        for w in workers:
-            os.kill(w, signal.SIGKILL)
-        time.sleep(0.5)
-        took, said = b.visit(p, "", width="72", batch="5", repeats="2")
-        b.record("worker killed, next answer", seconds=round(took, 2), said=said)
-        if not args.no_uploads:
-            upload_steps(b, folder)
+        if args.only:
+            p = b.page()
+            took, said = b.visit(p, "", width="16", batch="2", repeats="1")  # the worker started
+            b.record("first page (tiny config, worker warm-up)", seconds=round(took, 2), said=said)
+            p.context.close()
+            if args.only in ("uploads", "new"):
+                upload_steps(b, folder)
+            if args.only in ("hog", "new"):
+                hog_steps(b)
+        else:
+            classic_steps(b, args, folder)
     finally:
         b.close()
-    if args.json:
-        Path(args.json).write_text(json.dumps(b.rows, indent=1))
+        if args.json:  # also when a step failed: the rows measured so far
+            Path(args.json).write_text(json.dumps(b.rows, indent=1))
     return 0 if all(r["server_alive"] for r in b.rows) else 1
 
 

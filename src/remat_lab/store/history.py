@@ -132,6 +132,8 @@ def connect(path: str | os.PathLike | None = None,
     try:
         try:
             con.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            if con.execute("PRAGMA page_count").fetchone()[0] == 0:  # a new file: before WAL writes
+                con.execute("PRAGMA auto_vacuum = INCREMENTAL")  # its header, or it has no effect
             if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 con.execute("PRAGMA journal_mode = WAL")
             version = con.execute("PRAGMA user_version").fetchone()[0]
@@ -139,8 +141,6 @@ def connect(path: str | os.PathLike | None = None,
                 raise HistoryError(f"The run history ({p.name} in {HOME_ENV}) was written by a newer "
                                    f"Remat Lab (version {version}; this one reads {VERSION}). Set "
                                    f"{HOME_ENV} to another directory or upgrade.")
-            if version == 0:  # a new file: freed pages can be given back (the bound shrinks it)
-                con.execute("PRAGMA auto_vacuum = INCREMENTAL")
             if version < VERSION or not con.execute(
                     "SELECT 1 FROM sqlite_master WHERE name = 'visitors'").fetchone():
                 con.executescript(_SCHEMA)
@@ -236,8 +236,11 @@ def _hold_bound(con: sqlite3.Connection, limit: int | None, keep: int | None = N
             break
         _delete(con, ids)
         deleted += len(ids)
-    if deleted and con.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
-        con.execute("PRAGMA incremental_vacuum")
+    # Freed pages back to the file system, so the file itself stays under the bound. The pragma
+    # frees one page per step: fetchall() steps it to the end (a bare execute() freed one page).
+    if (con.execute("PRAGMA freelist_count").fetchone()[0]
+            and con.execute("PRAGMA auto_vacuum").fetchone()[0] == 2):
+        con.execute("PRAGMA incremental_vacuum").fetchall()
     return deleted
 
 

@@ -1,0 +1,137 @@
+"""The load benchmark's issue-21 cases: uploads on Open results and the Advisor hog (used by load_bench)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+from streamlit_driver import url, wait_idle
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+
+
+# The upload widget's own check (Streamlit 1.67, in the browser) reads max_upload_size=20 as
+# 20 x 1000^2 bytes on Linux and macOS (1024^2 on Windows): a file of 20 MiB - 4 KiB is refused there
+# ("File must be 20.0MB or smaller") and never reaches the server. The largest it lets through.
+UPLOAD_WIDGET_MAX = 20 * 1000 ** 2
+
+
+def upload_files(folder: Path) -> tuple[Path, Path]:
+    """The junk and valid files of ``tests/test_uploads.py`` as large as the widget lets through
+    (20 MB, 19.07 MiB; ``UPLOAD_WIDGET_MAX``), written to ``folder``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_uploads import write_junk, write_valid
+
+    junk, valid = folder / "junk.jsonl", folder / "valid.jsonl"
+    size = min(20 * MIB, UPLOAD_WIDGET_MAX) - 4096
+    write_junk(junk, size)
+    write_valid(valid, size)
+    return junk, valid
+
+
+def _upload_answer(page, name: str, timeout: int = 600_000) -> str:
+    """Wait until Open results shows the parse of ``name`` (a view's heading, or an alert naming the
+    file), then until the page is idle; what it shows, in short. (Waiting for idle alone returns
+    while the file is still being sent: the page is idle then, and "ok" was measured.)"""
+    heading = page.get_by_role("heading", name=re.compile(r"(Sweep|Run|Comparison|Advice): "))
+    alert = page.locator('[data-testid^="stAlertContent"]').filter(has_text=name)
+    refused = page.get_by_test_id("stFileUploader").get_by_text(re.compile("must be|not allowed"))
+    heading.or_(alert).or_(refused).first.wait_for(timeout=timeout)
+    wait_idle(page, timeout=timeout)
+    shown = [" ".join(t.split())[:120] for t in heading.all_inner_texts()[:1]]
+    shown += [" ".join(t.split())[:160] for t in alert.all_inner_texts()[:2]]
+    shown += [f"refused by the widget: {t.strip()[:80]}" for t in refused.all_inner_texts()[:1]]
+    return " | ".join(shown)
+
+
+def upload(b, page, path: Path) -> tuple[float, str]:
+    """Open results with ``path`` uploaded: seconds until its parse is shown, and what is shown."""
+    page.goto(url(b.base, "results"), wait_until="domcontentloaded")
+    wait_idle(page, timeout=300_000)
+    t0 = time.perf_counter()
+    page.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(path))
+    said = _upload_answer(page, path.name)
+    return time.perf_counter() - t0, said
+
+
+def upload_steps(b, folder: Path) -> None:
+    junk, valid = upload_files(folder)
+    p = b.page()
+    for path in (junk, valid):
+        took, said = upload(b, p, path)
+        b.record(f"upload {path.name} ({path.stat().st_size / MIB:.2f} MiB)", seconds=round(took, 2),
+                 said=said)
+    took, said = upload(b, p, valid)
+    b.record("upload valid.jsonl again (cached parse)", seconds=round(took, 2), said=said)
+    pages = [b.page(), b.page()]
+    t0 = time.perf_counter()
+    for q, path in zip(pages, (junk, valid)):
+        q.goto(url(b.base, "results"), wait_until="domcontentloaded")
+        wait_idle(q, timeout=300_000)
+        q.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(path))
+    said = [_upload_answer(q, path.name) for q, path in zip(pages, (junk, valid))]
+    b.record("uploads from two sessions at once (junk, valid)", seconds=round(time.perf_counter() - t0, 1),
+             said=said)
+    for q in pages + [p]:
+        q.context.close()
+
+
+TRANSFORMER_POLICIES = ("no_remat,nnx_remat_default,nothing_saveable,everything_saveable,dots_saveable,"
+                        "dots_with_no_batch_dims_saveable,offload_dot_with_no_batch_dims,full,minimal,"
+                        "minimal_with_context,save_dot_with_context_except_mlp,save_dot_except_mlpwi,"
+                        "save_dot_except_mlp,save_qkv_proj,save_out_proj,qkv_proj_offloaded,"
+                        "minimal_offloaded")  # every policy a transformer takes but custom: 17
+
+
+def _texts(page, testid: str) -> list[str]:
+    return [" ".join(t.split())[:200] for t in page.get_by_test_id(testid).all_inner_texts()]
+
+
+def hog_steps(b) -> None:
+    """Issue 21's hog: session 1 asks the Advisor for budget 1000T over all 17 transformer policies
+    (refused in public mode: what does it say?), then clicks the largest advice public mode allows
+    (256 GiB, the first 8 policies, timed); right after, session 2 (another browser) runs a small
+    configuration: its seconds to an answer against the deadlines (``serve/quotas.py``)."""
+    from remat_lab.serve import quotas
+
+    limits_s = quotas.deadlines()
+    s1, s2 = b.page(), b.page()
+    took, said = b.visit(s2, "", width="16", batch="2", depth="1", repeats="1")  # the worker warm
+    b.record("session 2 warm-up (tiny run)", seconds=round(took, 2), said=said)
+    s1.goto(url(b.base, "advisor", model="transformer", budget="1000T", policies=TRANSFORMER_POLICIES,
+                timed="1"), wait_until="domcontentloaded")
+    wait_idle(s1, timeout=300_000)
+    button = s1.get_by_role("button", name="Find the largest batches")
+    b.record("session 1: Advisor link, 1000T, 17 transformer policies",
+             said={"errors": _texts(s1, "stAlertContentError"),
+                   "warnings": _texts(s1, "stAlertContentWarning"),
+                   "button_shown": button.count() > 0})
+    most = f"{quotas.PUBLIC_ADVISOR_MAX_BUDGET >> 30}G"
+    s1.goto(url(b.base, "advisor", model="transformer", budget=most, timed="1"),
+            wait_until="domcontentloaded")
+    wait_idle(s1, timeout=300_000)
+    caption = [t for t in _texts(s1, "stCaptionContainer") if "shared" in t]
+    t0 = time.perf_counter()
+    s1.get_by_role("button", name="Find the largest batches").click()
+    s1.wait_for_timeout(1500)  # the advice is queued and started before session 2 asks
+    t2 = time.perf_counter()
+    took, said2 = b.visit(s2, "", timeout_s=1200, width="40", batch="3", depth="1", repeats="2")
+    b.record("session 2: small run while session 1's advice runs", seconds=round(took, 2), said=said2,
+             started_after_s=round(t2 - t0, 2), deadline_run_s=limits_s.get("run"),
+             deadline_advise_s=limits_s.get("advise"),
+             within_run_deadline=took <= (limits_s.get("run") or 1e9),
+             within_advise_deadline_plus_run=took <= (limits_s.get("advise") or 1e9)
+             + (limits_s.get("run") or 0))
+    wait_idle(s1, timeout=1_200_000)
+    status = _texts(s1, "stExpander")
+    b.record("session 1: the advice (256G, 8 policies, timed) ended",
+             seconds=round(time.perf_counter() - t0, 2),
+             said={"status": status[:1], "errors": _texts(s1, "stAlertContentError")[:2],
+                   "caption": caption[:1]})
+    took, said = b.visit(s2, "", width="48", batch="3", depth="1", repeats="2")
+    b.record("session 2: next small run, server idle", seconds=round(took, 2), said=said)
+    for q in (s1, s2):
+        q.context.close()
