@@ -15,7 +15,8 @@ from remat_lab.store.results import describe_environment
 
 MS = st.column_config.NumberColumn
 SWEEP_SHOWN = ["policy", "width", "batch", "model", "seq", "depth", "dtype", "objective",
-               "median_ms", "p25_ms", "p75_ms", "peak_mib", "temp_mib", "residual_mib",
+               "median_ms", "ci_low_ms", "ci_high_ms", "p25_ms", "p75_ms",
+               "peak_mib", "temp_mib", "residual_mib",
                "compiled_recomputed_products", "compiled_recomputed_gflop", "dots_recomputed",
                "recompute_gflop", "dots_saved", "grad_ok", "compile_s"]
 
@@ -43,12 +44,15 @@ def sweep_view(df: pd.DataFrame, key: str) -> None:
     if "no_remat" in set(df["policy"]):
         st.subheader("Relative to no_remat")
         st.caption("Each cell: the policy's value divided by no_remat's at the same width and batch. "
-                   "Red is more, blue is less. **Grey cells are within the noise**: for step time the "
-                   "two p25–p75 ranges of the timed runs overlap; memory is deterministic, so only an "
-                   "identical value is grey.")
-        for metric, title in (("median_ms", "Step time"), ("peak_bytes", "Peak memory")):
+                   "Red is more, blue is less, coloured only outside the noise. **Grey cells are within "
+                   "the noise**: for step time the two 95 % intervals of the medians overlap (the "
+                   "policies of one width and batch are timed interleaved; files without intervals: "
+                   "the p25–p75 ranges); memory is deterministic, so only an identical value is grey.")
+        for metric, title, quiet in (("median_ms", "Step time", "within noise"),
+                                     ("peak_bytes", "Peak memory", "equal")):
             st.plotly_chart(charts.make_relative_heatmap_figure(tables.relative_frame(df, metric),
-                                                                f"{title} relative to no_remat"),
+                                                                f"{title} relative to no_remat",
+                                                                quiet_label=quiet),
                             width="stretch", key=f"{key}_{metric}_heat")
     else:
         st.caption("Add no_remat to the policies to see each policy relative to it.")
@@ -65,6 +69,7 @@ def sweep_view(df: pd.DataFrame, key: str) -> None:
     st.dataframe(df, hide_index=True, width="stretch", column_order=shown, key=f"{key}_table",
                  column_config={
         "median_ms": MS("median (ms)", format="%.4f"), "p25_ms": MS("p25 (ms)", format="%.4f"),
+        "ci_low_ms": MS("95 % low (ms)", format="%.4f"), "ci_high_ms": MS("95 % high (ms)", format="%.4f"),
         "p75_ms": MS("p75 (ms)", format="%.4f"), "peak_mib": MS("peak (MiB)", format="%.3f"),
         "temp_mib": MS("temp (MiB)", format="%.3f"), "residual_mib": MS("residuals (MiB)", format="%.3f"),
         "compiled_recomputed_products": MS("recomputed products (compiled)", format="%d"),

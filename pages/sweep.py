@@ -1,4 +1,4 @@
-"""Sweep: a grid of widths x batches x policies at the sidebar's other settings; kept and resumable."""
+"""Sweep: widths x batches x policies, each cell's policies timed interleaved; kept and resumable."""
 
 import sys
 import time
@@ -10,7 +10,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _page_state, _record, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import LIMITS, human_bytes  # noqa: E402
+from remat_lab.config import LIMITS, RunConfig, estimate_bytes, estimate_process_bytes, human_bytes  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import tables  # noqa: E402
 from remat_lab.serve.quotas import PUBLIC_SWEEP_MAX_RUNS  # noqa: E402
@@ -43,7 +43,9 @@ def _typed(key: str, lo: int, hi: int) -> None:
 
 
 cfg = _shared.page_start("Sweep", "Widths × batches × policies; model, seq, depth, dtype, objective "
-                                  "and repeats come from the sidebar.")
+                                  "and repeats come from the sidebar. The policies of one width and "
+                                  "batch are timed together, interleaved (repeats rounds of 2 calls "
+                                  "each, shuffled), each median with its 95 % interval.")
 url = _page_state.loaded("sweep", ("policies", "widths", "batches"))
 b_lo = 0 if cfg.model == "mlp" else 1
 _page_state.show(
@@ -111,12 +113,28 @@ if b.button("Clear results", key="sweep_clear"):
     rows.clear()
     st.rerun()
 
+
+def _time_cell(cfgs: list[RunConfig], docs: list[dict], status) -> None:
+    """One cell's policies timed together in the worker, interleaved, each median with its 95 %
+    interval written into its row (``sweep.time_interleaved``); ExecutionError when it fails."""
+    status.update(label=f"w{cfgs[0].width} b{cfgs[0].batch}: timing {len(cfgs)} "
+                        f"polic{'y' if len(cfgs) == 1 else 'ies'} interleaved…", state="running")
+    need = estimate_process_bytes(cfgs[0]) + (len(cfgs) - 1) * estimate_bytes(cfgs[0])
+    payload = {"config": cfgs[0].as_dict(), "configs": [c.as_dict() for c in cfgs],
+               "flops": [d.get("flops") for d in docs]}
+    timed = _running.pool().call("sweep_time", payload, need=need)
+    for doc, fields in zip(docs, timed):
+        doc.update(fields)
+
+
 if start:
     bar = st.progress(done / len(grid), text=f"{done} of {len(grid)} runs done")
     t0 = time.perf_counter()
     with st.status(f"Sweeping {len(batch)} configurations…", expanded=False) as status:
         run = lambda c: _running.run_config(c, status, prefix=f"w{c.width} b{c.batch} {c.policy}: ")
-        for i, outcome in enumerate(sweep.run_grid([c.as_dict() for c in batch], run), 1):
+        time_cell = lambda cfgs, docs: _time_cell(cfgs, docs, status)
+        outcomes = sweep.run_grid([c.as_dict() for c in batch], run, time_cell=time_cell)
+        for i, outcome in enumerate(outcomes, 1):
             rows[sweep.config_key(outcome.row["config"])] = outcome.row  # kept if interrupted
             if "error" not in outcome.row:
                 _record.record(outcome.row, kind="sweep")

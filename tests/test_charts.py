@@ -160,10 +160,47 @@ def test_relative_heatmap_greys_cells_within_the_noise():
     fig = charts.make_relative_heatmap_figure(df, "t")
     assert list(fig.data[0].y) == ["no_remat", "nothing_saveable"]  # the baseline first
     cells = _heatmap_cells(fig)
-    assert cells[("nothing_saveable", "w8 b1")] == ("1.03x", True)  # +3 % inside the spread: grey
+    assert cells[("nothing_saveable", "w8 b1")][1]  # +3 % inside the spread: grey, and says so
+    assert cells[("nothing_saveable", "w8 b1")][0].startswith("1.03x<br>") and "within noise" in \
+        cells[("nothing_saveable", "w8 b1")][0]
+    assert cells[("no_remat", "w8 b1")] == ("1.00x", True)  # the baseline itself: no label
     assert cells[("nothing_saveable", "w16 b1")] == ("1.30x", False)
     # +3 % of noise does not saturate the scale: it spans at least 0.67x..1.5x
     assert fig.data[0].zmax >= 0.58
+
+
+def _timed(policy: str, median: float, ci: tuple[float, float] | None, config: str = "w8 b1") -> dict:
+    """A sweep summary row in ms: p25-p75 of +-30 % (wide), and a 95 % interval when ``ci``."""
+    w, b = (int(part[1:]) for part in config.split())
+    return {"policy": policy, "width": w, "batch": b, "median_ms": median, "p25_ms": median * 0.7,
+            "p75_ms": median * 1.3, "ci_low_ms": ci[0] if ci else None, "ci_high_ms": ci[1] if ci else None}
+
+
+def test_sweep_heatmap_colours_only_cells_whose_intervals_separate():
+    from remat_lab.present import tables
+
+    df = pd.DataFrame([_timed("no_remat", 1.0, (0.98, 1.02)),
+                       _timed("nothing_saveable", 1.10, (1.05, 1.15)),  # separate, p25-p75 overlap
+                       _timed("dots_saveable", 1.01, (0.99, 1.03)),  # overlap: neutral
+                       _timed("no_remat", 1.0, (0.9, 1.1), "w16 b1"),
+                       _timed("nothing_saveable", 0.19, (0.18, 0.2), "w16 b1")])
+    cells = _heatmap_cells(charts.make_relative_heatmap_figure(tables.relative_frame(df, "median_ms"), "t"))
+    assert cells[("nothing_saveable", "w8 b1")] == ("1.10x", False)  # coloured: beyond the noise
+    assert cells[("nothing_saveable", "w16 b1")] == ("0.19x", False)
+    text, grey = cells[("dots_saveable", "w8 b1")]
+    assert grey and text.startswith("1.01x") and "within noise" in text
+
+
+def test_sweep_heatmap_of_old_rows_without_intervals_uses_p25_p75():
+    from remat_lab.present import tables
+
+    df = pd.DataFrame([_timed("no_remat", 1.0, None), _timed("nothing_saveable", 1.10, None),
+                       _timed("dots_saveable", 2.0, None)])
+    rel = tables.relative_frame(df, "median_ms").set_index("policy")
+    assert rel["within_noise"].to_dict() == {"no_remat": True, "nothing_saveable": True,
+                                             "dots_saveable": False}  # 0.7..1.3 vs 1.4..2.6
+    cells = _heatmap_cells(charts.make_relative_heatmap_figure(rel.reset_index(), "t"))
+    assert cells[("nothing_saveable", "w8 b1")][1] and not cells[("dots_saveable", "w8 b1")][1]
 
 
 # ---------------------------------------------------------------- roofline

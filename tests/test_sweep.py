@@ -46,6 +46,9 @@ def test_grid_is_the_product_without_duplicates():
     assert len(sweep.build_grid(base, width=[8], seq=[16, 32], model=["mlp", "seq_mixer"])) == 3
     with pytest.raises(ValueError, match="unknown sweep axis"):
         sweep.build_grid(base, widths=[8])
+    # a row's config (input_shape derived from the batch) has the key of its grid entry: resumable
+    assert all(sweep.config_key(RunConfig(**c).as_dict()) == sweep.config_key(c) for c in grid)
+    assert sweep.cell_key(grid[0]) == sweep.cell_key({**grid[0], "policy": "no_remat"})
 
 
 def test_refused_and_failed_configurations_become_rows_and_the_sweep_goes_on(tmp_path):
@@ -214,3 +217,88 @@ def test_sweep_page_resumes_from_its_rows_without_running_them_again(monkeypatch
     recorded = history.list_runs()  # each row once in the run history, with this browser session
     assert sorted(r["width"] for r in recorded) == [8, 16]
     assert {(r["source"], r["kind"]) for r in recorded} == {("app", "sweep")} and recorded[0]["session_id"]
+
+
+def test_each_cell_is_timed_interleaved_and_rows_carry_95_percent_intervals(monkeypatch, tmp_path):
+    """Two cells (batch 2 and 4) of two policies: one ``interleaved`` call per cell, holding both
+    policies' executables, ``repeats`` rounds; every row ci_low <= median <= ci_high, read back."""
+    import numpy as np
+
+    from remat_lab.present import tables
+    from remat_lab.store import results
+    from remat_lab.studies import compare
+    from remat_lab.studies.experiment import run_experiment
+
+    calls, real = [], compare.interleaved
+    monkeypatch.setattr(compare, "interleaved",
+                        lambda ex, **kw: calls.append((len(ex), kw["rounds"], kw["calls"])) or real(ex, **kw))
+    base = RunConfig(width=16, batch=2, repeats=3, warmup=0, depth=1)
+    grid = sweep.build_grid(base, batch=[2, 4], policy=["no_remat", "nothing_saveable"])
+    out = tmp_path / "r.jsonl"
+    with open(out, "a") as f:
+        outcomes = list(sweep.run_grid(grid, lambda cfg: run_experiment(cfg, timing=False),
+                                       write=lambda row: sweep.append_row(f, row),
+                                       time_cell=sweep.time_interleaved))
+    assert calls == [(2, 3, compare.CALLS_PER_ROUND)] * 2  # one call per cell, both policies in it
+    rows = _rows(out)
+    assert len(rows) == 4 and [o.row["config"]["batch"] for o in outcomes] == [2, 2, 4, 4]
+    for r in rows:
+        st = r["step_time_s"]
+        assert "error" not in r and 0 < st["ci_low"] <= st["median"] <= st["ci_high"]
+        assert len(st["samples"]) == 3 * compare.CALLS_PER_ROUND and st["repeats"] == 3
+        assert st["median"] == pytest.approx(float(np.median(st["samples"])), rel=1e-12)
+        assert st["p25"] <= st["median"] <= st["p75"]
+        assert r["achieved_flops_per_s"] == pytest.approx(r["flops"] / st["median"], rel=1e-9)
+        assert r["roofline"]["median_s"] == st["median"]
+    loaded = results.load("r.jsonl", out.read_bytes())  # the Open results page reads them back
+    assert len(loaded.runs) == 4 and not loaded.problems
+    df = tables.summary_frame(loaded.runs)
+    assert (df["ci_low_ms"] <= df["median_ms"]).all() and (df["median_ms"] <= df["ci_high_ms"]).all()
+
+
+def test_a_cell_is_written_whole_and_a_failed_timing_makes_failed_rows(tmp_path):
+    from remat_lab.program.backend import ExecutionError
+
+    grid = sweep.build_grid(RunConfig(width=8, batch=2), width=[8, 16],
+                            policy=["no_remat", "nothing_saveable"])
+    cells, written = [], []
+
+    def time_cell(cfgs, docs):
+        cells.append([(c.width, c.policy) for c in cfgs])
+        if cfgs[0].width == 16:
+            raise ExecutionError("XLA failed while running: boom")
+        for d in docs:
+            d["step_time_s"] = {"median": 1.0, "ci_low": 0.9, "ci_high": 1.1}
+
+    run = lambda cfg: {"config": cfg.as_dict(), "environment": {"backend": "cpu"}}
+    first = next(sweep.run_grid(grid, run, write=written.append, time_cell=time_cell))
+    assert len(written) == 2 and first.row is written[0]  # the whole cell before its first outcome
+    outcomes = list(sweep.run_grid(grid, run, time_cell=time_cell,
+                                   skip={sweep.config_key(grid[0])}))
+    assert [o.skipped for o in outcomes] == [True, False, False, False]
+    assert cells[1:] == [[(8, "nothing_saveable")], [(16, "no_remat"), (16, "nothing_saveable")]]
+    assert outcomes[1].row["step_time_s"]["median"] == 1.0
+    assert [o.row["error"]["kind"] for o in outcomes[2:]] == ["failed", "failed"]
+    assert "boom" in outcomes[2].row["error"]["message"]
+
+
+def test_sweep_page_times_each_cell_interleaved_with_intervals():
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "pages/sweep.py"), default_timeout=120)
+    at.query_params.update(repeats="3", warmup="0", seed="17", depth="1")  # a seed no other test caches
+    at.run()
+    assert "timed together, interleaved" in at.caption[0].value and "95 % interval" in at.caption[0].value
+    at.multiselect(key="sweep_widths").set_value([16])
+    at.multiselect(key="sweep_batches").set_value([2])
+    at.multiselect(key="sweep_policies").set_value(["no_remat", "nothing_saveable"]).run()
+    at.button(key="sweep_run").click().run()
+    assert not at.exception
+    rows = list(at.session_state["sweep_docs"].values())
+    assert len(rows) == 2
+    for r in rows:
+        st = r["step_time_s"]
+        assert st["interleaved_with"] == 2 and st["ci_low"] <= st["median"] <= st["ci_high"]
+    table = next(df.value for df in at.dataframe if "median_ms" in df.value.columns)
+    assert table["ci_low_ms"].notna().all() and (table["ci_low_ms"] <= table["ci_high_ms"]).all()

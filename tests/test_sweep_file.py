@@ -53,3 +53,42 @@ def test_a_second_sweep_on_the_same_file_is_refused(tmp_path):
         release.set()
         holder.join(30)
     sweep.claim(path).close()  # free again once the first sweep ended
+
+
+def _run_row(policy: str, median: float, ci: tuple[float, float] | None) -> dict:
+    """A sweep row as a file holds it: before the intervals (``ci`` None) or after."""
+    from remat_lab.config import RunConfig
+
+    step = {"median": median, "p25": median * 0.9, "p75": median * 1.1, "min": median * 0.8,
+            "max": median * 1.2, "repeats": 3, "warmup": 1, "samples": [median * 0.9, median, median * 1.1]}
+    if ci:
+        step.update(ci_low=ci[0], ci_high=ci[1])
+    return {"schema": 1, "config": RunConfig(width=8, batch=2, policy=policy).as_dict(),
+            "environment": {"backend": "cpu", "device_kind": "cpu", "device_count": 1, "jax": "0"},
+            "step_time_s": step,
+            "memory": {f"{p}_bytes": 1024 for p in ("argument", "output", "alias", "temp", "generated_code",
+                                                    "peak")}}
+
+
+def test_old_rows_without_intervals_still_load_and_draw(tmp_path):
+    from remat_lab.present import charts, tables
+    from remat_lab.store import results
+
+    old = [_run_row("no_remat", 1e-3, None), _run_row("nothing_saveable", 2e-3, None)]
+    new = [_run_row("no_remat", 1e-3, (0.9e-3, 1.1e-3)),
+           _run_row("nothing_saveable", 1.05e-3, (1e-3, 1.2e-3))]
+    for rows, noise in ((old, False), (new, True)):
+        path = tmp_path / "s.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert len(sweep.read_rows(path)) == 2
+        loaded = results.load("s.jsonl", path.read_bytes())
+        assert len(loaded.runs) == 2 and not loaded.problems, loaded.problems
+        df = tables.summary_frame(loaded.runs)
+        rel = tables.relative_frame(df, "median_ms").set_index("policy")
+        assert rel.loc["nothing_saveable", "within_noise"] == noise
+        fig = charts.make_relative_heatmap_figure(rel.reset_index(), "t")
+        assert len(fig.layout.annotations) == 2
+    assert loaded.runs[1]["step_time_s"]["ci_low"] == 1e-3  # kept by the compact reader
+    bad = _run_row("no_remat", 1e-3, (0.9e-3, "soon"))
+    refused = results.load("s.jsonl", (json.dumps(bad) + "\n").encode())
+    assert not refused.runs and "ci_high" in refused.problems[0]

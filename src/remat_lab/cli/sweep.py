@@ -1,4 +1,4 @@
-"""The sweep subcommand: a grid of configurations, one JSON line each, appended to --out and resumed."""
+"""The sweep subcommand: a grid timed interleaved per cell, one JSON line a run, appended to --out."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def _choice(name: str, allowed) -> object:
 def add_parsers(sub) -> None:
     """``sweep`` under the subcommands ``sub``."""
     p = sub.add_parser("sweep", help="a grid of configurations, one JSON line each, "
-                                     "appended to --out and resumed from it")
+                                     "appended to --out and resumed from it; the policies of one "
+                                     "width and batch are timed interleaved, with 95 %% intervals")
     d = RunConfig()
     axes = {"models": (_choice("model", MODELS), d.model), "widths": (int_arg("width"), d.width),
             "batches": (int_arg("batch"), d.batch), "seqs": (int_arg("seq"), d.seq),
@@ -39,7 +40,8 @@ def add_parsers(sub) -> None:
                        help=f"comma-separated (default: {default})")
     p.add_argument("--heads", type=int_arg("heads"), default=d.heads)
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
-    p.add_argument("--repeats", type=int_arg("repeats"), default=d.repeats)
+    p.add_argument("--repeats", type=int_arg("repeats"), default=d.repeats,
+                   help="timing rounds per cell (each calls every policy's step twice)")
     p.add_argument("--warmup", type=int_arg("warmup"), default=d.warmup)
     p.add_argument("--seed", type=int_arg("seed"), default=d.seed)
     p.add_argument("--memory-budget", default=None, help="refuse configurations estimated above this")
@@ -59,7 +61,9 @@ def _sweep_line(row: dict) -> str:
         return f"{head}: {err['kind']}: {err['message'][:160]}"
     st, mem = row.get("step_time_s") or {}, row.get("memory") or {}
     peak = human_bytes(mem["peak_bytes"]) if mem.get("peak_bytes") is not None else "-"
-    return f"{head}: median {fmt_time(st.get('median'))}, peak {peak}"
+    ci = (f" (95 % {fmt_time(st['ci_low'])} to {fmt_time(st['ci_high'])})"
+          if st.get("ci_low") is not None and st.get("ci_high") is not None else "")
+    return f"{head}: median {fmt_time(st.get('median'))}{ci}, peak {peak}"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -106,9 +110,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         with bar:
             task = bar.add_task("sweep", total=todo)
-            run = lambda cfg: run_experiment(cfg, budget=args.memory_budget)
+            # Each configuration compiled and analysed untimed; then each cell (the policies of one
+            # width and batch) timed together, interleaved, with a 95 % interval of each median.
+            run = lambda cfg: run_experiment(cfg, budget=args.memory_budget, timing=False)
+            time_cell = lambda cfgs, docs: sweep.time_interleaved(cfgs, docs, seed=args.seed)
             for outcome in sweep.run_grid(grid, run, skip=skip, environment=environment,
-                                          write=lambda row: sweep.append_row(out, row)):
+                                          write=lambda row: sweep.append_row(out, row),
+                                          time_cell=time_cell):
                 if outcome.skipped:
                     continue
                 done += 1

@@ -56,12 +56,15 @@ def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figu
     return legend_outside(fig, len(policies) + (len(others) if len(others) > 1 else 0))
 
 
-def make_relative_heatmap_figure(df: pd.DataFrame, title: str, baseline: str = "no_remat") -> go.Figure:
+def make_relative_heatmap_figure(df: pd.DataFrame, title: str, baseline: str = "no_remat",
+                                 quiet_label: str = "within noise") -> go.Figure:
     """Each policy's metric relative to ``baseline``: ``df`` columns policy, config, ratio and
-    optionally within_noise (see ``tables.relative_frame``; without it only a ratio of exactly 1
-    counts as no difference).
+    optionally within_noise (see ``tables.relative_frame``: for step time, whether the 95 %
+    intervals of the two medians overlap; without the column only a ratio of exactly 1 counts as no
+    difference).
 
-    Every cell is annotated with its ratio. Cells within the noise are grey; the others are
+    Every cell is annotated with its ratio. Cells within the noise are grey, neutral whatever their
+    ratio, and say ``quiet_label`` under it (e.g. "equal" for a deterministic metric); the others are
     coloured on log2(ratio), so 2x slower and 2x faster are equally strong, on a scale of at least
     0.67x..1.5x so that small differences stay pale. One row is 46 px high.
     """
@@ -97,10 +100,13 @@ def make_relative_heatmap_figure(df: pd.DataFrame, title: str, baseline: str = "
     fig.add_trace(go.Heatmap(
         z=np.where(quiet, 0.0, np.nan), x=xs, y=ys, customdata=ratios, name="within noise",
         colorscale=[[0, grey], [1, grey]], showscale=False, xgap=2, ygap=2,
-        hoverongaps=False, hovertemplate=hover + " (within the noise)<extra></extra>"))
+        hoverongaps=False, hovertemplate=hover + f" ({quiet_label or 'within the noise'})<extra></extra>"))
     # One list set once: add_annotation per cell re-validates the layout each time (quadratic; a
     # 500-row upload took 80 s to draw).
-    labels = [dict(x=config, y=policy, text=f"{ratios[i, j]:.2f}x", showarrow=False,
+    note = f"<br><span style='font-size:10px'>{quiet_label}</span>" if quiet_label else ""
+    labels = [dict(x=config, y=policy, text=f"{ratios[i, j]:.2f}x"
+                   + (note if quiet[i, j] and policy != baseline else ""),
+                   showarrow=False,
                    font=dict(size=13, color="#6B7280" if quiet[i, j]
                              else ("white" if not quiet[i, j] and abs(z[i, j]) > 0.6 * bound
                                    else "#111827")))

@@ -18,7 +18,8 @@ DOT_COLUMNS = ["index", "layer", "layers", "lhs_shape", "rhs_shape", "out_shape"
 RESIDUAL_COLUMNS = ["index", "shape", "dtype", "bytes", "layers", "role", "memory_kind",
                     "memory_kind_in_compiled", "kind", "layer", "source"]
 SUMMARY_COLUMNS = ["policy", "model", "width", "batch", "seq", "depth", "dtype", "objective",
-                   "median_ms", "p25_ms", "p75_ms", "peak_mib", "temp_mib", "residual_mib",
+                   "median_ms", "p25_ms", "p75_ms", "ci_low_ms", "ci_high_ms",
+                   "peak_mib", "temp_mib", "residual_mib",
                    "peak_bytes", "temp_bytes", "residual_bytes",
                    "compiled_recomputed_products", "compiled_recomputed_gflop",
                    "dots_saved", "dots_recomputed", "recompute_flops", "recompute_gflop",
@@ -95,6 +96,8 @@ def summary_row(result: dict) -> dict:
         "policy": c["policy"], "model": c["model"], "width": c["width"], "batch": c["batch"],
         "seq": c["seq"], "depth": c["depth"], "dtype": c["dtype"], "objective": c["objective"],
         "median_ms": ms("median"), "p25_ms": ms("p25"), "p75_ms": ms("p75"),
+        # The 95 % interval of the median (sweeps timed interleaved); None in older files.
+        "ci_low_ms": ms("ci_low"), "ci_high_ms": ms("ci_high"),
         "peak_mib": mem["peak_bytes"] / MIB if mem else None,
         "temp_mib": mem["temp_bytes"] / MIB if mem else None,
         "residual_mib": tot.get("residual_bytes", 0) / MIB,
@@ -119,6 +122,7 @@ def summary_frame(results: list[dict]) -> pd.DataFrame:
 
 
 SPREADS = {"median_ms": ("p25_ms", "p75_ms")}  # metric -> the columns of its timing spread
+INTERVALS = {"median_ms": ("ci_low_ms", "ci_high_ms")}  # metric -> its 95 % interval, where timed so
 
 
 def relative_frame(df: pd.DataFrame, metric: str, baseline: str = "no_remat",
@@ -127,9 +131,10 @@ def relative_frame(df: pd.DataFrame, metric: str, baseline: str = "no_remat",
 
     Columns: policy, width, batch, config ("w256 b64"), ratio, within_noise. ``within_noise`` says
     whether the difference to the baseline is no larger than the measurement noise: for a timed
-    metric (``spread`` = its p25 and p75 columns, by default from ``SPREADS``) the row's p25-p75
-    range overlaps the baseline's; for a deterministic one (memory) the values are equal.
-    Empty without baseline rows.
+    metric, the row's 95 % interval of the median overlaps the baseline's (``INTERVALS``, where both
+    rows have one: sweeps timed interleaved), else their ``spread`` (p25 and p75 columns, by default
+    from ``SPREADS``: files from before the intervals) overlap; for a deterministic one (memory) the
+    values are equal. Empty without baseline rows.
     """
     cols = ["policy", "width", "batch", "config", "ratio", "within_noise"]
     if df.empty or metric not in df or "policy" not in df:
@@ -137,20 +142,26 @@ def relative_frame(df: pd.DataFrame, metric: str, baseline: str = "no_remat",
     if spread is None and all(c in df for c in SPREADS.get(metric, ("", ""))):
         spread = SPREADS[metric]
     lo, hi = spread if spread else (metric, metric)
+    ci_lo, ci_hi = INTERVALS.get(metric, (lo, hi)) if spread else (lo, hi)
+    if ci_lo not in df or ci_hi not in df:
+        ci_lo, ci_hi = lo, hi
     base = df[df["policy"] == baseline].groupby(["width", "batch"])[
-        list(dict.fromkeys([metric, lo, hi]))].mean()
+        list(dict.fromkeys([metric, lo, hi, ci_lo, ci_hi]))].mean()
     if base.empty:
         return pd.DataFrame(columns=cols)
     out = df[["policy", "width", "batch"]].copy()
     keys = list(zip(out["width"], out["batch"]))
     ratios, noise = [], []
-    for value, low, high, key in zip(df[metric], df[lo], df[hi], keys):
+    for value, low, high, c_low, c_high, key in zip(df[metric], df[lo], df[hi], df[ci_lo], df[ci_hi],
+                                                    keys):
         ref = base.loc[key] if key in base.index else None
         ok = ref is not None and ref[metric] and pd.notna(value)
         ratios.append(value / ref[metric] if ok else None)
         if not ok:
             noise.append(None)
-        elif spread:  # the two p25-p75 ranges overlap
+        elif pd.notna([c_low, c_high, ref[ci_lo], ref[ci_hi]]).all():  # the 95 % intervals overlap
+            noise.append(bool(c_low <= ref[ci_hi] and ref[ci_lo] <= c_high))
+        elif spread:  # the two p25-p75 ranges overlap (a row without an interval)
             noise.append(bool(low <= ref[hi] and ref[lo] <= high))
         else:
             noise.append(bool(value == ref[metric]))

@@ -40,6 +40,12 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
         return experiment.run_experiment(cfg, progress=progress, timing=False)
     if kind == "compare":
         return compare.compare_policies(cfg, list(payload["policies"]), progress=progress)
+    if kind == "sweep_time":  # a Sweep cell's steps timed together, interleaved (studies/sweep.py)
+        from remat_lab.studies import sweep
+
+        docs = [{"flops": f} for f in payload["flops"]]
+        sweep.time_interleaved([RunConfig(**c) for c in payload["configs"]], docs, progress=progress)
+        return docs
     if kind in ("advise", "advise_sizes"):  # the timed advice, and the compile-only one
         from remat_lab.studies import advisor
 

@@ -29,7 +29,7 @@ from remat_lab.serve.fairqueue import FairQueue
 from remat_lab.serve.in_worker import execute, serve
 from remat_lab.serve.jobs import Abandoned, Job, Superseded, TimeLimit, WorkerLost
 
-TIMED = ("run", "compare", "advise")
+TIMED = ("run", "compare", "advise", "sweep_time")
 MARGIN = 64 << 20  # left free under the limit, for the server's own page work
 
 

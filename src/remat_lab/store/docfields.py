@@ -93,7 +93,7 @@ def check_run(doc: dict) -> None:
     _range(hlo.get("excess_dots_vs_no_remat"), "hlo.excess_dots_vs_no_remat", MAX_COUNT, lo=-MAX_COUNT)
     _range(hlo.get("excess_flops_vs_no_remat"), "hlo.excess_flops_vs_no_remat", MAX_FLOPS, lo=-MAX_FLOPS)
     step = doc.get("step_time_s") or {}
-    for key in ("median", "p25", "p75", "min", "max"):
+    for key in ("median", "p25", "p75", "min", "max", "ci_low", "ci_high"):
         _seconds(step.get(key), f"step_time_s.{key}")
     for key in ("repeats", "warmup"):
         lo, hi = LIMITS[key]
@@ -163,7 +163,7 @@ def check(kind: str, doc: dict) -> None:
 RUN_CONFIG = ("model", "width", "batch", "seq", "depth", "dtype", "policy", "objective", "heads", "stack",
               "model_module", "input_shape")  # the user's block: its factory as text, never loaded
 ENV_KEEP = ("backend", "device_kind", "device_count", "jax")
-STEP_KEEP = ("median", "p25", "p75", "min", "max", "repeats", "warmup")
+STEP_KEEP = ("median", "p25", "p75", "min", "max", "repeats", "warmup", "ci_low", "ci_high")
 MEMORY_KEEP = tuple(f"{p}_bytes" for p in ("argument", "output", "alias", "temp", "generated_code", "peak"))
 TOTALS_KEEP = ("residual_bytes", "activation_residual_bytes", "parameter_residual_bytes", "dots_saved",
                "dots_recomputed", "recompute_flops")

@@ -93,7 +93,7 @@ def _check(doc: dict, spec: dict, path: str = "") -> None:
 
 ENV = {"backend": str, "device_kind": str, "device_count": int, "jax": str}
 STEP = {"median": NUM, "p25": NUM, "p75": NUM, "min": NUM, "max": NUM, "repeats": int, "warmup": int,
-        "samples": (OPT, list)}
+        "samples": (OPT, list), "ci_low": (OPT, NUM), "ci_high": (OPT, NUM)}  # ci: sweeps, interleaved
 MEMORY = {f"{p}_bytes": NUM for p in ("argument", "output", "alias", "temp", "generated_code", "peak")}
 TOTALS = {**{k: NUM for k in ("residual_bytes", "activation_residual_bytes", "parameter_residual_bytes",
                               "dots_saved", "dots_recomputed")}, "recompute_flops": (OPT, NUM)}
@@ -192,7 +192,7 @@ def _kind(doc) -> str:
                       "sweep or compare --json)")
     _check(doc, RUN)
     _config(doc["config"])
-    for key in ("median", "p25", "p75"):
+    for key in ("median", "p25", "p75", "ci_low", "ci_high"):
         _finite((doc.get("step_time_s") or {}).get(key), f"step_time_s.{key}")
     for key, value in (doc.get("step_time_s") or {}).items():
         if key == "samples" and not all(_is(s, NUM) for s in value or []):

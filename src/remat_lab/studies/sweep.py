@@ -1,4 +1,4 @@
-"""Sweeps: a grid of configurations, run one by one, appended as JSON lines and resumed from the file.
+"""Sweeps: a grid of configurations, timed interleaved per cell, appended as JSON lines and resumed.
 
 Shared by the Sweep page and ``python -m remat_lab sweep``. Every row is one JSON document on one
 line: a ``run_experiment`` document (without program texts), or, for a configuration that was
@@ -6,6 +6,11 @@ refused or failed, ``{"schema", "config", "environment", "error": {"kind", "mess
 written with a single ``write`` and flushed, so an interrupted sweep leaves whole rows; a line cut
 by a hard kill, at the end or (after appends) in the middle, is dropped and the file repaired when the
 sweep resumes. One sweep at a time writes a file: ``claim`` holds an exclusive lock on it.
+
+A cell of the grid is the configurations that differ only by policy. With ``time_cell`` (the
+CLI's ``time_interleaved``), ``run_grid`` compiles and analyses each configuration of a cell
+untimed, then times the cell's executables together (``compare.interleaved``: rounds in a shuffled
+order) and writes each row's median with its bootstrap 95 % interval (``ci_low``, ``ci_high``).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ def config_key(config: dict) -> str:
     defaults = {"target": "local", "target_devices": 1, "vocab": 512, "kv_heads": 0, "head_dim": 0,
                 "mlp_dim": 0, "tie_embeddings": False, "param_dtype": "", "step": "grad",
                 "microbatches": 1, "preset": "", "compile_only": False}  # newer than some sweep files
+    derived = () if config.get("model") == "user" else ("input_shape",)  # from batch, seq, width
     return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in sorted(config.items())
-                       if not (k in defaults and v == defaults[k])}, sort_keys=True)
+                       if not (k in defaults and v == defaults[k]) and k not in derived}, sort_keys=True)
 
 
 def build_grid(base: RunConfig, **axes: Iterable) -> list[dict]:
@@ -179,19 +185,103 @@ def run_one(config: dict, run: Runner, environment: Callable[[], dict] | None = 
     return {"schema": SCHEMA, **doc}
 
 
+def cell_key(config: dict) -> str:
+    """The cell of ``config``: its key without the policy (the configurations timed together)."""
+    return config_key({k: v for k, v in config.items()
+                       if k not in ("policy", "save_names", "offload_names")})
+
+
+def _cells(grid: list[dict]) -> list[list[int]]:
+    """Indices of ``grid`` grouped by cell, cells in the order of their first configuration."""
+    cells: dict[str, list[int]] = {}
+    for i, config in enumerate(grid):
+        cells.setdefault(cell_key(config), []).append(i)
+    return list(cells.values())
+
+
+CellTimer = Callable[[list[RunConfig], list[dict]], None]
+
+
+def time_interleaved(configs: list[RunConfig], docs: list[dict], *, calls: int | None = None,
+                     seed: int = 0, progress: Callable[[str], None] | None = None) -> None:
+    """Time the steps of one cell's ``configs`` together and write the timing into their ``docs``.
+
+    Each step is compiled again for timing (as ``compare_policies`` does); then, under the timing
+    lock, ``compare.interleaved`` runs ``configs[0].repeats`` rounds, each calling every executable
+    ``calls`` times (default ``compare.CALLS_PER_ROUND``) in a shuffled order (seeded). Per doc:
+    ``step_time_s`` (median, p25, p75, min, max, the samples in seconds, and ``ci_low``/``ci_high``,
+    the bootstrap 95 % interval of the median, ``compare.median_interval``), and the fields derived
+    from the median (``achieved_flops_per_s``, ``roofline``). Raises ``ExecutionError``.
+    """
+    from remat_lab.analysis.costs import cost_of
+    from remat_lab.analysis.roofline import roofline_report
+    from remat_lab.program.backend import xla_error
+    from remat_lab.program.timing import MIN_WARMUP_S, step_time_summary, timing_slot
+    from remat_lab.studies import compare
+
+    say = progress or (lambda message: None)
+    calls = compare.CALLS_PER_ROUND if calls is None else calls
+    rounds, warmup = configs[0].repeats, configs[0].warmup
+    executables = {str(i): compare._compile(cfg) for i, cfg in enumerate(configs)}
+    with timing_slot(lambda stage: say("waiting: another run is timing (one timing at a time)")):
+        say(f"timing {len(configs)} configurations interleaved: {rounds} rounds of {calls} calls")
+        try:
+            times = compare.interleaved(executables, rounds=rounds, calls=calls, warmup=warmup,
+                                        seed=seed)
+        except Exception as err:
+            raise xla_error("running", err) from err
+    for i, doc in enumerate(docs):
+        samples = times[str(i)]
+        med, low, high = compare.median_interval(samples, seed=seed)
+        doc["step_time_s"] = {**step_time_summary(samples.ravel(), warmup), "median": med,
+                              "ci_low": low, "ci_high": high, "min_warmup_s": MIN_WARMUP_S,
+                              "repeats": rounds, "rounds": rounds, "calls_per_round": calls,
+                              "interleaved_with": len(configs),
+                              "interval": (f"bootstrap {compare.LEVEL:.0%} of the median, "
+                                           f"{compare.RESAMPLES} resamples of whole rounds")}
+        flops = doc.get("flops")
+        doc["achieved_flops_per_s"] = flops / med if flops and med else None
+        cost = cost_of(executables[str(i)][0])
+        scale = flops / cost["flops"] if flops and cost["flops"] else 1.0
+        bytes_accessed = cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None
+        doc["roofline"] = roofline_report(flops, bytes_accessed, med)
+
+
 def run_grid(grid: list[dict], run: Runner, *, skip: set[str] = frozenset(),
              write: Callable[[dict], None] | None = None,
-             environment: Callable[[], dict] | None = None) -> Iterator[Outcome]:
-    """Run ``grid`` in order, yielding each configuration's outcome after ``write`` has stored it.
+             environment: Callable[[], dict] | None = None,
+             time_cell: CellTimer | None = None) -> Iterator[Outcome]:
+    """Run ``grid`` cell by cell, yielding each configuration's outcome after ``write`` stored it.
 
     Configurations whose key is in ``skip`` are not run (``Outcome.skipped``; their row is only the
-    config). Refused and failed configurations become error rows and the sweep goes on.
+    config). Refused and failed configurations become error rows and the sweep goes on. With
+    ``time_cell`` (``run`` then untimed, e.g. ``run_experiment(..., timing=False)``), the finished
+    configurations of each cell are timed together by ``time_cell(configs, rows)``, and the cell's
+    rows are written after it (a cell whose timing fails becomes ``failed`` rows, ``refused`` when
+    ``time_cell`` raises ``ConfigError``).
     """
-    for i, config in enumerate(grid):
-        if config_key(config) in skip:
-            yield Outcome(i, {"config": config}, skipped=True)
-            continue
-        row = run_one(config, run, environment)
-        if write is not None:
-            write(row)
-        yield Outcome(i, row)
+    from remat_lab.program.backend import ExecutionError
+
+    for cell in _cells(grid):
+        todo = []
+        for i in cell:
+            if config_key(grid[i]) in skip:
+                yield Outcome(i, {"config": grid[i]}, skipped=True)
+            else:
+                todo.append(i)
+        rows = {i: run_one(grid[i], run, environment) for i in todo}
+        ran = [i for i in todo if "error" not in rows[i]]
+        if time_cell is not None and ran:
+            configs = [RunConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                    for k, v in grid[i].items()}) for i in ran]
+            try:
+                time_cell(configs, [rows[i] for i in ran])
+            except (ConfigError, ExecutionError) as err:
+                kind = "refused" if isinstance(err, ConfigError) else "failed"
+                for i in ran:
+                    rows[i] = error_row(grid[i], kind, str(err), rows[i].get("environment"))
+        for i in todo:  # the whole cell is written before the first of its outcomes is yielded
+            if write is not None:
+                write(rows[i])
+        for i in todo:
+            yield Outcome(i, rows[i])
