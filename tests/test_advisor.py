@@ -14,7 +14,7 @@ from remat_lab.analysis.costs import cost_of, memory_report, step_flops
 from remat_lab.cli import main
 from remat_lab.config import ConfigError, RunConfig
 from remat_lab.program.step import build_problem, make_step
-from remat_lab.studies import advisor
+from remat_lab.studies import advisor, advisor_search, advisor_sizing
 
 SMALL = RunConfig(model="mlp", width=64, depth=4, stack="scan", batch=1, repeats=3, warmup=1)
 BUDGET = 2 << 20  # lands the largest batch of SMALL between about 100 and 400
@@ -111,15 +111,17 @@ def test_bad_budgets_are_refused(budget, capsys):
 @settings(max_examples=200, deadline=None)
 @given(fixed=st.integers(1, 1 << 30), slope=st.integers(1, 1 << 20), step=st.integers(1, 64),
        flat=st.integers(0, 4096), square=st.integers(0, 64), budget=st.integers(1, 1 << 40),
-       guess=st.one_of(st.none(), st.integers(1, advisor.MAX_BATCH)))
-def test_search_finds_the_exact_boundary(fixed, slope, step, flat, square, budget, guess):
+       guess=st.one_of(st.none(), st.integers(1, advisor.MAX_BATCH)),
+       base=st.one_of(st.none(), st.integers(0, 1 << 31)))
+def test_search_finds_the_exact_boundary(fixed, slope, step, flat, square, budget, guess, base):
     """A peak flat up to some batch (fixed buffers dominate), then growing in steps (padding),
-    linearly or faster: the answer is exact and takes at most 2·log2(max batch) + 3 compiles."""
+    linearly or faster, predicted from any intercept (``base``, right or wrong): the answer is
+    exact and takes at most 2·log2(max batch) + 3 compiles."""
     def curve(b):
         rows = max(0, -(-b // step) * step - flat)
         return fixed + slope * rows + square * rows * rows // 1024
     measure = lambda cfg: {"peak_bytes": curve(cfg.batch), "cached": False}
-    found = advisor.largest_batch(SMALL, budget, guess=guess, measure=measure)
+    found = advisor.largest_batch(SMALL, budget, guess=guess, measure=measure, base_bytes=base)
     lo, hi = found["max_batch"], found["next_batch"]
     if lo:
         assert curve(lo) <= budget
@@ -173,3 +175,53 @@ def test_notes_say_what_the_cpu_cannot_show():
     assert any("bfloat16 products in float32" in n for n in doc["notes"])
     plain = advisor.advise(cfg.replace(dtype="float32"), 1 << 20, timing=False, policies=["no_remat"])
     assert plain["notes"] == []
+
+
+# ------------------------------------------- sizing in threads: the same answers as one search each
+
+SIZED_POLICIES = ["no_remat", "nnx_remat_default", "nothing_saveable", "dots_saveable",
+                  "everything_saveable"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(curves=st.lists(st.tuples(st.integers(1, 1 << 24), st.integers(1, 1 << 16),
+                                 st.integers(1, 16)), min_size=5, max_size=5),
+       shared=st.lists(st.integers(0, 4), min_size=5, max_size=5), budget=st.integers(1, 1 << 30),
+       workers=st.integers(1, 3))
+def test_threads_guesses_and_shared_programs_give_the_plain_searchs_answers(curves, shared, budget,
+                                                                            workers):
+    """Policies searched in threads from each other's answers and intercepts, some sharing a
+    program (a key): every max_batch is the one a plain search (no guess, one thread) finds."""
+    group = {p: min(shared[i], i) for i, p in enumerate(SIZED_POLICIES)}  # an earlier one or itself
+
+    def curve(p: str, b: int) -> int:
+        fixed, slope, step = curves[group[p]]
+        return fixed + slope * (-(-b // step) * step)
+
+    def measure(cfg):
+        return {"peak_bytes": curve(cfg.policy, cfg.batch), "cached": False}
+
+    configs = {p: SMALL.replace(policy=p) for p in SIZED_POLICIES}
+    sized = advisor_sizing.size_policies(configs, budget, measure=measure, workers=workers,
+                                         key=lambda cfg: group[cfg.policy])
+    for p, cfg in configs.items():
+        plain = advisor.largest_batch(cfg, budget, measure=measure)
+        assert sized[p]["max_batch"] == plain["max_batch"], p
+        assert sized[p]["next_batch"] == plain["next_batch"], p
+
+
+def test_sizing_in_two_threads_matches_one_plain_search_per_policy():
+    """On a real (tiny) model: the advice sized in two threads, from guesses, intercepts and shared
+    programs, has each policy's max_batch of a plain search from batch 1 in this thread; a policy
+    that lowers as an earlier one compiles nothing of its own."""
+    advisor.clear_cache()
+    doc = advisor.advise(SMALL, BUDGET, timing=False, policies=SIZED_POLICIES, workers=2)
+    rows = {r["policy"]: r for r in doc["rows"]}
+    for p in SIZED_POLICIES:
+        plain = advisor.largest_batch(SMALL.replace(policy=p), BUDGET)
+        assert rows[p]["max_batch"] == plain["max_batch"] > 0, p
+        assert rows[p]["next_batch"] == plain["next_batch"] == plain["max_batch"] + 1, p
+    first = SMALL.replace(batch=1)
+    if (advisor_search.program_key(first.replace(policy="nothing_saveable"))
+            == advisor_search.program_key(first.replace(policy="nnx_remat_default"))):
+        assert rows["nothing_saveable"]["compiles"] == 0

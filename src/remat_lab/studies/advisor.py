@@ -41,6 +41,7 @@ from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the 
     probe,
     probe_seconds,
 )
+from remat_lab.studies.advisor_sizing import WORKERS, flops_on_the_line, size_policies
 from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
     CALLS_PER_ROUND,
     MAX_ROUNDS,
@@ -176,7 +177,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
            policies: Sequence[str] | None = None, timing: bool = True,
            time_budget_s: float = TIME_BUDGET_S, max_batch: int = MAX_BATCH,
            server_budget: str | int | None = None, progress: Progress | None = None,
-           seed: int = 0, should_stop: Callable[[], bool] | None = None) -> dict:
+           seed: int = 0, should_stop: Callable[[], bool] | None = None,
+           workers: int = WORKERS) -> dict:
     """The advice document of ``remat_lab advise --json`` (see the module docstring).
 
     ``config`` gives the model (its batch and policy are ignored). ``budget``: the device memory
@@ -185,7 +187,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     ``run``'s budget, or what a container has free); a policy whose compiled peak at its largest
     batch plus the process overhead is over it is sized but not timed (``advisor_timing.plan``).
     ``time_budget_s``: seconds for the timing (rounds stop earlier once the best separates);
-    ``should_stop``: checked between rounds, finished rounds are kept.
+    ``should_stop``: checked between rounds, finished rounds are kept. ``workers``: policies
+    sized at once, in threads (``advisor_sizing``; the answers are the same with 1).
     """
     say = progress or (lambda message: None)
     chosen = _policy_list(policies, config.model)
@@ -201,12 +204,22 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     configs = {p: base_cfg.replace(policy=p, **(names if p == "custom" else {})) for p in chosen}
 
     t0 = time.perf_counter()
-    rows, guess = [], None
-    for i, p in enumerate(chosen, 1):
-        found = largest_batch(configs[p], budget_bytes, guess=guess, max_batch=max_batch,
-                              progress=lambda m, i=i: say(f"{i}/{len(chosen)} {m}"))
-        guess = found["max_batch"] or guess
-        rows.append({"policy": p, **found, **device_fields(configs[p], found)})
+    measured: list[int] = []  # no_remat's probed batches, once it is sized
+
+    def model_flops(policy: str, found: dict) -> float | None:
+        """The no_remat program's flops at ``found``'s largest batch: on the line through no_remat's
+        own probes when they lie exactly on one, else compiled (queued as each policy is sized)."""
+        if policy == "no_remat":
+            measured.extend(p["batch"] for p in found["probes"])
+        b = found["max_batch"]
+        if not b:
+            return None
+        on_line = flops_on_the_line(base_cfg, b, measured) if "no_remat" in chosen else None
+        return on_line if on_line is not None else probe(base_cfg.replace(batch=b))["flops"]
+
+    sized = size_policies(configs, budget_bytes, max_batch=max_batch, progress=say, workers=workers,
+                          then=model_flops)
+    rows = [{"policy": p, **sized[p], **device_fields(configs[p], sized[p])} for p in chosen]
     # Model FLOPs at each policy's largest batch: the no_remat program's count at that batch.
     for r in rows:
         r.update(step_time_s=None, step_time_ci_s=None, examples_per_s=None, examples_per_s_ci=None,
@@ -216,9 +229,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         if r["max_batch"] == 0:
             continue
         at = configs[r["policy"]].replace(batch=r["max_batch"])
-        say(f"counting model flops at batch {r['max_batch']}")
         r["hardware_flops"] = probe(at)["flops"]
-        r["model_flops"] = probe(base_cfg.replace(batch=r["max_batch"]))["flops"]
+        r["model_flops"] = model_flops(r["policy"], {**r, "probes": []})
         r["fingerprint"] = probe(at)["fingerprint"]
         if r["model_flops"] and r["hardware_flops"]:  # the flops recomputation adds, as a share
             r["recompute_overhead"] = r["hardware_flops"] / r["model_flops"] - 1
@@ -266,10 +278,11 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
             "probe": "lower + compile on jax.ShapeDtypeStruct inputs; XLA's compiled memory "
                      "analysis peak (generated code + arguments + outputs - aliases + temp)",
             "search": "per device and microbatch (global batch = that x data x fsdp x "
-                      "microbatches), from the previous policy's answer (batches 1 and 2 for the "
-                      "first): "
-                      "linear predictions checked with the batch after, doubling, bisection; "
-                      "exact to one batch",
+                      "microbatches), from the answer of the policy that finished last (batches "
+                      "1 and 2 for the first) and a line from its batch-independent bytes; two "
+                      "policies searched at once in threads, one lowering like an earlier policy "
+                      "starts from its answer: linear predictions checked with the batch after, "
+                      "doubling, bisection; exact to one batch",
             "timing": (f"interleaved round-robin at each policy's largest batch, {CALLS_PER_ROUND} "
                        f"call per round, at least {MIN_ROUNDS} rounds, then until the best "
                        "policy's examples/s interval lies above the runner-up's, the time budget "
@@ -278,7 +291,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
                        "largest batch + the process overhead (all timed policies' parameters and "
                        "inputs alive together) fits what this process may allocate"),
             "model_flops": "the no_remat program's flops at the same batch (loop bodies scaled by "
-                           "their trip counts)",
+                           "their trip counts): compiled, or on the line through no_remat's probes "
+                           "where three or more lie exactly on one",
             "hardware_flops": "this policy's program's flops at that batch (recomputation included)",
             "mfu": "model flops / step time / the stated peak (peak_source: a vendor figure "
                    "where the device is known, else the calibrated best matmul rate); over 1 is a "

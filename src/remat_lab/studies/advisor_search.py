@@ -6,9 +6,11 @@ whole training step with its optimizer state) on abstract inputs (``jax.ShapeDty
 on a mesh) and reads ``memory.peak_bytes``, per device on a mesh. Two policies whose lowered
 programs are the same text (e.g. ``full`` and ``nothing_saveable``) share one compile. The batch is
 searched per device and per microbatch (``batch_unit``): the global batch is that times data x fsdp
-times the microbatches. Per policy: from a first guess (the previous policy's answer), predictions
-from a line through the measured peaks, doubling and bisection, down to the exact batch that fits
-and the next one that does not.
+times the microbatches. Per policy: from a first guess (the previous policy's answer) and, when
+known, the bytes that do not grow with the batch, predictions from a line through the measured
+peaks, doubling and bisection, down to the exact batch that fits and the next one that does not.
+Probes may run in several threads (``advisor_sizing``): lowerings take turns, compiles overlap, and
+a program in flight is compiled once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from remat_lab.analysis import hlo
 from remat_lab.analysis.by_kind import memory_by_kind
@@ -75,8 +78,39 @@ class _ProbeCache:
             self._data.clear()
 
 
+class _Once:
+    """Each key computed by one thread at a time: a caller of a key in flight waits for its result."""
+
+    def __init__(self):
+        self._lock, self._running = threading.Lock(), {}
+
+    def run(self, key, compute: Callable[[], object]) -> tuple[object, bool]:
+        """``(value, waited)``: ``compute()``'s value, or the one in flight's (``waited``)."""
+        with self._lock:
+            future, owner = self._running.get(key), False
+            if future is None:
+                future, owner = self._running.setdefault(key, Future()), True
+        if not owner:
+            return future.result(), True  # the owner's error is raised here too
+        try:
+            value = compute()
+            future.set_result(value)
+            return value, False
+        except BaseException as err:
+            future.set_exception(err)
+            raise
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+
+
 _PROBES = _ProbeCache(PROBE_CACHE_ENTRIES)
 _PROGRAMS = _ProbeCache(64)  # compiled figures by lowered program text: policies that lower alike
+_KEYED = _ProbeCache(32)  # lowerings made by program_key, until a probe of them takes them
+_COMPILING = _Once()  # the same program text compiled once even when two threads ask at once
+# Tracing and lowering hold the GIL anyway and NNX keeps graph state while tracing: one at a time.
+# XLA's compiles release the GIL, so probes in parallel threads (``advisor_sizing``) overlap those.
+_LOWERING = threading.Lock()
 
 
 def _probe_key(config: RunConfig) -> RunConfig:
@@ -92,11 +126,25 @@ def batch_unit(config: RunConfig) -> int:
 
 def _lowered(config: RunConfig):
     """``(problem, lowered)``: ``config.step``'s program traced and lowered on abstract inputs."""
-    problem = abstract_problem(config)
-    try:
-        return problem, jit_program(problem).trace(*program_args(problem)).lower()
-    except Exception as err:  # XlaRuntimeError and friends
-        raise xla_error("compiling", err) from err
+    with _LOWERING:
+        problem = abstract_problem(config)
+        try:
+            return problem, jit_program(problem).trace(*program_args(problem)).lower()
+        except Exception as err:  # XlaRuntimeError and friends
+            raise xla_error("compiling", err) from err
+
+
+def _text_key(config: RunConfig, lowered) -> tuple:
+    return (config.target, config.target_devices, config.compile_only,
+            hashlib.sha256(lowered.as_text().encode()).hexdigest())
+
+
+def program_key(config: RunConfig) -> tuple:
+    """What identifies ``config``'s lowered program (two policies with equal keys compile alike);
+    the lowering is kept for a probe of the same configuration (``probe`` takes it)."""
+    problem, lowered = _lowered(config)
+    _KEYED.put(_probe_key(config), (problem, lowered))
+    return _text_key(config, lowered)
 
 
 def compile_abstract(config: RunConfig):
@@ -141,13 +189,21 @@ def probe(config: RunConfig) -> dict:
     if found is not None:
         return {**found, "cached": True}
     t0 = time.perf_counter()
-    problem, lowered = _lowered(config)
-    text_key = (config.target, config.target_devices, config.compile_only,
-                hashlib.sha256(lowered.as_text().encode()).hexdigest())
-    figures, reused = _PROGRAMS.get(text_key), True
-    if figures is None:
-        figures, reused = _compiled_figures(lowered), False
-        _PROGRAMS.put(text_key, figures)
+    kept = _KEYED.get(key)
+    _KEYED.drop(key)
+    problem, lowered = kept if kept is not None else _lowered(config)
+    text_key = _text_key(config, lowered)
+
+    def compiled() -> tuple[dict, bool]:
+        figures = _PROGRAMS.get(text_key)
+        if figures is None:
+            figures = _compiled_figures(lowered)
+            _PROGRAMS.put(text_key, figures)
+            return figures, False
+        return figures, True
+
+    (figures, reused), waited = _COMPILING.run(text_key, compiled)
+    reused = reused or waited
     kinds = memory_by_kind(figures["memory"], device_model_report(problem),
                            train=config.step == "train",
                            logits_bytes=logits_bytes(config, per_device=True))
@@ -161,6 +217,7 @@ def probe(config: RunConfig) -> dict:
 def clear_cache() -> None:
     _PROBES.clear()
     _PROGRAMS.clear()
+    _KEYED.clear()
 
 
 def _interpolate(lo: int, p_lo: int, hi: int, p_hi: int, budget: int) -> int:
@@ -170,9 +227,20 @@ def _interpolate(lo: int, p_lo: int, hi: int, p_hi: int, budget: int) -> int:
     return lo + int((budget - p_lo) * (hi - lo) // (p_hi - p_lo))
 
 
+def intercept(found: dict) -> int | None:
+    """The bytes at batch 0 of the line through a finished search's lowest and highest probes (the
+    batch-independent part of a peak: parameters, gradients, code), or None with too few probes."""
+    rows = sorted((p["batch"], p["peak_bytes"]) for p in found["probes"])
+    (b1, p1), (b2, p2) = rows[0], rows[-1]
+    if b2 <= b1 or p2 <= p1:
+        return None
+    return int(p1 - (p2 - p1) * b1 // (b2 - b1))
+
+
 def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
                   max_batch: int = MAX_BATCH, progress: Progress | None = None,
-                  measure: Callable[[RunConfig], dict] | None = None) -> dict:
+                  measure: Callable[[RunConfig], dict] | None = None,
+                  base_bytes: int | None = None) -> dict:
     """The largest batch of ``config`` (its policy) whose compiled peak is at most ``budget``.
 
     The batch is searched per device and per microbatch: batch ``b`` is the global batch
@@ -181,7 +249,9 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     The compiled peak grows about linearly with the batch, so the search predicts from a line
     through what it has measured and checks the prediction and the batch after it; bisection
     takes over once a prediction does not narrow the bracket by half. It starts at ``guess`` (the
-    previous policy's answer) and its next batch, or at batches 1 and 2. At most about
+    previous policy's answer) and its next batch, or at batches 1 and 2; given ``base_bytes`` (another
+    policy's ``intercept``: the peak's part that does not grow with the batch), it predicts from the
+    line through it and the guess instead of probing the batch after the guess. At most about
     2·log2(max_batch) + 3 compiles, usually 2 to 5. Returns ``{"max_batch", "per_device_batch",
     "peak_bytes", "next_batch", "next_peak_bytes", "probes": [{"batch", "per_device_batch",
     "peak_bytes", "fits"}], "compiles", "reason"}``: ``max_batch`` 0 when batch 1 (per device)
@@ -222,20 +292,28 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     # 1. A bracket: lo fits (0: nothing does yet), hi does not (None: not found yet).
     first = min(max(guess or 1, 1), max_batch)
     lo, hi = (first, None) if fits(first) else (0, first)
-    if lo and guess and lo < max_batch:  # is the guess already the answer?
+    pred = None
+    if guess and base_bytes is not None and peak(first) > base_bytes:  # the line from batch 0
+        pred = min(max(first * (budget - base_bytes) // (peak(first) - base_bytes), 1), max_batch)
+    if pred is not None and abs(pred - first) > 1 and (pred > lo if lo else pred < hi):
+        if fits(pred):
+            take(pred, True)
+        else:
+            hi = pred
+    elif lo and guess and lo < max_batch:  # is the guess already the answer?
         if not fits(lo + 1):
             hi = lo + 1
         else:
             lo = lo + 1
-    predicted = False  # upward: one prediction from a line, then doubling
+    predicted = 0  # upward: two predictions from a line, then doubling
     while hi is None and lo < max_batch:
         b, use = lo * 2, False
-        if not predicted:
+        if predicted < 2:
             small = min(probes)
             if lo > small and peak(lo) > peak(small):
-                pred = _interpolate(small, peak(small), lo, peak(lo), budget)
-                if pred > lo:
-                    b, use, predicted = pred, True, True
+                # the line says lo is the answer or past it: the batch after lo checks that
+                pred = max(_interpolate(small, peak(small), lo, peak(lo), budget), lo + 1)
+                b, use, predicted = pred, True, predicted + 1
         b = min(b, max_batch)
         if fits(b):
             take(b, use)

@@ -3,7 +3,8 @@
 "I have a transformer (width 512, seq 256, 8 heads, 8 blocks); which policy, and what batch fits in
 2 GiB?": ``advisor.advise`` over every named policy (custom needs names: left out), from an empty
 persistent cache, probe cache and in-process compile caches, once compile-only
-(``advise_transformer_no_time_s``) and once timed (``advise_transformer_s``).
+(``advise_transformer_no_time_s``) and once timed (``advise_transformer_s``), with the policies sized
+in ``advisor_sizing.WORKERS`` threads; ``compiles`` counts the sizing's compiles (model flops apart).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADV
     from contextlib import nullcontext
 
     from remat_lab.studies import advisor
+    from remat_lab.studies.advisor_sizing import WORKERS
 
-    out = {"config": config.as_dict(), "budget_bytes": budget, "policies": list(policies)}
+    out = {"config": config.as_dict(), "budget_bytes": budget, "policies": list(policies),
+           "workers": WORKERS}
     for key, timing in (("no_time", False), ("timed", True)):
         with (cache() if cache else nullcontext()):
             clear_caches()
@@ -39,5 +42,6 @@ def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADV
             out[key] = {"s": time.perf_counter() - t0, "search_s": doc["search_s"],
                         "recommended": doc["recommended"],
                         "max_batch": {r["policy"]: r["max_batch"] for r in rows},
-                        "timed": sum(1 for r in rows if r.get("step_time_s") is not None)}
+                        "timed": sum(1 for r in rows if r.get("step_time_s") is not None),
+                        "compiles": sum(r["compiles"] for r in rows)}
     return out
