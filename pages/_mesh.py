@@ -45,13 +45,19 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def apply(cfg: RunConfig) -> RunConfig:
-    """The sidebar's mesh controls (only with more than one device): ``cfg`` on the chosen mesh,
-    or ``cfg`` unchanged (one device) with a warning when the mesh does not fit it."""
+TARGET_SIZES = (1, 2, 4, 8, 16, 32, 64)  # each axis's choices on a named target (compile-only devices)
+
+
+def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
+    """The sidebar's mesh controls: ``cfg`` on the chosen mesh, or ``cfg`` unchanged (one device)
+    with a warning when the mesh does not fit it. Locally only with more than one device; on a
+    named target always, over as many of its compile-only devices as the mesh uses."""
+    on_target = target != "local"
     n = device_count()
-    if n < 2:
+    if n < 2 and not on_target:
         return cfg
     ss, sb = st.session_state, st.sidebar
+    choices = list(TARGET_SIZES) if on_target else _divisors(n)
     if "_mesh_loaded" not in ss:  # a shared link's mesh, once per session
         ss["_mesh_loaded"] = True
         try:
@@ -61,23 +67,28 @@ def apply(cfg: RunConfig) -> RunConfig:
                        "Using one device.")
             sizes = {}
         for axis in MESH_AXES:
-            ss[f"mesh_{axis}"] = sizes.get(axis, 1) if sizes.get(axis, 1) in _divisors(n) else 1
+            ss[f"mesh_{axis}"] = sizes.get(axis, 1) if sizes.get(axis, 1) in choices else 1
+    for axis in MESH_AXES:  # a value the other backend allowed: back to 1
+        if ss.get(f"mesh_{axis}", 1) not in choices:
+            ss[f"mesh_{axis}"] = 1
     sb.subheader("Device mesh")
-    sb.caption(f"{n} devices. `data` and `fsdp` split the batch, `fsdp` also the parameters, "
-               "`tensor` the width (see the Guide). All 1: one device.")
+    sb.caption(("Devices of the target: as many as the mesh uses (compiled, nothing runs). "
+                if on_target else f"{n} devices. ")
+               + "`data` and `fsdp` split the batch, `fsdp` also the parameters, `tensor` the width "
+               "(see the Guide). All 1: one device.")
     cols = sb.columns(len(MESH_AXES))
     for col, axis in zip(cols, MESH_AXES):
-        col.selectbox(axis, _divisors(n), key=f"mesh_{axis}")
+        col.selectbox(axis, choices, key=f"mesh_{axis}")
     sizes = {a: int(ss[f"mesh_{a}"]) for a in MESH_AXES}
     used = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
-    if n % used:
+    if not on_target and n % used:
         sb.warning(f"The mesh uses {used} devices, which does not divide the {n} present: "
                    "running on one device.")
         return cfg
     try:
         return cfg.replace(mesh=format_mesh(sizes))
     except ConfigError as err:
-        sb.warning(f"{err} Running on one device.")
+        sb.warning(f"{safe_text.escape_markdown(err)} Running on one device.")
         return cfg
 
 

@@ -188,7 +188,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
                    f"({escape_markdown(describe(cfg))}).")
     cfg = _user_block.apply(cfg)
     ss["_last_config"] = cfg
-    cfg = _with_target(_mesh.apply(cfg), ss["target"])  # mesh controls: with several devices only
+    cfg = _with_target(_mesh.apply(cfg, ss["target"]), ss["target"])  # several devices or a target
     for text in warnings:
         st.warning(text)
     write_url(cfg)

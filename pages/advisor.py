@@ -10,7 +10,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _advisor_run, _page_state, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import LOCAL, ConfigError, RunConfig, human_bytes, parse_bytes  # noqa: E402
+from remat_lab.config import LOCAL, ConfigError, RunConfig, human_bytes, parse_bytes, parse_mesh  # noqa: E402
 from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import (  # noqa: E402
@@ -132,9 +132,11 @@ if not chosen:
 if cfg.mesh and not on_target:
     st.info("The advisor sizes the one-device program: the sidebar's mesh is left out here.")
     cfg = cfg.replace(mesh="")
-model = cfg.replace(batch=1, policy="no_remat", save_names=(), offload_names=())
+sizes = parse_mesh(cfg.mesh)  # the search starts at one example per device and microbatch
+start = sizes.get("data", 1) * sizes.get("fsdp", 1) * cfg.microbatches
+model = cfg.replace(batch=start, policy="no_remat", save_names=(), offload_names=())
 if "custom" in chosen:
-    model = cfg.replace(batch=1)
+    model = cfg.replace(batch=start)
 key = (model, budget, tuple(chosen), timing, time_budget)
 max_batch = quotas.PUBLIC_ADVISOR_MAX_BATCH if public else None
 if public:

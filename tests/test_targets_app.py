@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {"width": "64", "batch": "8", "depth": "1", "repeats": "3"}
 
 
-def _app(page: str, **params) -> AppTest:
-    at = AppTest.from_file(str(ROOT / page), default_timeout=180)
+def _app(page: str, timeout: int = 180, **params) -> AppTest:
+    at = AppTest.from_file(str(ROOT / page), default_timeout=timeout)
     for key, value in params.items():
         at.query_params[key] = value
     return at
@@ -149,3 +149,27 @@ def test_the_targets_page_compiles_and_shows_the_lesson_or_the_same_ranking():
     assert len(table) == 4 and set(table["target"]) == {"local", "h100"}
     said = [w.value for w in at.warning] + [s.value for s in at.success]
     assert any("changes between targets" in s or "No policy overtakes another" in s for s in said)
+
+
+def test_the_advisor_sizes_an_llm_per_device_on_a_target_mesh():
+    """The headline question in one screen, at toy size: an llm on 8 TPU v5e chips (fsdp=8) from a link,
+    the mesh offered on a target although this machine has one device; per policy the largest
+    per-device batch, tokens per step, and a stacked bar of what fills one device."""
+    at = _app("pages/advisor.py", timeout=600, model="llm", vocab="256", width="64", heads="4", kv_heads="2",
+              mlp_dim="128", seq="16", depth="2", batch="8", target="tpu-v5e", mesh="fsdp=8",
+              step="train", budget="8M", policies="nothing_saveable").run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="mesh_fsdp").value == 8 and at.query_params["mesh"] == "fsdp=8"
+    at.button(key="advisor_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    doc = at.session_state["_advisor_doc"][1]
+    assert [r["policy"] for r in doc["rows"]] == ["nothing_saveable"]
+    for r in doc["rows"]:
+        assert r["devices"] == 8 and r["max_batch"] == 8 * r["per_device_batch"] > 0
+        assert r["tokens_per_step"] == r["max_batch"] * 16
+        kinds = {k: v for k, v in r["by_kind"].items() if k != "method"}
+        assert sum(kinds.values()) == r["peak_bytes"] <= doc["budget_bytes"]
+    charts_drawn = [c for c in at.get("plotly_chart")]
+    assert any("Memory by kind" in json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title", {}))
+               for c in charts_drawn)
