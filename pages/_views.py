@@ -182,11 +182,15 @@ def advice_view(doc: dict, key: str) -> None:
     """An advice as on the Advisor page: the recommendation, the notes, the probes against the budget,
     examples per second at each largest batch, and the policy table."""
     frame = tables.advice_frame(doc)
+    lines = advisor_tables.decision_lines(doc)  # the decision summary, first (older files: none)
     if doc.get("recommended"):
-        st.success(f"**Recommended: {md(doc['recommended'])}.** {md(doc['reason'])}.",
-                   icon=":material/recommend:")
+        why = lines[0].removeprefix("Decision: ") if (doc.get("decision") or {}).get("pick") else ""
+        st.success(f"**Recommended: {md(doc['recommended'])}.** {md(doc['reason'])}."
+                   + (f"  \n{md(why)}" if why else ""), icon=":material/recommend:")
     else:
         st.warning(md(doc["reason"]) + ".")
+    for line in lines[1:]:  # what this backend cannot show
+        st.caption(md(line))
     for note in doc.get("notes") or []:
         st.caption(md(note))
     budget = doc["budget_bytes"]

@@ -185,10 +185,7 @@ else:
     st.session_state["_advisor_done"] = key
     st.session_state["_advisor_doc"] = (key, doc)
 
-# ---------------------------------------------------------------- the decision, first
-for i, line in enumerate(advisor_tables.decision_lines(doc)):
-    (st.success if i == 0 and doc["decision"].get("pick") else st.caption if i else st.warning)(
-        _views.md(line))
+# ---------------------------------------------------------------- the decision first (advice_view)
 if timing and not doc["timed"]:
     t = doc.get("timing") or {}
     st.info(f"Sizes only: no policy was timed ({_views.md(str(doc.get('stopped_because')))}); this "

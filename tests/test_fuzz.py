@@ -69,6 +69,10 @@ def _valid_text(name: str):
         return st.sampled_from(["l1", "l1,l2", "query_proj", "context,mlpwo", "scores"])
     if name in ("tie_embeddings", "compile_only"):  # yes/no fields, as a URL or form writes them
         return st.sampled_from(["true", "false"])
+    if name == "model_module":  # the user's own block is code: the fuzz never names a real one
+        return st.sampled_from(["", "no/such/file.py:make_block", "nosuchpkg.blocks:make"])
+    if name == "input_shape":  # the user block's input (built-in models derive it)
+        return st.sampled_from(["", "4,16,64", "2,8"])
     if name == "mesh":  # the device mesh (sharding.py); the stubbed engine builds none
         return st.sampled_from(["", "data=1", "fsdp=2", "data=2,tensor=2"])
     return st.sampled_from(CHOICES[name])

@@ -198,12 +198,15 @@ def test_app_shows_xla_failure_and_recomputes_after_it(monkeypatch):
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "XLA failed" in errors[0] and "RESOURCE_EXHAUSTED" in errors[0]
     assert not at.metric
+    # the step's compile failed (and the witness compiles started beside it, if they got that far)
+    failed = len(compiles)
+    assert failed >= 1 and set(compiles) == {"failed"}
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", counting)
     at.run()  # same session, same configuration: the retry computes fresh and succeeds
     assert not at.exception and not at.error
-    # The step, then the no_remat baseline and the gradient reference (compiled, not cached).
-    assert compiles[0] == "failed" and len(compiles) >= 2 and set(compiles[1:]) == {"ok"}
+    # The step, the no_remat baseline and the gradient reference (compiled, not cached).
+    assert len(compiles) - failed >= 2 and set(compiles[failed:]) == {"ok"}
     assert at.metric and at.metric[0].label == "Median step time"
     done = list(compiles)
     at.run()  # now it is cached
