@@ -134,7 +134,9 @@ def test_default_configuration_shows_policies_differ_in_memory(page, server, sho
         rerun_after(page, button.click)
     assert_no_error(page)
     body = page.get_by_test_id("stMain").inner_text()
-    assert "Smallest peak memory" in body and "compiles to the same peak" not in body, body[:2000]
+    # named in the summary either way: beside a ranked front, or in the Pareto reason when the
+    # time intervals overlap (then no front is drawn on time, and memory alone names the smallest)
+    assert "smallest peak" in body.lower() and "compiles to the same peak" not in body, body[-2000:]
     shots(page, "compare")
 
 
