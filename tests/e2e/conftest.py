@@ -185,8 +185,8 @@ def new_page(request, browser, artifacts):
     """
     contexts, pages = [], []
 
-    def make():
-        ctx = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+    def make(viewport: dict | None = None):
+        ctx = browser.new_context(viewport=viewport or VIEWPORT, device_scale_factor=1)
         ctx.set_default_timeout(30_000)
         ctx.add_init_script(INIT_JS)
         contexts.append(ctx)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from playwright.sync_api import expect
-from streamlit_driver import INIT_JS, assert_no_error, assert_no_exception, url, wait_idle
+from streamlit_driver import assert_no_error, assert_no_exception, url, wait_idle
 
 from remat_lab.model.policies import POLICIES
 
@@ -73,28 +73,9 @@ _CHART_BOXES_JS = """(tol) => {
 
 
 @pytest.fixture
-def fresh(browser, artifacts, request):
+def fresh(new_page):
     """``fresh()``: a page 1024 px wide in a new browser context (nothing kept from another)."""
-    contexts, pages = [], []
-
-    def make():
-        ctx = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
-        ctx.set_default_timeout(30_000)
-        ctx.add_init_script(INIT_JS)
-        contexts.append(ctx)
-        pages.append(ctx.new_page())
-        return pages[-1]
-
-    yield make
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        for i, page in enumerate(pages):
-            try:
-                page.screenshot(path=str(artifacts / f"FAILED-{request.node.name}-{i}.png"), full_page=True)
-            except Exception as err:  # noqa: BLE001 - best effort
-                print(f"(could not screenshot page {i}: {err})")
-    for ctx in contexts:
-        ctx.close()
+    return lambda: new_page(VIEWPORT)
 
 
 def charts_legible(page, at_least: int) -> list[str]:
