@@ -27,6 +27,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from remat_lab.analysis import hlotext
 from remat_lab.analysis.timeline_parse import MAX_POINTS, PHASES, _downsample, parse_dump
 from remat_lab.program import backend
+from remat_lab.program.analysis_compile import ANALYSIS_ONLY
 
 __all__ = ["MAX_POINTS", "PHASES", "Dump", "_downsample", "clean_stale_dump_folders", "compile_dumped",
            "memory_timeline", "parse_dump", "uncached"]
@@ -90,8 +91,9 @@ class Dump:
     hlo: str
 
 
-def compile_dumped(lowered: jax.stages.Lowered):
-    """``lowered.compile()`` with XLA's dump on, read and deleted: ``(compiled, Dump | None)``.
+def compile_dumped(lowered: jax.stages.Lowered, *, read_only: bool = False):
+    """``lowered.compile()`` with XLA's dump on, read and deleted: ``(compiled, Dump | None)``;
+    ``read_only``: a program never run, compiled with ``analysis_compile.ANALYSIS_ONLY``.
 
     The dump is None when nothing was compiled (a persistent-cache hit) or the backend wrote none.
     The dump options are not part of JAX's cache key, so caching is unaffected. The folder is named
@@ -102,7 +104,8 @@ def compile_dumped(lowered: jax.stages.Lowered):
         _CLEANED.append(clean_stale_dump_folders())
     folder = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}_")
     try:
-        compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
+        options = {**(ANALYSIS_ONLY if read_only else {}), "xla_dump_to": folder}
+        compiled = lowered.compile(compiler_options=options)
         live_range = _read(folder, "after_optimizations-live-range.txt")
         assignment = _read(folder, "after_optimizations-buffer-assignment.txt")
         hlo = _read(folder, "after_optimizations.txt")

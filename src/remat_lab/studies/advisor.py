@@ -41,7 +41,7 @@ from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the 
     probe,
     probe_seconds,
 )
-from remat_lab.studies.advisor_sizing import WORKERS, flops_on_the_line, size_policies
+from remat_lab.studies.advisor_sizing import FLOPS_RTOL, WORKERS, model_flops_at, size_policies
 from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
     CALLS_PER_ROUND,
     MAX_ROUNDS,
@@ -204,23 +204,10 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     configs = {p: base_cfg.replace(policy=p, **(names if p == "custom" else {})) for p in chosen}
 
     t0 = time.perf_counter()
-    measured: list[int] = []  # no_remat's probed batches, once it is sized
-
-    def model_flops(policy: str, found: dict) -> float | None:
-        """The no_remat program's flops at ``found``'s largest batch: on the line through no_remat's
-        own probes when they lie exactly on one, else compiled (queued as each policy is sized)."""
-        if policy == "no_remat":
-            measured.extend(p["batch"] for p in found["probes"])
-        b = found["max_batch"]
-        if not b:
-            return None
-        on_line = flops_on_the_line(base_cfg, b, measured) if "no_remat" in chosen else None
-        return on_line if on_line is not None else probe(base_cfg.replace(batch=b))["flops"]
-
-    sized = size_policies(configs, budget_bytes, max_batch=max_batch, progress=say, workers=workers,
-                          then=model_flops)
+    sized = size_policies(configs, budget_bytes, max_batch=max_batch, progress=say, workers=workers)
     rows = [{"policy": p, **sized[p], **device_fields(configs[p], sized[p])} for p in chosen]
-    # Model FLOPs at each policy's largest batch: the no_remat program's count at that batch.
+    # Model FLOPs: the no_remat program's count at each policy's largest batch.
+    model_flops, on_line = model_flops_at(base_cfg, {r["max_batch"] for r in rows if r["max_batch"]})
     for r in rows:
         r.update(step_time_s=None, step_time_ci_s=None, examples_per_s=None, examples_per_s_ci=None,
                  model_flops=None, hardware_flops=None, model_flops_per_s=None,
@@ -230,7 +217,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
             continue
         at = configs[r["policy"]].replace(batch=r["max_batch"])
         r["hardware_flops"] = probe(at)["flops"]
-        r["model_flops"] = model_flops(r["policy"], {**r, "probes": []})
+        r["model_flops"] = model_flops[r["max_batch"]]
         r["fingerprint"] = probe(at)["fingerprint"]
         if r["model_flops"] and r["hardware_flops"]:  # the flops recomputation adds, as a share
             r["recompute_overhead"] = r["hardware_flops"] / r["model_flops"] - 1
@@ -248,6 +235,10 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         recommended, ties, reason = _recommend(rows, timed)
     cannot_show = _notes(configs, rows)
     notes = cannot_show + _rate_notes(rows, stated)
+    if on_line:
+        notes.append(f"model flops at {on_line} of the batches read on the line through no_remat's "
+                     f"compiled counts at the batches around them (those lie on one line within "
+                     f"{FLOPS_RTOL:.0e} of each); the others compiled")
     for r in rows:
         r.pop("fingerprint", None)
     doc = {

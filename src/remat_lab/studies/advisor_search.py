@@ -34,6 +34,7 @@ from remat_lab.config import (
     mesh_devices,
     parse_mesh,
 )
+from remat_lab.program.analysis_compile import compile_for_analysis
 from remat_lab.program.backend import xla_error
 from remat_lab.program.step import (
     abstract_problem,
@@ -72,6 +73,10 @@ class _ProbeCache:
     def drop(self, key) -> None:
         with self._lock:
             self._data.pop(key, None)
+
+    def items(self) -> list:
+        with self._lock:
+            return list(self._data.items())
 
     def clear(self) -> None:
         with self._lock:
@@ -151,7 +156,7 @@ def compile_abstract(config: RunConfig):
     """``config.step``'s program lowered and compiled on abstract inputs (nothing allocated)."""
     _, lowered = _lowered(config)
     try:
-        return lowered.compile()
+        return compile_for_analysis(lowered)
     except Exception as err:
         raise xla_error("compiling", err) from err
 
@@ -159,7 +164,7 @@ def compile_abstract(config: RunConfig):
 def _compiled_figures(lowered) -> dict:
     """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint."""
     try:
-        compiled = lowered.compile()
+        compiled = compile_for_analysis(lowered)
     except Exception as err:
         raise xla_error("compiling", err) from err
     text = compiled.as_text()
@@ -212,6 +217,12 @@ def probe(config: RunConfig) -> dict:
            "same_program": reused, "s": time.perf_counter() - t0}
     _PROBES.put(key, out)
     return {**out, "cached": reused}
+
+
+def probed_flops(config: RunConfig) -> dict[int, float | None]:
+    """``{batch: flops}`` of every cached probe of ``config``'s program (any batch)."""
+    mine = _probe_key(config).replace(batch=1)
+    return {k.batch: v["flops"] for k, v in _PROBES.items() if k.replace(batch=1) == mine}
 
 
 def clear_cache() -> None:

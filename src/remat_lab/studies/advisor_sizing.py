@@ -1,4 +1,4 @@
-"""The advisor's sizing of every policy: searches in up to two threads, each exact to one.
+"""The advisor's sizing of every policy (searches in up to two threads, each exact to one) and its model flops.
 
 A probe is a lowering (Python, one at a time under ``advisor_search``'s lock) and XLA's compile
 (its own threads, the GIL released), so a second search lowers while the first compiles. The first
@@ -17,7 +17,6 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from fractions import Fraction
 
 from remat_lab.config import RunConfig
 from remat_lab.studies.advisor_search import (
@@ -27,6 +26,7 @@ from remat_lab.studies.advisor_search import (
     intercept,
     largest_batch,
     probe,
+    probed_flops,
     program_key,
 )
 
@@ -38,11 +38,9 @@ WORKERS = 2 if (os.cpu_count() or 1) >= 4 else 1
 def size_policies(configs: dict[str, RunConfig], budget: int, *, max_batch: int = MAX_BATCH,
                   progress: Progress | None = None, workers: int = WORKERS,
                   measure: Callable[[RunConfig], dict] | None = None,
-                  key: Callable[[RunConfig], object] | None = None,
-                  then: Callable[[str, dict], object] | None = None) -> dict[str, dict]:
+                  key: Callable[[RunConfig], object] | None = None) -> dict[str, dict]:
     """``{policy: largest_batch(...)}`` for every configuration of ``configs`` (one per policy),
-    searched in ``workers`` threads (1: one after another, in order). ``then(policy, found)``: more
-    work for a sized policy, queued behind the searches not yet started. ``measure`` and ``key``
+    searched in ``workers`` threads (1: one after another, in order). ``measure`` and ``key``
     (what says two policies lower alike: ``program_key``) are for tests with synthetic curves."""
     say = progress or (lambda message: None)
     key = key or (lambda cfg: program_key(cfg.replace(batch=batch_unit(cfg))))
@@ -50,8 +48,6 @@ def size_policies(configs: dict[str, RunConfig], budget: int, *, max_batch: int 
     started: dict[object, Future] = {}  # program at batch one -> the first policy's result
     lock = threading.Lock()
     last: list[dict] = []  # results as they finish
-    pools: list[ThreadPoolExecutor] = []  # the pool, once there is one
-    after: list[Future] = []  # the ``then`` calls queued
 
     def search(i: int, p: str) -> dict:
         cfg = configs[p]
@@ -76,44 +72,63 @@ def size_policies(configs: dict[str, RunConfig], budget: int, *, max_batch: int 
         mine.set_result(found)
         with lock:
             last.append(found)
-            if then is not None and pools:
-                after.append(pools[0].submit(then, p, found))
-        if then is not None and not pools:
-            then(p, found)
         return found
 
     if workers <= 1:
         return {p: search(i, p) for i, p in enumerate(names, 1)}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="advise") as pool:
-        pools.append(pool)
         # The first alone: the rest start from its answer and intercept, two at a time.
         first = pool.submit(search, 1, names[0])
         first.result()
         futures = {names[0]: first, **{p: pool.submit(search, i, p)
                                        for i, p in enumerate(names[1:], 2)}}
         try:
-            out = {p: f.result() for p, f in futures.items()}
-            for f in list(after):  # complete: every search has queued its own
-                f.result()
-            return out
+            return {p: f.result() for p, f in futures.items()}
         except BaseException:
-            for f in [*futures.values(), *after]:
+            for f in futures.values():
                 f.cancel()
             raise
 
 
 
-def flops_on_the_line(config: RunConfig, batch: int, measured: list[int]) -> float | None:
-    """``config``'s flops at ``batch`` from its probes at the ``measured`` batches (cached, no
-    compile) when three or more lie exactly on one line, whole numbers all (the step's flops grow
-    by the same count per example: matmuls, elementwise work and the loss all scale with it); else
-    None, and the caller compiles that batch."""
-    counts = {b: probe(config.replace(batch=b))["flops"] for b in sorted(set(measured))}
-    if len(counts) < 3 or any(f is None or not float(f).is_integer() for f in counts.values()):
-        return None
-    (b1, f1), (b2, f2) = min(counts.items()), max(counts.items())
-    slope = Fraction(int(f2) - int(f1), b2 - b1)
-    if any(int(f1) + slope * (b - b1) != int(f) for b, f in counts.items()):
-        return None
-    at = int(f1) + slope * (batch - b1)
-    return float(at) if at.denominator == 1 and at > 0 else None
+# No_remat's flops between two of its compiled counts are read on the line through them when its
+# counts lie on one line within this share (XLA's counts grow by the same flops per example within
+# about 1e-7 from batch 2 up, transformer width 512 depth 8; batch 1's differ by 4e-4: left out).
+FLOPS_RTOL = 1e-5
+
+
+def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, float | None], int]:
+    """``({batch: flops}, interpolated)``: ``config``'s (no_remat's) flops at each batch, and how
+    many of them were read on a line rather than compiled.
+
+    A batch already probed is read from its probe (cached). The others: with the smallest and the
+    largest asked compiled (batch 1 on its own), each lies between two compiled counts; when the
+    compiled counts from batch 2 up lie on one line within ``FLOPS_RTOL`` of each, it is read on
+    the segment between its neighbours, else compiled (``tests/test_advisor.py`` compares both
+    with compiles of their own)."""
+    def flops(b: int) -> float | None:
+        return probe(config.replace(batch=b))["flops"]
+
+    probed = probed_flops(config)
+    out = {b: flops(b) for b in batches if b == 1 or b in probed}
+    rest = sorted(b for b in batches if b not in out)
+    if not rest:
+        return out, 0
+    for b in (rest[0], rest[-1]):  # the ends compiled: everything else lies between counts
+        out[b] = flops(b)
+    known = {b: f for b, f in probed_flops(config).items() if b > 1}
+    pts = sorted(known.items())
+    ok = len(pts) >= 3 and all(f is not None and f > 0 for _, f in pts)
+    if ok:
+        (b1, f1), (b2, f2) = pts[0], pts[-1]
+        ok = all(abs(f1 + (f2 - f1) * (b - b1) / (b2 - b1) - f) <= FLOPS_RTOL * f for b, f in pts[1:-1])
+    line = 0
+    for b in rest[1:-1]:
+        if not ok:
+            out[b] = flops(b)
+            continue
+        (lo, flo) = max((p for p in pts if p[0] <= b), key=lambda p: p[0])
+        (hi, fhi) = min((p for p in pts if p[0] >= b), key=lambda p: p[0])
+        out[b] = flo if hi == lo else float(round(flo + (fhi - flo) * (b - lo) / (hi - lo)))
+        line += hi != lo
+    return out, line

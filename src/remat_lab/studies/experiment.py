@@ -22,6 +22,7 @@ from remat_lab.analysis.timeline import compile_dumped, memory_timeline
 from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, resolve_budget
 from remat_lab.model.models import USER_MODEL, block_names
 from remat_lab.model.user_block import NO_GRADIENT_CHECK
+from remat_lab.program.analysis_compile import compile_for_analysis
 from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the studies' error type)
     ExecutionError,
     device_memory_limit,
@@ -201,7 +202,7 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
     if config.step == "train":
         t0 = time.perf_counter()
         try:
-            compiled = jit_program(problem).lower(*program_args(problem)).compile()
+            compiled = compile_for_analysis(jit_program(problem).lower(*program_args(problem)))
         except Exception as err:
             raise xla_error("compiling the training step", err) from err
         result["compile"]["train_compile_s"] = time.perf_counter() - t0
@@ -235,7 +236,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         lowered = traced.lower()
         t1 = time.perf_counter()
         progress("compiling")
-        compiled, dump = compile_dumped(lowered)
+        compiled, dump = compile_dumped(lowered, read_only=True)
         t2 = time.perf_counter()
     except Exception as err:
         witnesses.settle()

@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from remat_lab.analysis.costs import memory_report, program_flops
 from remat_lab.analysis.gradcheck import reference_loss_and_grads
 from remat_lab.config import RunConfig
+from remat_lab.program.analysis_compile import compile_for_analysis
 from remat_lab.program.step import Problem, jit_step, problem_for
 
 # Two witnesses per run; runs in one process take turns (the worker runs one job at a time).
@@ -33,7 +34,7 @@ def baseline_program(config: RunConfig) -> dict:
 @functools.lru_cache(maxsize=16)
 def _baseline(ref_cfg: RunConfig) -> dict:
     problem = problem_for(ref_cfg)
-    compiled = jit_step(problem).trace(*problem.args).lower().compile()
+    compiled = compile_for_analysis(jit_step(problem).trace(*problem.args).lower())
     text = compiled.as_text()
     return {"text": text, "flops": program_flops(compiled, text)[0], "memory": memory_report(compiled)}
 

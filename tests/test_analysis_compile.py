@@ -1,0 +1,52 @@
+"""Programs read and never run are compiled with LLVM's optimisation off: what the lab reads is unchanged.
+
+The truth is a second compile of the same lowering with XLA's defaults: the optimized HLO text
+and every field of the memory analysis must be identical, on the local CPU and on a named GPU and
+TPU target (compile-only devices); the advisor's probe must read the default compile's figures.
+"""
+
+import pytest
+
+from remat_lab.analysis.costs import memory_report, program_flops
+from remat_lab.config import RunConfig
+from remat_lab.program.analysis_compile import ANALYSIS_ONLY, compile_for_analysis
+from remat_lab.studies import advisor_search
+
+CASES = [
+    RunConfig(model="transformer", width=64, seq=32, heads=4, depth=3, stack="scan", batch=4,
+              policy="dots_saveable"),
+    RunConfig(model="transformer", width=64, seq=32, heads=4, depth=2, stack="loop", batch=4,
+              policy="offload_dot_with_no_batch_dims"),
+    RunConfig(model="mlp", width=128, depth=3, stack="loop", batch=16, policy="nothing_saveable"),
+    RunConfig(model="llm", width=64, depth=2, heads=4, seq=16, vocab=256, batch=2, step="train",
+              policy="minimal"),
+    RunConfig(model="mlp", width=64, depth=2, stack="scan", batch=8, policy="dots_saveable",
+              target="h100"),
+    RunConfig(model="mlp", width=64, depth=2, stack="scan", batch=8, policy="dots_saveable",
+              target="tpu-v5e"),
+]
+
+
+@pytest.mark.parametrize("config", CASES, ids=lambda c: f"{c.target}-{c.model}-{c.stack}-{c.step}")
+def test_read_only_compile_reads_what_the_default_compile_reads(config):
+    _, lowered = advisor_search._lowered(config)
+    default = lowered.compile()
+    read_only = compile_for_analysis(lowered)
+    assert read_only.as_text() == default.as_text()
+    assert memory_report(read_only) == memory_report(default)
+    assert program_flops(read_only, read_only.as_text())[:2] == program_flops(default, default.as_text())[:2]
+
+
+def test_the_options_are_llvms_only():
+    # Anything else could change the HLO passes or the buffer assignment the lab reads.
+    assert set(ANALYSIS_ONLY) == {"xla_backend_optimization_level", "xla_llvm_disable_expensive_passes"}
+
+
+def test_a_probe_reads_the_default_compiles_peak():
+    config = CASES[0]
+    advisor_search.clear_cache()
+    got = advisor_search.probe(config)
+    _, lowered = advisor_search._lowered(config)
+    default = memory_report(lowered.compile())
+    assert got["peak_bytes"] == default["peak_bytes"]
+    assert got["memory"]["temp_bytes"] == default["temp_bytes"]
