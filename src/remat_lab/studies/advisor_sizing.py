@@ -30,9 +30,10 @@ from remat_lab.studies.advisor_search import (
     program_key,
 )
 
-# Searches at once. XLA CPU already compiles on several threads: on 2 cores a second search
-# measured no faster (194 s one, 219 s two, 16 policies, load ~6), so two only from 4 cores.
-WORKERS = 2 if (os.cpu_count() or 1) >= 4 else 1
+# Searches at once: a second search lowers (Python) while the first compiles (XLA). On this idle
+# 2-core machine, 17 policies of the bench's transformer, read-only compiles: 56.0 and 59.3 s with
+# two, 66.3 and 69.4 s with one, interleaved (under a load of ~6 two were slower: 219 vs 194 s).
+WORKERS = 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
 def size_policies(configs: dict[str, RunConfig], budget: int, *, max_batch: int = MAX_BATCH,
