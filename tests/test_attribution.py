@@ -96,13 +96,13 @@ def test_residual_kinds_never_share_a_colour():
     assert len(set(colors.values())) == len(colors)
 
 
-HLO = """HloModule m
-ENTRY %main (p: f32[8,4]) -> f32[32,4] {
-  %p = f32[8,4]{1,0} parameter(0)
-  %ag = f32[32,4]{1,0} all-gather(%p), dimensions={0}, metadata={op_name="f/transpose(jvp())/rematted_computation/ag"}
-  ROOT %n = f32[32,4]{1,0} negate(%ag), metadata={op_name="f/transpose(jvp())/neg"}
-}
-"""
+HLO = ("HloModule m\n"
+       "ENTRY %main (p: f32[8,4]) -> f32[32,4] {\n"
+       "  %p = f32[8,4]{1,0} parameter(0)\n"
+       "  %ag = f32[32,4]{1,0} all-gather(%p), dimensions={0}, "
+       'metadata={op_name="f/transpose(jvp())/rematted_computation/ag"}\n'
+       '  ROOT %n = f32[32,4]{1,0} negate(%ag), metadata={op_name="f/transpose(jvp())/neg"}\n'
+       "}\n")
 EXTRA = HLO.replace("  ROOT %n", "  %ag2 = f32[32,4]{1,0} all-gather(%p), dimensions={0}, "
                     'metadata={op_name="f/ag"}\n  %s = f32[32,4]{1,0} add(%ag, %ag2)\n  ROOT %n')
 

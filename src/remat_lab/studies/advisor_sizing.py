@@ -1,4 +1,4 @@
-"""The advisor's sizing of every policy (searches in up to two threads, each exact to one) and its model flops.
+"""The advisor's sizing of every policy (up to two searches at once, each exact to one) and its model flops.
 
 A probe is a lowering (Python, one at a time under ``advisor_search``'s lock) and XLA's compile
 (its own threads, the GIL released), so a second search lowers while the first compiles. The first
