@@ -102,16 +102,18 @@ def test_report_document_and_table(monkeypatch):
     monkeypatch.setattr(bench, "advise_bench", lambda: real_advise(
         RunConfig(width=8, batch=2, depth=2, repeats=2, warmup=0), 1 << 20, probes=1, policies=2))
     real_tf = bench.advise_transformer
-    monkeypatch.setattr(bench, "advise_transformer", lambda cache=None: real_tf(
-        TINY_TRANSFORMER, 1 << 20, ("no_remat", "nothing_saveable"), cache=cache))
+    monkeypatch.setattr(bench, "advise_transformer", lambda cache=None, timed=True: real_tf(
+        TINY_TRANSFORMER, 1 << 20, ("no_remat", "nothing_saveable"), cache=cache, timed=timed))
     doc = json.loads(json.dumps(bench._jsonable(bench.run_all(quick=True))))
     keys = {"fidelity_ratio_default", "fidelity_ratio_small", "overhead_ratio", "warm_latency_s",
             "cold_latency_s", "dissect_overhead_ratio", "sweep_s_per_config", "cache_speedup",
             "achieved_flops_fraction", "timeline_overhead_ratio", "machine", "advise_s",
             "advise_no_time_s", "probe_s", "advise_transformer_s", "advise_transformer_no_time_s"}
     assert keys <= set(doc)
-    for key in keys - {"machine", "achieved_flops_fraction", "timeline_overhead_ratio"}:
+    for key in keys - {"machine", "achieved_flops_fraction", "timeline_overhead_ratio",
+                       "advise_transformer_s"}:
         assert _positive(doc[key]), key
+    assert doc["advise_transformer_s"] is None  # --quick leaves the timed transformer advice out
     assert math.isfinite(doc["timeline_overhead_ratio"])  # a difference of two medians: may be < 0
     assert doc["cold_latency_s"] > doc["warm_latency_s"]
     assert doc["achieved_flops_fraction"] is None or 0 < doc["achieved_flops_fraction"] <= 1

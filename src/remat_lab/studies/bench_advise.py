@@ -22,9 +22,11 @@ ALL_POLICIES = tuple(p for p in POLICIES if p != "custom")
 
 
 def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADVISE_TRANSFORMER_BUDGET,
-                       policies: tuple[str, ...] = ALL_POLICIES, cache=None) -> dict:
-    """Seconds to the advice without and with timing; ``cache``: a context manager factory giving
-    an empty persistent cache directory (``bench.temporary_cache_dir``)."""
+                       policies: tuple[str, ...] = ALL_POLICIES, cache=None, timed: bool = True) -> dict:
+    """Seconds to the advice without and (``timed``) with timing; ``cache``: a context manager
+    factory giving an empty persistent cache directory (``bench.temporary_cache_dir``). The timed
+    advice runs every fitting program at its largest batch: over 40 minutes on 2 CPU cores (the
+    README says why), so ``bench --quick`` leaves it out."""
     from contextlib import nullcontext
 
     from remat_lab.studies import advisor
@@ -32,7 +34,7 @@ def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADV
 
     out = {"config": config.as_dict(), "budget_bytes": budget, "policies": list(policies),
            "workers": WORKERS}
-    for key, timing in (("no_time", False), ("timed", True)):
+    for key, timing in (("no_time", False), ("timed", True))[:2 if timed else 1]:
         with (cache() if cache else nullcontext()):
             clear_caches()
             advisor.clear_cache()
