@@ -97,10 +97,12 @@ def _transformer_line(adv: dict | None) -> list[str]:
     """The Advisor on the transformer: policies, both times, how many were timed, the pick."""
     if not adv:
         return []
-    return [f"advisor on the transformer ({len(adv['policies'])} policies, "
-            f"{adv['budget_bytes'] / 2**30:g} GiB): compile-only {adv['no_time']['s']:.1f} s, timed "
-            f"{adv['timed']['s']:.1f} s ({adv['timed']['timed']} policies timed); recommended "
-            f"{adv['timed']['recommended']}"]
+    head = (f"advisor on the transformer ({len(adv['policies'])} policies, "
+            f"{adv['budget_bytes'] / 2**30:g} GiB): compile-only {adv['no_time']['s']:.1f} s")
+    if "timed" not in adv:  # --quick
+        return [f"{head}; not timed (--quick leaves the timed advice out)"]
+    return [f"{head}, timed {adv['timed']['s']:.1f} s ({adv['timed']['timed']} policies timed); "
+            f"recommended {adv['timed']['recommended']}"]
 
 
 def _roofline_line(roof: dict) -> str:
