@@ -8,7 +8,8 @@ import argparse
 def add_parsers(sub) -> None:
     """``bench`` under the subcommands ``sub``."""
     bench = sub.add_parser("bench", help="benchmarks: timing fidelity, latency, sweep throughput")
-    bench.add_argument("--quick", action="store_true", help="smaller sizes; the transformer advice compile-only (a few minutes on 2 cores)")
+    bench.add_argument("--quick", action="store_true",
+                       help="smaller sizes; the transformer advice compile-only (minutes on 2 cores)")
     bench.add_argument("--json", action="store_true")
 
 
