@@ -15,6 +15,7 @@ a program in flight is compiled once.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
@@ -221,8 +222,10 @@ def probe(config: RunConfig) -> dict:
 
 def probed_flops(config: RunConfig) -> dict[int, float | None]:
     """``{batch: flops}`` of every cached probe of ``config``'s program (any batch)."""
-    mine = _probe_key(config).replace(batch=1)
-    return {k.batch: v["flops"] for k, v in _PROBES.items() if k.replace(batch=1) == mine}
+    mine = _probe_key(config)  # compared field by field, the batch left out (``replace`` validates)
+    names = [f.name for f in dataclasses.fields(config) if f.name not in ("batch", "input_shape")]
+    return {k.batch: v["flops"] for k, v in _PROBES.items() if k.input_shape[1:] == mine.input_shape[1:]
+            and all(getattr(k, n) == getattr(mine, n) for n in names)}
 
 
 def clear_cache() -> None:
