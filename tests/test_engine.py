@@ -178,3 +178,48 @@ def test_time_executable_warms_up_by_count_and_by_time():
 
     time_executable(slow, (1,), warmup=1, repeats=2, min_warmup_s=0.05)
     assert len(calls) >= 2 + 8  # at least 50 ms of 5 ms warm-up calls, then the timed ones
+
+
+def test_the_timed_loop_keeps_only_the_last_output_and_the_run_checks_it():
+    """The gradient check reads the last timed call's output: one output alive at a time (each
+    released before the next call), and no extra call after the timed ones."""
+    import weakref
+
+    from remat_lab.program.timing import time_keeping_output
+
+    class Out:
+        pass
+
+    alive, made = [], []
+
+    def fake(x):
+        alive.append(sum(r() is not None for r in made))  # outputs still held when called
+        out = Out()
+        made.append(weakref.ref(out))
+        return out
+
+    samples, last = time_keeping_output(fake, (1,), warmup=2, repeats=3)
+    assert samples.shape == (3,) and len(made) == 5 and last is made[-1]()
+    assert alive == [0, 0, 0, 0, 0]
+    assert time_keeping_output(fake, (1,), warmup=0, repeats=0)[1] is None
+
+    from remat_lab.studies import experiment
+
+    kept, checked = [], []
+    real_time, real_check = experiment.time_keeping_output, experiment.check_gradients
+
+    def timing(*args, **kwargs):
+        samples, out = real_time(*args, **kwargs)
+        kept.append(out)
+        return samples, out
+
+    def check(problem, grads, loss, jaxpr):
+        checked.append(grads)
+        return real_check(problem, grads, loss, jaxpr)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(experiment, "time_keeping_output", timing)
+        mp.setattr(experiment, "check_gradients", check)
+        result = experiment.run_experiment(RunConfig(width=16, batch=2, repeats=3, warmup=1))
+    assert result["gradient_check"]["ok"] and len(kept) == len(checked) == 1
+    assert all(a is b for a, b in zip(checked[0], kept[0][1]))  # the last timed call's gradients

@@ -251,7 +251,7 @@ def test_eight_threads_through_the_cached_entry_point(monkeypatch):
     serial = {cfg: _stable(experiment.run_experiment(cfg)) for cfg in CONCURRENT}
 
     intervals, lock_held = [], []
-    real_time = experiment.time_executable
+    real_time = experiment.time_keeping_output
 
     def recording(*args, **kwargs):
         lock_held.append(timing.TIMING_LOCK.locked())
@@ -261,7 +261,7 @@ def test_eight_threads_through_the_cached_entry_point(monkeypatch):
         finally:
             intervals.append((start, time.perf_counter()))
 
-    monkeypatch.setattr(experiment, "time_executable", recording)
+    monkeypatch.setattr(experiment, "time_keeping_output", recording)
     _running._cached_run.clear()
     results, errors = {}, []
     barrier = threading.Barrier(len(CONCURRENT))

@@ -44,17 +44,29 @@ def time_executable(compiled, args, *, warmup: int, repeats: int,
     Warm-up: ``warmup`` calls, then more until ``min_warmup_s`` seconds have passed (at most 1000
     calls): a microsecond step needs more than a few calls before its time settles.
     """
+    return time_keeping_output(compiled, args, warmup=warmup, repeats=repeats,
+                               min_warmup_s=min_warmup_s, keep=False)[0]
+
+
+def time_keeping_output(compiled, args, *, warmup: int, repeats: int, min_warmup_s: float = 0.0,
+                        keep: bool = True) -> tuple[np.ndarray, object]:
+    """``(seconds per call, the last call's output)``, as ``time_executable``: a caller that needs
+    the step's output (the gradient check) reads the last timed call's instead of calling again.
+    One output is alive at a time (each is released before the next call); with ``repeats=0``
+    the output is the last warm-up call's, or ``None`` when there was none."""
     clock = time.perf_counter
-    start, done = clock(), 0
+    start, done, out = clock(), 0, None
     while done < warmup or (clock() - start < min_warmup_s and done < 1000):
-        jax.block_until_ready(compiled(*args))
+        out = None
+        out = jax.block_until_ready(compiled(*args))
         done += 1
     samples = np.empty(repeats)
     for i in range(repeats):
+        out = None
         t0 = clock()
-        jax.block_until_ready(compiled(*args))
+        out = jax.block_until_ready(compiled(*args))
         samples[i] = clock() - t0
-    return samples
+    return samples, (out if keep else None)
 
 
 def step_time_summary(samples: np.ndarray, warmup: int) -> dict:

@@ -44,6 +44,7 @@ class Job:
         self.stages: list[str] = []
         self.value = self.error = None
         self.done = threading.Event()
+        self._news = threading.Condition()  # notified on a new stage and on the finish
         self.waiters = 0
         self.sessions: set = set()  # the sessions that asked for it (None: callers without one)
         self._lock = threading.Lock()
@@ -52,22 +53,35 @@ class Job:
         with self._lock:
             return self.waiters == 0
 
+    def stage(self, name: str) -> None:
+        """Record a stage; every waiter hands it to its ``progress`` now, not at its next poll."""
+        with self._news:
+            self.stages.append(name)
+            self._news.notify_all()
+
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
         """Record the outcome; a value is handed to ``on_done`` (the caller's cache) even when
         nobody waits any more."""
         self.value, self.error = value, error
         if error is None and self.on_done is not None:
             self.on_done(value)
-        self.done.set()
+        with self._news:
+            self.done.set()
+            self._news.notify_all()
 
     def wait(self, progress: Callable[[str], None] | None = None,
              alive: Callable[[], bool] | None = None, poll: float = 0.25) -> Any:
         """The job's value; stages go to ``progress`` in the caller's thread. Leaving (an exception
-        in ``progress``, or ``alive()`` false) withdraws this caller."""
+        in ``progress``, or ``alive()`` false) withdraws this caller. Stages are handed over as
+        they are recorded (a wake-up, not the poll: the status names the stage that is running);
+        ``poll`` only paces the ``alive`` check."""
         seen = 0
         try:
             while True:
-                finished = self.done.wait(poll)
+                with self._news:
+                    if not self.done.is_set() and len(self.stages) == seen:
+                        self._news.wait(poll)  # until a stage or the finish, or the poll
+                finished = self.done.is_set()
                 while seen < len(self.stages):
                     (progress or (lambda s: None))(self.stages[seen])
                     seen += 1

@@ -155,7 +155,7 @@ class Pool:
                     self._queued[session] = job
             if fresh and self.size:
                 if len(self._jobs) or any(self._busy):
-                    job.stages.append("waiting")
+                    job.stage("waiting")
                 self._jobs.put(job, session)
         if replaced is not None:
             replaced.finish(error=Superseded("replaced by a newer request of the same session"))
@@ -212,7 +212,7 @@ class Pool:
         job.thread = threading.get_ident()
 
         def stage(name: str) -> None:
-            job.stages.append(name)
+            job.stage(name)
             if progress is not None:
                 progress(name)
 
@@ -272,7 +272,7 @@ class Pool:
             return
         lock = self.timing_lock if job.kind in TIMED else None
         if lock is not None and not lock.acquire(blocking=False):
-            job.stages.append("waiting")
+            job.stage("waiting")
             lock.acquire()
         try:
             w = self._ensure(i)
@@ -321,7 +321,7 @@ class Pool:
             if job_id != job.id:
                 continue
             if what == "stage":
-                job.stages.append(value)
+                job.stage(value)
                 continue
             w.runs += 1
             if what == "done":

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import pickle
 import shutil
 import sys
@@ -92,16 +93,24 @@ ADVISE_BUDGET = 64 << 20
 def temporary_cache_dir(path: str | None = None):
     """A fresh (or given) persistent cache directory for the block; the previous one after it.
 
-    A directory made here is deleted afterwards.
+    A directory made here is deleted afterwards. Worker processes started in the block (the
+    app's run path: the latency figures) use it too (``$REMAT_LAB_CACHE_DIR``): a "cold" request
+    must not be served from an earlier session's cache on disk.
     """
     previous = jax.config.jax_compilation_cache_dir
+    previous_env = os.environ.get("REMAT_LAB_CACHE_DIR")
     own = path is None
     path = path or tempfile.mkdtemp(prefix="remat_lab_bench_cache_")
     try:
+        os.environ["REMAT_LAB_CACHE_DIR"] = path
         yield use_cache_dir(path)
     finally:
         from jax._src import compilation_cache
 
+        if previous_env is None:
+            os.environ.pop("REMAT_LAB_CACHE_DIR", None)
+        else:
+            os.environ["REMAT_LAB_CACHE_DIR"] = previous_env
         jax.config.update("jax_compilation_cache_dir", previous)
         compilation_cache.reset_cache()
         if own:
