@@ -201,3 +201,29 @@ def test_a_public_sweep_click_runs_at_most_the_bound_and_says_so_before(monkeypa
                for i in at.info)
     at.button(key="sweep_run").click().run()
     assert len(calls) == quotas.PUBLIC_SWEEP_MAX_RUNS
+
+
+def test_a_waiter_sees_each_stage_when_it_is_recorded_not_at_its_poll():
+    """The status names the running stage: a stage recorded while the caller waits reaches its
+    ``progress`` at once (a wake-up), though its poll (only for the ``alive`` check) is a minute."""
+    import threading
+
+    from remat_lab.serve.jobs import Job
+
+    job = Job("run", {}, 0)
+    job.waiters = 1
+    seen, arrived, out = [], threading.Event(), {}
+
+    def progress(stage):
+        seen.append(stage)
+        arrived.set()
+
+    waiter = threading.Thread(target=lambda: out.update(value=job.wait(progress, poll=60.0)))
+    waiter.start()
+    for stage in ("building", "compiling"):
+        arrived.clear()
+        job.stage(stage)
+        assert arrived.wait(20.0), f"{stage} reached the waiter only at its 60 s poll"
+    job.finish({"ok": True})
+    waiter.join(20.0)
+    assert not waiter.is_alive() and out["value"] == {"ok": True} and seen == ["building", "compiling"]
