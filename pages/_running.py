@@ -42,13 +42,15 @@ QUICK_FLOPS = 3e10  # auto-run below this many flops of timed work (a few second
 # the memory timeline); a programs result carries the jaxpr and HLO texts (up to a few MiB).
 RUN_CACHE_BYTES = 32 << 20
 PROGRAM_CACHE_BYTES = 16 << 20
+UNTIMED_CACHE_BYTES = 16 << 20  # the Sweep's configurations, untimed (their cells time them)
 
 
 @st.cache_resource(show_spinner=False)
 def _caches() -> dict[str, ByteCache]:
     """The server's result caches, one per job kind, shared by all sessions (read-only results)."""
     return {"run": ByteCache(RUN_CACHE_BYTES, "results"),
-            "programs": ByteCache(PROGRAM_CACHE_BYTES, "programs")}
+            "programs": ByteCache(PROGRAM_CACHE_BYTES, "programs"),
+            "untimed": ByteCache(UNTIMED_CACHE_BYTES, "untimed results")}
 
 
 def pool() -> worker.Pool:
@@ -118,13 +120,16 @@ class _CachedKind:
 
 _cached_run = _CachedKind("run")  # timed results, without program texts
 _cached_programs = _CachedKind("programs", clean=safe_text.strip_paths_in)  # texts, paths cut
+_cached_untimed = _CachedKind("untimed")  # compiled, checked and dissected, not timed (the Sweep)
 
 
-def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = False) -> dict:
+def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = False,
+               timed: bool = True) -> dict:
     """One cached run, naming each stage in ``status``; raises ConfigError / ExecutionError.
 
     ``keep_texts=True`` (the Inspect page) returns the jaxpr and HLO texts and skips the timing:
-    reading programs should not wait for, or take, the timing lock.
+    reading programs should not wait for, or take, the timing lock. ``timed=False`` (the Sweep,
+    whose cells time their policies together afterwards) skips the timing, without the texts.
     """
     def progress(stage: str) -> None:
         status.update(label=f"{prefix}{STAGE_TEXT.get(stage, stage)}…", state="running")
@@ -132,7 +137,7 @@ def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = Fals
     # The budget is checked before the cache too: lowering it refuses cached configurations as well.
     check_budget(cfg, resolve_budget(None, _device_limit()))
     items = tuple(sorted(cfg.as_dict().items()))
-    return (_cached_programs if keep_texts else _cached_run)(items, progress)
+    return (_cached_programs if keep_texts else _cached_run if timed else _cached_untimed)(items, progress)
 
 
 def is_quick(cfg: RunConfig) -> bool:

@@ -131,7 +131,9 @@ if start:
     bar = st.progress(done / len(grid), text=f"{done} of {len(grid)} runs done")
     t0 = time.perf_counter()
     with st.status(f"Sweeping {len(batch)} configurations…", expanded=False) as status:
-        run = lambda c: _running.run_config(c, status, prefix=f"w{c.width} b{c.batch} {c.policy}: ")
+        # Untimed here: each cell's policies are timed together afterwards (as the CLI's sweep).
+        run = lambda c: _running.run_config(c, status, prefix=f"w{c.width} b{c.batch} {c.policy}: ",
+                                            timed=False)
         time_cell = lambda cfgs, docs: _time_cell(cfgs, docs, status)
         outcomes = sweep.run_grid([c.as_dict() for c in batch], run, time_cell=time_cell)
         for i, outcome in enumerate(outcomes, 1):

@@ -128,7 +128,17 @@ def test_compare_over_budget_shows_one_error_a_web_user_can_act_on(monkeypatch):
     assert not at.dataframe
 
 
-def test_sweep_two_widths_two_batches_two_policies():
+def test_sweep_two_widths_two_batches_two_policies(monkeypatch):
+    """Every row timed by its cell's interleaved timing only: its configuration runs untimed first
+    (as the CLI's sweep), never timed twice."""
+    from pages import _running
+    from remat_lab.studies import experiment
+
+    timing_flags = []
+    real = experiment.run_experiment
+    monkeypatch.setattr(experiment, "run_experiment",
+                        lambda cfg, **kw: timing_flags.append(kw.get("timing", True)) or real(cfg, **kw))
+    _running._cached_untimed.clear()
     at = _app("pages/sweep.py", repeats="3").run()
     assert not _has_frame(at, "median_ms")
     at.multiselect(key="sweep_widths").set_value([8, 16])
@@ -142,6 +152,7 @@ def test_sweep_two_widths_two_batches_two_policies():
     assert (rows["median_ms"] > 0).all()
     assert {"compiled_recomputed_products", "compiled_recomputed_gflop"} <= set(rows.columns)
     assert len(at.get("plotly_chart")) == 6  # 4 line charts, 2 heatmaps
+    assert timing_flags == [False] * 8  # untimed runs; the 4 cells timed them (rows' median_ms)
 
 
 def _has_frame(at, column):

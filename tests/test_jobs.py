@@ -175,7 +175,7 @@ def test_a_public_sweep_click_runs_at_most_the_bound_and_says_so_before(monkeypa
 
     calls = []
 
-    def refuse(cfg, status, prefix=""):
+    def refuse(cfg, status, prefix="", **_):
         calls.append(cfg)
         raise ConfigError("not run in this test")
 

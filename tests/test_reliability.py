@@ -333,7 +333,7 @@ def test_interrupted_sweep_keeps_completed_rows_and_a_clean_cache(monkeypatch, t
         return _fake_result(tiny_result, cfg)
 
     monkeypatch.setattr(experiment, "run_experiment", run)
-    _running._cached_run.clear()
+    _running._cached_untimed.clear()
     at = AppTest.from_file(SWEEP, default_timeout=60)
     at.query_params.update(model="mlp", depth="1", repeats="1")
     at.run()
@@ -350,9 +350,9 @@ def test_interrupted_sweep_keeps_completed_rows_and_a_clean_cache(monkeypatch, t
 
     # The cache holds the two completed runs and nothing for the interrupted one.
     completed, interrupted = calls[0], calls[2]
-    assert _running._cached_run(_key(completed))["config"] == completed.as_dict()
+    assert _running._cached_untimed(_key(completed))["config"] == completed.as_dict()
     assert len(calls) == 3
-    assert _running._cached_run(_key(interrupted))["config"] == interrupted.as_dict()
+    assert _running._cached_untimed(_key(interrupted))["config"] == interrupted.as_dict()
     assert len(calls) == 4  # computed fresh: no half-written entry
 
     at.run()  # the next script run shows the partial sweep

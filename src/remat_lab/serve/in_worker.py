@@ -38,6 +38,10 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
         return result
     if kind == "programs":
         return experiment.run_experiment(cfg, progress=progress, timing=False)
+    if kind == "untimed":  # a Sweep configuration: its cell times it with the others (sweep_time)
+        result = experiment.run_experiment(cfg, progress=progress, timing=False)
+        result.pop("texts", None)
+        return result
     if kind == "compare":
         return compare.compare_policies(cfg, list(payload["policies"]), progress=progress)
     if kind == "sweep_time":  # a Sweep cell's steps timed together, interleaved (studies/sweep.py)

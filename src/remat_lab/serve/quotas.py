@@ -31,6 +31,7 @@ DEADLINES_S: dict[str, float] = {
     # Compile and analyses, no timing: the largest model under a 1 GiB container's budget compiles
     # (step, no_remat witness, gradient reference) in about 30 s.
     "programs": 90.0,
+    "untimed": 90.0,  # a Sweep configuration: the same compiles and checks, timed later with its cell
     # The same plus the timed loop (up to 1000 repeats + 100 warm-up) and the gradient check.
     "run": 120.0,
     # Every selected policy compiled, then timed interleaved: up to 17 policies of ~8 s each.
@@ -49,6 +50,7 @@ _WHAT = {
     "device_limit": ("a question about the backend", "reload the page"),
     "programs": ("a program listing", "try a smaller model (width, batch, seq or depth)"),
     "run": ("a run", "try a smaller model (width, batch, seq or depth) or fewer repeats"),
+    "untimed": ("a sweep configuration", "try a smaller model (width, batch, seq or depth)"),
     "compare": ("a comparison", "try fewer policies or a smaller model"),
     "sweep_time": ("timing a sweep cell", "try fewer policies or a smaller model"),
     "advise_sizes": ("an advice", "try fewer policies or a smaller model"),

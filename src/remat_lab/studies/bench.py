@@ -55,7 +55,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from remat_lab.analysis.roofline import roofline_report
+from remat_lab.analysis.roofline import calibration_path, roofline_report
 from remat_lab.config import RunConfig
 from remat_lab.model.policies import POLICIES
 from remat_lab.studies import experiment
@@ -95,13 +95,18 @@ def temporary_cache_dir(path: str | None = None):
 
     A directory made here is deleted afterwards. Worker processes started in the block (the
     app's run path: the latency figures) use it too (``$REMAT_LAB_CACHE_DIR``): a "cold" request
-    must not be served from an earlier session's cache on disk.
+    must not be served from an earlier session's cache on disk. The machine's roofline
+    calibration (``calibration.json``, a property of the machine, not a compiled program) is
+    carried into it, so a worker's first timed run does not measure the machine again.
     """
     previous = jax.config.jax_compilation_cache_dir
     previous_env = os.environ.get("REMAT_LAB_CACHE_DIR")
+    calibration = calibration_path()
     own = path is None
     path = path or tempfile.mkdtemp(prefix="remat_lab_bench_cache_")
     try:
+        if calibration.is_file() and not os.path.exists(os.path.join(path, calibration.name)):
+            shutil.copyfile(calibration, os.path.join(path, calibration.name))
         os.environ["REMAT_LAB_CACHE_DIR"] = path
         yield use_cache_dir(path)
     finally:
