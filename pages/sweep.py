@@ -11,6 +11,7 @@ import streamlit as st  # noqa: E402
 
 from pages import _page_state, _record, _running, _shared, _sidebar, _views  # noqa: E402
 from remat_lab.config import LIMITS, RunConfig, estimate_bytes, estimate_process_bytes, human_bytes  # noqa: E402
+from remat_lab.config.catalog import USER_MODEL  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import tables  # noqa: E402
 from remat_lab.serve.quotas import PUBLIC_SWEEP_MAX_RUNS  # noqa: E402
@@ -63,9 +64,16 @@ chosen_w = _kept("sweep_widths", [64, 256], in_range(*LIMITS["width"]))
 chosen_b = _kept("sweep_batches", [16, 64], in_range(b_lo, LIMITS["batch"][1]))
 _kept("sweep_policies", ["no_remat", "nothing_saveable", "dots_with_no_batch_dims_saveable"],
       POLICIES.__contains__)
-widths = c1.multiselect("Widths", sorted({*_sidebar.POW2_WIDTHS, *chosen_w}), key="sweep_widths",
-                        accept_new_options=True, on_change=_typed, args=("sweep_widths", *LIMITS["width"]),
-                        help="Pick powers of two or type any width, then Enter.")
+own_block = cfg.model == USER_MODEL  # its input shape sets its sizes: batches only
+if own_block:
+    c1.caption(f"Your block: its input {'×'.join(map(str, cfg.input_shape))} sets its sizes, so only "
+               "batches (the first axis) and policies are swept.")
+    widths = [cfg.width]
+else:
+    widths = c1.multiselect("Widths", sorted({*_sidebar.POW2_WIDTHS, *chosen_w}), key="sweep_widths",
+                            accept_new_options=True, on_change=_typed,
+                            args=("sweep_widths", *LIMITS["width"]),
+                            help="Pick powers of two or type any width, then Enter.")
 batches = c2.multiselect("Batches", sorted({*([0] if b_lo == 0 else []), *_sidebar.POW2_BATCHES, *chosen_b}),
                          key="sweep_batches", format_func=lambda b: "single vector" if b == 0 else str(b),
                          accept_new_options=True, on_change=_typed,
@@ -74,9 +82,10 @@ batches = c2.multiselect("Batches", sorted({*([0] if b_lo == 0 else []), *_sideb
 policies = st.multiselect("Policies", list(POLICIES), key="sweep_policies", format_func=_sidebar.policy_label)
 if typed_bad := ss.pop("_sweep_typed_bad", None):
     st.warning(typed_bad)
-for key, value in (("sweep_widths", widths), ("sweep_batches", batches), ("sweep_policies", policies)):
+shown_w = chosen_w if own_block else widths  # kept (and in the link) for the built-in models
+for key, value in (("sweep_widths", shown_w), ("sweep_batches", batches), ("sweep_policies", policies)):
     ss[f"_kept_{key}"] = value
-_page_state.write({"widths": ",".join(map(str, sorted(widths))),
+_page_state.write({"widths": ",".join(map(str, sorted(shown_w))),
                    "batches": ",".join(map(str, sorted(batches))), "policies": ",".join(policies)})
 axes = {"width": sorted(widths), "batch": sorted(batches), "policy": policies}
 grid = [cfg.replace(**c) for c in sweep.build_grid(cfg, **axes)] if all(axes.values()) else []

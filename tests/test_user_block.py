@@ -205,3 +205,57 @@ def test_the_sidebar_uses_a_typed_block_and_offers_its_names():
     at.run()
     assert "your block raised ValueError" in " ".join(e.value for e in at.error)
     assert any(FILE in c.value for c in at.code)  # their traceback, in a block of its own
+
+
+# ---------------------------------------------------------------- swept: batches x policies
+
+
+def test_a_sweep_of_the_block_takes_each_batch_as_its_inputs_first_axis():
+    from remat_lab.studies import sweep
+
+    grid = sweep.build_grid(user(), width=[8, 16], seq=[4, 8], batch=[2, 4],
+                            policy=["no_remat", "nothing_saveable"])
+    assert len(grid) == 4  # width and seq are not the block's sizes: no duplicate runs
+    for c in grid:
+        cfg = RunConfig(**c)  # valid: the batch and the input's first axis agree
+        assert cfg.input_shape == (c["batch"], *SHAPE[1:]) and cfg.model_module == user().model_module
+
+
+def test_the_cli_sweeps_the_block_and_its_peaks_are_single_runs_peaks(tmp_path, capsys, run):
+    out = tmp_path / "rows.jsonl"
+    status = main(["sweep", "--model-module", f"{FIXTURE}:make_block", "--input-shape", "2,8,64",
+                   "--batches", "2,4", "--policies", "no_remat,nothing_saveable", "--depths", "2",
+                   "--repeats", "2", "--warmup", "0", "--out", str(out)])
+    assert status == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["config"]["batch"], r["config"]["policy"]) for r in rows) == [
+        (2, "no_remat"), (2, "nothing_saveable"), (4, "no_remat"), (4, "nothing_saveable")]
+    for r in rows:
+        c = r["config"]
+        assert tuple(c["input_shape"]) == (c["batch"], 8, 64) and "error" not in r
+        assert r["step_time_s"]["ci_low"] <= r["step_time_s"]["median"] <= r["step_time_s"]["ci_high"]
+        # The same configuration run alone (``run``), its compiled peak: the same number.
+        alone = run(user(policy=c["policy"], batch=c["batch"], input_shape=(c["batch"], 8, 64),
+                         repeats=2, warmup=0))
+        assert r["memory"]["peak_bytes"] == alone["memory"]["peak_bytes"]
+    assert "user 4x8x64 nothing_saveable: median" in capsys.readouterr().err
+    status = main(["sweep", "--model-module", f"{FIXTURE}:make_block", "--widths", "64,128"])
+    assert status == 2 and "--widths cannot be swept with --model-module" in capsys.readouterr().err
+
+
+def test_the_sweep_page_offers_batches_of_a_typed_block():
+    at = AppTest.from_file(str(ROOT / "pages" / "sweep.py"), default_timeout=300)
+    at.session_state["user_module"] = f"{FIXTURE}:make_block"
+    at.session_state["user_shape"] = "2,8,64"
+    at.query_params.update(depth="2", repeats="2")
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert not [m for m in at.multiselect if m.key == "sweep_widths"]  # no widths for a block
+    assert any("Your block: its input 2×8×64 sets its sizes" in c.value for c in at.caption)
+    at.multiselect(key="sweep_batches").set_value([2, 4])
+    at.multiselect(key="sweep_policies").set_value(["no_remat"])
+    at.button(key="sweep_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    rows = list(at.session_state["sweep_docs"].values())
+    assert sorted(tuple(r["config"]["input_shape"]) for r in rows) == [(2, 8, 64), (4, 8, 64)]
+    assert all(r["config"]["model"] == "user" and r["step_time_s"]["median"] > 0 for r in rows)

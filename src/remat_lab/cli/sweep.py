@@ -6,7 +6,7 @@ import argparse
 import signal
 import sys
 
-from remat_lab.cli.common import int_arg, list_arg, record, reported
+from remat_lab.cli.common import int_arg, list_arg, record, reported, user_block_fields
 from remat_lab.cli.format import fmt_time
 from remat_lab.config import DTYPES, OBJECTIVES, ConfigError, RunConfig, human_bytes, resolve_budget
 from remat_lab.model.models import MODELS
@@ -39,6 +39,12 @@ def add_parsers(sub) -> None:
         p.add_argument(f"--{flag}", type=list_arg(kind), default=[default], metavar="A,B",
                        help=f"comma-separated (default: {default})")
     p.add_argument("--heads", type=int_arg("heads"), default=d.heads)
+    p.add_argument("--model-module", default="", metavar="MODULE:FACTORY",
+                   help="your own NNX block instead of --models (local only): mypkg.blocks:make_block "
+                        "or path/to/file.py:make_block; --batches set its input's first axis")
+    p.add_argument("--input-shape", dest="user_input_shape", default="", metavar="B,N,D",
+                   help="--model-module: the block's input, batch first (default: the module's "
+                        "example_input_shape); its first axis is replaced by each of --batches")
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
     p.add_argument("--repeats", type=int_arg("repeats"), default=d.repeats,
                    help="timing rounds per cell (each calls every policy's step twice)")
@@ -56,7 +62,9 @@ def add_parsers(sub) -> None:
 def _sweep_line(row: dict) -> str:
     """One finished row as a progress line: the configuration, then its time and peak or its error."""
     c, err = row["config"], row.get("error")
-    head = f"{c.get('model')} w{c.get('width')} b{c.get('batch')} {c.get('policy')}"
+    head = (f"user {'x'.join(map(str, c.get('input_shape') or ()))} {c.get('policy')}"
+            if c.get("model") == "user" else  # its own input: width and seq are not its sizes
+            f"{c.get('model')} w{c.get('width')} b{c.get('batch')} {c.get('policy')}")
     if err:
         return f"{head}: {err['kind']}: {err['message'][:160]}"
     st, mem = row.get("step_time_s") or {}, row.get("memory") or {}
@@ -64,6 +72,24 @@ def _sweep_line(row: dict) -> str:
     ci = (f" (95 % {fmt_time(st['ci_low'])} to {fmt_time(st['ci_high'])})"
           if st.get("ci_low") is not None and st.get("ci_high") is not None else "")
     return f"{head}: median {fmt_time(st.get('median'))}{ci}, peak {peak}"
+
+
+def _base(args: argparse.Namespace) -> tuple[RunConfig, dict]:
+    """The configuration every row starts from, and the model axes swept: models, widths and seqs,
+    or (``--model-module``) the user's own block, whose input shape those axes would contradict."""
+    common = dict(heads=args.heads, objective=args.objective, repeats=args.repeats,
+                  warmup=args.warmup, seed=args.seed)
+    if not (args.model_module or args.user_input_shape):
+        return RunConfig(**common), {"model": args.models, "width": args.widths, "seq": args.seqs}
+    d = RunConfig()
+    clash = [flag for flag, value, default in (("--models", args.models, d.model),
+                                               ("--widths", args.widths, d.width),
+                                               ("--seqs", args.seqs, d.seq)) if value != [default]]
+    if clash:
+        raise ConfigError(f"{', '.join(clash)} cannot be swept with --model-module: your block's "
+                          "input shape (--input-shape) sets its sizes; sweep --batches, --depths, "
+                          "--stacks, --dtypes and --policies.")
+    return RunConfig(**common, **user_block_fields(args)), {}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -75,11 +101,10 @@ def main(args: argparse.Namespace) -> int:
     from remat_lab.studies import sweep
     from remat_lab.studies.experiment import run_experiment
 
-    base = RunConfig(heads=args.heads, objective=args.objective, repeats=args.repeats,
-                     warmup=args.warmup, seed=args.seed)
-    grid = sweep.build_grid(base, model=args.models, width=args.widths, batch=args.batches,
-                            seq=args.seqs, depth=args.depths, stack=args.stacks, dtype=args.dtypes,
-                            policy=args.policies)
+    with reported(ConfigError):
+        base, shape_axes = _base(args)
+    grid = sweep.build_grid(base, batch=args.batches, depth=args.depths, stack=args.stacks,
+                            dtype=args.dtypes, policy=args.policies, **shape_axes)
     skip: set[str] = set()
     cannot_write = lambda err: f"cannot write {args.out}: {err.strerror}"
     with reported((ConfigError, sweep.SweepFileError)), reported(OSError, say=cannot_write):

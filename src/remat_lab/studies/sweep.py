@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from remat_lab.config import ConfigError, RunConfig
+from remat_lab.config.catalog import USER_MODEL
 
 SCHEMA = 1  # the version of the result documents (see results.py for the reader)
 AXES = ("model", "width", "batch", "seq", "depth", "stack", "dtype", "policy")
@@ -45,7 +46,8 @@ def build_grid(base: RunConfig, **axes: Iterable) -> list[dict]:
 
     Axes left out or empty keep ``base``'s value. The dicts are not validated here: a combination
     that ``RunConfig`` refuses (a transformer width its heads do not divide) becomes an error row.
-    Axes that a model ignores are pinned to the base value for it (seq for the mlp), so the grid
+    Axes that a model ignores are pinned to the base value for it (seq for the mlp; width and seq
+    for the user's own block, whose input shape takes each batch as its first axis), so the grid
     has no duplicate runs.
     """
     unknown = set(axes) - set(AXES)
@@ -57,6 +59,9 @@ def build_grid(base: RunConfig, **axes: Iterable) -> list[dict]:
         cfg = {**base.as_dict(), **dict(zip(AXES, combo))}
         if cfg["model"] == "mlp":
             cfg["seq"] = base.seq
+        if cfg["model"] == USER_MODEL:  # its own input: the batch is its first axis
+            cfg["width"], cfg["seq"] = base.width, base.seq
+            cfg["input_shape"] = (cfg["batch"], *base.input_shape[1:])
         if cfg["depth"] == 1:
             cfg["stack"] = base.stack
         if cfg["policy"] != "custom":
