@@ -34,8 +34,9 @@ def environment_line(env: dict | None, what: str = "Measured on") -> None:
 
 
 def sweep_view(df: pd.DataFrame, key: str) -> None:
-    """Lines vs width and batch, heatmaps relative to no_remat, the table and a CSV download."""
-    for x in ("width", "batch"):
+    """Lines vs width and batch (each axis the sweep varies: a user block's width is not its own),
+    heatmaps relative to no_remat, the table and a CSV download."""
+    for x in [x for x in ("width", "batch") if df[x].nunique() > 1] or ["batch"]:
         left, right = st.columns(2)
         left.plotly_chart(charts.make_sweep_figure(df, x, "median_ms", "step time (ms)"),
                           width="stretch", key=f"{key}_{x}_time")

@@ -259,3 +259,6 @@ def test_the_sweep_page_offers_batches_of_a_typed_block():
     rows = list(at.session_state["sweep_docs"].values())
     assert sorted(tuple(r["config"]["input_shape"]) for r in rows) == [(2, 8, 64), (4, 8, 64)]
     assert all(r["config"]["model"] == "user" and r["step_time_s"]["median"] > 0 for r in rows)
+    titles = [json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title", {}))
+              for c in at.get("plotly_chart")]
+    assert any("vs batch" in t for t in titles) and not any("vs width" in t for t in titles), titles
