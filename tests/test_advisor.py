@@ -244,3 +244,22 @@ def test_sizing_in_two_threads_matches_one_plain_search_per_policy():
     if (advisor_search.program_key(first.replace(policy="nothing_saveable"))
             == advisor_search.program_key(first.replace(policy="nnx_remat_default"))):
         assert rows["nothing_saveable"]["compiles"] == 0
+
+
+def test_the_kept_lowerings_are_bounded_by_bytes_the_newest_always_kept():
+    from remat_lab.studies.probe_cache import ProbeCache
+
+    cache = ProbeCache(entries=10, max_bytes=100)
+    for k in "abc":
+        cache.put(k, k.upper(), size=40)
+    assert [k for k, _ in cache.items()] == ["b", "c"]  # 120 bytes > 100: the oldest out
+    cache.put("huge", "H", size=1000)
+    assert [k for k, _ in cache.items()] == ["huge"]  # alone over the bound, still kept
+    cache.drop("huge")
+    cache.put("d", "D", size=60)
+    cache.put("e", "E", size=40)
+    assert [k for k, _ in cache.items()] == ["d", "e"]  # the dropped entry's bytes are forgotten
+    counted = ProbeCache(entries=2)
+    for k in "xyz":
+        counted.put(k, k)
+    assert [k for k, _ in counted.items()] == ["y", "z"]

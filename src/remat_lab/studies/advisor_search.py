@@ -19,9 +19,7 @@ import dataclasses
 import hashlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
 
 from remat_lab.analysis import hlo
 from remat_lab.analysis.by_kind import memory_by_kind
@@ -44,6 +42,7 @@ from remat_lab.program.step import (
     logits_bytes,
     program_args,
 )
+from remat_lab.studies.probe_cache import Once, ProbeCache
 
 MAX_BATCH = LIMITS["batch"][1]
 PROBE_CACHE_ENTRIES = 1024  # a probe is a few numbers: ~1 KB each
@@ -51,69 +50,12 @@ PROBE_CACHE_ENTRIES = 1024  # a probe is a few numbers: ~1 KB each
 Progress = Callable[[str], None]
 
 
-class _ProbeCache:
-    """Probe results by configuration (a policy's program at one batch), least recently used out."""
-
-    def __init__(self, entries: int):
-        self.entries, self._data, self._lock = entries, OrderedDict(), threading.Lock()
-
-    def get(self, key):
-        with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-                return self._data[key]
-        return None
-
-    def put(self, key, value) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.entries:
-                self._data.popitem(last=False)
-
-    def drop(self, key) -> None:
-        with self._lock:
-            self._data.pop(key, None)
-
-    def items(self) -> list:
-        with self._lock:
-            return list(self._data.items())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-
-class _Once:
-    """Each key computed by one thread at a time: a caller of a key in flight waits for its result."""
-
-    def __init__(self):
-        self._lock, self._running = threading.Lock(), {}
-
-    def run(self, key, compute: Callable[[], object]) -> tuple[object, bool]:
-        """``(value, waited)``: ``compute()``'s value, or the one in flight's (``waited``)."""
-        with self._lock:
-            future, owner = self._running.get(key), False
-            if future is None:
-                future, owner = self._running.setdefault(key, Future()), True
-        if not owner:
-            return future.result(), True  # the owner's error is raised here too
-        try:
-            value = compute()
-            future.set_result(value)
-            return value, False
-        except BaseException as err:
-            future.set_exception(err)
-            raise
-        finally:
-            with self._lock:
-                self._running.pop(key, None)
-
-
-_PROBES = _ProbeCache(PROBE_CACHE_ENTRIES)
-_PROGRAMS = _ProbeCache(64)  # compiled figures by lowered program text: policies that lower alike
-_KEYED = _ProbeCache(32)  # lowerings made by program_key, until a probe of them takes them
-_COMPILING = _Once()  # the same program text compiled once even when two threads ask at once
+_PROBES = ProbeCache(PROBE_CACHE_ENTRIES)
+_PROGRAMS = ProbeCache(64)  # compiled figures by lowered program text: policies that lower alike
+# Lowerings made by program_key, until a probe of them takes them; sized by their program text
+# (a 128-layer loop llm's is tens of MiB).
+_KEYED = ProbeCache(32, max_bytes=64 << 20)
+_COMPILING = Once()  # the same program text compiled once even when two threads ask at once
 # Tracing and lowering hold the GIL anyway and NNX keeps graph state while tracing: one at a time.
 # XLA's compiles release the GIL, so probes in parallel threads (``advisor_sizing``) overlap those.
 _LOWERING = threading.Lock()
@@ -140,17 +82,19 @@ def _lowered(config: RunConfig):
             raise xla_error("compiling", err) from err
 
 
-def _text_key(config: RunConfig, lowered) -> tuple:
+def _text_key(config: RunConfig, lowered, text: str | None = None) -> tuple:
+    text = lowered.as_text() if text is None else text
     return (config.target, config.target_devices, config.compile_only,
-            hashlib.sha256(lowered.as_text().encode()).hexdigest())
+            hashlib.sha256(text.encode()).hexdigest())
 
 
 def program_key(config: RunConfig) -> tuple:
     """What identifies ``config``'s lowered program (two policies with equal keys compile alike);
     the lowering is kept for a probe of the same configuration (``probe`` takes it)."""
     problem, lowered = _lowered(config)
-    _KEYED.put(_probe_key(config), (problem, lowered))
-    return _text_key(config, lowered)
+    text = lowered.as_text()
+    _KEYED.put(_probe_key(config), (problem, lowered), size=len(text))
+    return _text_key(config, lowered, text)
 
 
 def compile_abstract(config: RunConfig):
