@@ -200,7 +200,7 @@ ALLOWED_WRITES = {
     # the compilation cache directory (REMAT_LAB_CACHE_DIR): created, its least recently used entries deleted
     "backend.py": {"makedirs", "remove"},
     # benchmarks: a throwaway compilation cache made by mkdtemp and deleted afterwards
-    "bench.py": {"mkdtemp", "rmtree"},
+    "bench.py": {"mkdtemp", "copyfile", "rmtree"},  # its throwaway cache; the calibration copied in
     # the machine's calibrated roofs: calibration.json in the compilation cache directory
     "roofline.py": {"makedirs", "write_text", "replace"},
     # the memory timeline: XLA's dump of one compile, into a mkdtemp folder deleted afterwards
