@@ -108,9 +108,14 @@ def _leaf_errors(path: str, g: np.ndarray, r: np.ndarray, rtol: float, atol: flo
     The same tests as on whole float64 copies (per element, then the leaf-wide scale test), with
     the host memory of one chunk: a width-4096 model's leaves are 64 MiB each in float32.
     """
-    # max |r| is exact in the leaf's own dtype: no float64 pass before the one below.
-    scale = float(np.max(np.abs(r), initial=0.0)) if r.size else 0.0
-    bad = int(np.size(g) - np.count_nonzero(np.isfinite(g)))
+    # max |r| and the non-finite count are exact in the leaves' own dtypes: read a chunk at a time
+    # without float64 copies, before the one float64 pass below.
+    scale, bad = 0.0, 0
+    for start in range(0, r.size, CHUNK):
+        scale = max(scale, float(np.max(np.abs(r.reshape(-1)[start:start + CHUNK]), initial=0.0)))
+    for start in range(0, g.size, CHUNK):
+        chunk = g.reshape(-1)[start:start + CHUNK]
+        bad += int(chunk.size - np.count_nonzero(np.isfinite(chunk)))
     if bad:
         return math.inf, scale, [f"{path}: {bad} non-finite entries"]
     worst, count, top, r4 = 0.0, 0, (-math.inf, 0), 0.0

@@ -179,12 +179,18 @@ def add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
     p.add_argument("--stack", choices=STACKS, default=d.stack,
                    help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
     p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    add_user_block_args(p)
+
+
+def add_user_block_args(p: argparse.ArgumentParser, instead: str = "--model", batch: str = "") -> None:
+    """``--model-module`` and ``--input-shape`` (read by ``user_block_fields``); ``instead`` names the
+    flag the block replaces, ``batch`` says more of the input's first axis."""
     p.add_argument("--model-module", default="", metavar="MODULE:FACTORY",
-                   help="your own NNX block instead of --model (local only): mypkg.blocks:make_block "
+                   help=f"your own NNX block instead of {instead} (local only): mypkg.blocks:make_block "
                         "or path/to/file.py:make_block, a factory make_block(rngs) -> nnx.Module")
     p.add_argument("--input-shape", dest="user_input_shape", default="", metavar="B,N,D",
                    help="--model-module: the block's input, the first axis the batch (default: the "
-                        "module's example_input_shape)")
+                        f"module's example_input_shape){batch}")
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,14 @@ import argparse
 import signal
 import sys
 
-from remat_lab.cli.common import int_arg, list_arg, record, reported, user_block_fields
+from remat_lab.cli.common import (
+    add_user_block_args,
+    int_arg,
+    list_arg,
+    record,
+    reported,
+    user_block_fields,
+)
 from remat_lab.cli.format import fmt_time
 from remat_lab.config import DTYPES, OBJECTIVES, ConfigError, RunConfig, human_bytes, resolve_budget
 from remat_lab.model.models import MODELS
@@ -39,12 +46,7 @@ def add_parsers(sub) -> None:
         p.add_argument(f"--{flag}", type=list_arg(kind), default=[default], metavar="A,B",
                        help=f"comma-separated (default: {default})")
     p.add_argument("--heads", type=int_arg("heads"), default=d.heads)
-    p.add_argument("--model-module", default="", metavar="MODULE:FACTORY",
-                   help="your own NNX block instead of --models (local only): mypkg.blocks:make_block "
-                        "or path/to/file.py:make_block; --batches set its input's first axis")
-    p.add_argument("--input-shape", dest="user_input_shape", default="", metavar="B,N,D",
-                   help="--model-module: the block's input, batch first (default: the module's "
-                        "example_input_shape); its first axis is replaced by each of --batches")
+    add_user_block_args(p, "--models", "; each of --batches replaces its first axis")
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
     p.add_argument("--repeats", type=int_arg("repeats"), default=d.repeats,
                    help="timing rounds per cell (each calls every policy's step twice)")
