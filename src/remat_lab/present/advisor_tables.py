@@ -18,7 +18,8 @@ MIB = float(1 << 20)
 ADVICE_COLUMNS = ["policy", "max_batch", "peak_bytes", "peak_mib", "next_batch", "next_peak_bytes",
                   "probes", "step_time_ms", "step_time_low_ms", "step_time_high_ms", "examples_per_s",
                   "examples_per_s_low", "examples_per_s_high", "model_flops", "hardware_flops",
-                  "mfu", "hfu", "recompute_overhead", "rounds", "same_program_as", "note"]
+                  "mfu", "hfu", "recompute_overhead", "policy_recompute_overhead",
+                  "xla_recompute_overhead", "rounds", "same_program_as", "note"]
 PROBE_COLUMNS = ["policy", "batch", "peak_bytes", "peak_mib", "fits", "answer"]
 DISPLAY_COLUMNS = ["policy", "largest batch", "peak at it", "next batch (over by)", "compiles",
                    "step time", "examples/s", "95 % interval", "MFU", "HFU", "recompute overhead",
@@ -30,7 +31,7 @@ def _note(r: dict) -> str:
     """A row's note: not timed (why), not fitting (why), its program shared, a calibration error."""
     parts = [r.get("not_timed") or ("" if r["max_batch"] else r.get("reason", "")),
              f"same program as {r['same_program_as']}" if r.get("same_program_as") else "",
-             r.get("rate_error") or ""]
+             r.get("rate_error") or "", r.get("xla_remat_note") or ""]
     return "; ".join(p for p in parts if p)
 
 
@@ -51,6 +52,8 @@ def advice_frame(doc: dict | None) -> pd.DataFrame:
             "examples_per_s_low": eps_ci[0], "examples_per_s_high": eps_ci[1],
             "model_flops": r.get("model_flops"), "hardware_flops": r.get("hardware_flops"),
             "mfu": r.get("mfu"), "hfu": r.get("hfu"), "recompute_overhead": r.get("recompute_overhead"),
+            "policy_recompute_overhead": r.get("policy_recompute_overhead"),
+            "xla_recompute_overhead": r.get("xla_recompute_overhead"),
             "rounds": r.get("rounds"), "same_program_as": r.get("same_program_as") or "",
             "note": _note(r),
         })
@@ -59,6 +62,14 @@ def advice_frame(doc: dict | None) -> pd.DataFrame:
 
 def _pct(x: float | None) -> str:
     return "" if x is None else f"{sig(100 * x)} %"
+
+
+def _overhead(r: dict) -> str:
+    """The recomputation share; split into the policy's and XLA's own where XLA's pass added some."""
+    total, xla = _pct(r.get("recompute_overhead")), r.get("xla_recompute_overhead")
+    if not total or not xla:
+        return total
+    return f"{total} (policy {_pct(r.get('policy_recompute_overhead'))} + XLA {_pct(xla)})"
 
 
 def advice_display_frame(doc: dict | None) -> pd.DataFrame:
@@ -82,7 +93,7 @@ def advice_display_frame(doc: dict | None) -> pd.DataFrame:
             "compiles": str(len(r.get("probes") or [])), "step time": step, "examples/s": rate,
             "95 % interval": f"{sig(ci[0])}–{sig(ci[1])}" if ci else "",
             "MFU": _pct(r.get("mfu")), "HFU": _pct(r.get("hfu")),
-            "recompute overhead": _pct(r.get("recompute_overhead")),
+            "recompute overhead": _overhead(r),
             "rounds": "" if not r.get("rounds") else str(r["rounds"]), "note": _note(r),
         })
     return pd.DataFrame(rows, columns=DISPLAY_COLUMNS)

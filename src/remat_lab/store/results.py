@@ -117,7 +117,9 @@ ADVICE_ROW = {"policy": str, "max_batch": int, "peak_bytes": (OPT, NUM), "next_b
               "step_time_ci_s": (OPT, list), "examples_per_s": (OPT, NUM),
               "examples_per_s_ci": (OPT, list), "model_flops": (OPT, NUM),
               "hardware_flops": (OPT, NUM), "mfu": (OPT, NUM), "hfu": (OPT, NUM),
-              "recompute_overhead": (OPT, NUM), "not_timed": (OPT, str), "reason": (OPT, str),
+              "recompute_overhead": (OPT, NUM), "policy_recompute_overhead": (OPT, NUM),
+              "xla_recompute_overhead": (OPT, NUM), "xla_remat_note": (OPT, str),
+              "not_timed": (OPT, str), "reason": (OPT, str),
               "same_program_as": (OPT, str)}
 ADVICE = {"kind": str, "budget_bytes": NUM, "config": dict, "environment": ENV, "policies": list,
           "rows": list, "recommended": (OPT, str), "reason": str, "search_s": NUM, "timed": bool,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import jax
 
 from remat_lab.analysis.estimate import BASIS, estimate_step
+from remat_lab.analysis.xla_remat import sentence
 from remat_lab.config import (
     BUDGET_ENV,
     LOCAL,
@@ -40,6 +41,7 @@ from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the 
     largest_batch,
     probe,
     probe_seconds,
+    xla_free,
 )
 from remat_lab.studies.advisor_sizing import FLOPS_RTOL, WORKERS, model_flops_at, size_policies
 from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
@@ -169,6 +171,25 @@ def _recommend(rows: list[dict], timed: bool) -> tuple[str | None, list[str], st
     return best["policy"], ties, why
 
 
+def _overheads(row: dict, free: dict) -> None:
+    """A fitting row's recomputation as shares of the model flops: the compiled program's
+    (``recompute_overhead``) = the policy's own (``policy_recompute_overhead``: its program as
+    written, XLA's pass's limit lifted) + XLA's (``xla_recompute_overhead``: what XLA's own
+    rematerialization pass added to fit; ``xla_remat``, ``analysis/xla_remat``)."""
+    row["xla_remat"] = free["xla_remat"]
+    model, hardware = row["model_flops"], row["hardware_flops"]
+    if not model or not hardware:
+        return
+    row["recompute_overhead"] = hardware / model - 1
+    extra = free["xla_remat"]["extra_flops"]
+    if extra is not None:
+        row["xla_recompute_overhead"] = extra / model
+        row["policy_recompute_overhead"] = (hardware - extra) / model - 1
+    note = sentence(free["xla_remat"], sig)
+    if note:
+        row["xla_remat_note"] = note
+
+
 def _names(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
@@ -212,6 +233,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         r.update(step_time_s=None, step_time_ci_s=None, examples_per_s=None, examples_per_s_ci=None,
                  model_flops=None, hardware_flops=None, model_flops_per_s=None,
                  hardware_flops_per_s=None, mfu=None, hfu=None, recompute_overhead=None,
+                 policy_recompute_overhead=None, xla_recompute_overhead=None, xla_remat=None,
                  not_timed=None, rate_error=None, rounds=None)
         if r["max_batch"] == 0:
             continue
@@ -219,8 +241,10 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         r["hardware_flops"] = probe(at)["flops"]
         r["model_flops"] = model_flops[r["max_batch"]]
         r["fingerprint"] = probe(at)["fingerprint"]
-        if r["model_flops"] and r["hardware_flops"]:  # the flops recomputation adds, as a share
-            r["recompute_overhead"] = r["hardware_flops"] / r["model_flops"] - 1
+        _overheads(r, xla_free(at))
+        if r["xla_remat"]["applied"]:
+            say(f"{r['policy']}: XLA's own rematerialization rewrote the program at batch "
+                f"{r['max_batch']}")
     search_s = time.perf_counter() - t0
 
     timing_doc = (time_rows(rows, configs, server_budget, time_budget_s, seed, say, should_stop)
@@ -289,7 +313,13 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
                    "where the device is known, else the calibrated best matmul rate); over 1 is a "
                    "calibration error, never capped",
             "hfu": "hardware flops / step time / the stated peak",
-            "recompute_overhead": "hardware flops / model flops - 1",
+            "recompute_overhead": "hardware flops / model flops - 1 = policy_recompute_overhead "
+                                  "(the policy's program as written) + xla_recompute_overhead (what "
+                                  "XLA's own rematerialization pass added to fit the device)",
+            "xla_remat": "instructions named *.remat* in the optimized HLO (XLA's rematerialization "
+                         "pass's clones); its flops and peak against a second compile with the "
+                         "pass's memory limit lifted; model flops always from a program the pass "
+                         "did not rewrite",
         },
         "environment": environment(),
         **({"target": get_target(config.target).as_dict(),

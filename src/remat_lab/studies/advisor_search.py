@@ -24,16 +24,20 @@ from collections.abc import Callable
 from remat_lab.analysis import hlo
 from remat_lab.analysis.by_kind import memory_by_kind
 from remat_lab.analysis.costs import memory_report, program_flops
+from remat_lab.analysis.xla_remat import rematerialized
+from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import (
     LIMITS,
+    LOCAL,
     SEQ_MODELS,
     ConfigError,
     RunConfig,
+    get_target,
     human_bytes,
     mesh_devices,
     parse_mesh,
 )
-from remat_lab.program.analysis_compile import compile_for_analysis
+from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.backend import xla_error
 from remat_lab.program.step import (
     abstract_problem,
@@ -55,6 +59,7 @@ _PROGRAMS = ProbeCache(64)  # compiled figures by lowered program text: policies
 # Lowerings made by program_key, until a probe of them takes them; sized by their program text
 # (a 128-layer loop llm's is tens of MiB).
 _KEYED = ProbeCache(32, max_bytes=64 << 20)
+_UNLIMITED = ProbeCache(256)  # XLA-free flops of probes XLA's own rematerialization rewrote
 _COMPILING = Once()  # the same program text compiled once even when two threads ask at once
 # Tracing and lowering hold the GIL anyway and NNX keeps graph state while tracing: one at a time.
 # XLA's compiles release the GIL, so probes in parallel threads (``advisor_sizing``) overlap those.
@@ -107,12 +112,14 @@ def compile_abstract(config: RunConfig):
 
 
 def _compiled_figures(lowered) -> dict:
-    """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint."""
+    """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint,
+    and whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text)."""
     try:
         compiled = compile_for_analysis(lowered)
     except Exception as err:
         raise xla_error("compiling", err) from err
     text = compiled.as_text()
+    xla_remat = len(rematerialized(text))
     memory = memory_report(compiled) or {}
     if memory.get("peak_bytes") is None:
         raise ConfigError("this backend gives no compiled memory analysis, so the advisor cannot "
@@ -121,7 +128,8 @@ def _compiled_figures(lowered) -> dict:
     parts = ("peak_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
              "generated_code_bytes")
     return {"peak_bytes": int(memory["peak_bytes"]), "memory": {k: memory.get(k) for k in parts},
-            "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text)}
+            "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text),
+            "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat}}
 
 
 def probe(config: RunConfig) -> dict:
@@ -169,13 +177,45 @@ def probed_flops(config: RunConfig) -> dict[int, float | None]:
     mine = _probe_key(config)  # compared field by field, the batch left out (``replace`` validates)
     names = [f.name for f in dataclasses.fields(config) if f.name not in ("batch", "input_shape")]
     return {k.batch: v["flops"] for k, v in _PROBES.items() if k.input_shape[1:] == mine.input_shape[1:]
-            and all(getattr(k, n) == getattr(mine, n) for n in names)}
+            and all(getattr(k, n) == getattr(mine, n) for n in names)
+            and not v.get("xla_remat", {}).get("applied")}  # XLA's recomputation is no model flop
+
+
+def _platform(config: RunConfig) -> str:
+    return "cpu" if config.target == LOCAL else get_target(config.target).platform
+
+
+def xla_free(config: RunConfig) -> dict:
+    """``probe(config)`` with XLA's own rematerialization accounted: ``{"flops", "xla_remat"}``
+    where ``flops`` are the program's as the policy wrote it. When XLA's pass rewrote the probe's
+    program, the program is compiled again with the pass's limit lifted (``compile_unlimited``;
+    cached) and ``xla_remat`` (``analysis/xla_remat.report``) says what the pass added."""
+    found = probe(config)
+    remat = found.get("xla_remat") or {"applied": False}
+    if not remat["applied"]:
+        return {"flops": found["flops"], "xla_remat": xla_remat_report(0, found["flops"], None)}
+    key = _probe_key(config)
+    cached = _UNLIMITED.get(key)
+    if cached is None:
+        _, lowered = _lowered(config)
+        try:
+            compiled = compile_unlimited(lowered, _platform(config))
+        except Exception as err:
+            raise xla_error("compiling with XLA's rematerialization limit lifted", err) from err
+        text = compiled.as_text()
+        cached = {"flops": program_flops(compiled, text)[0],
+                  "peak_bytes": (memory_report(compiled) or {}).get("peak_bytes"),
+                  "left": len(rematerialized(text))}
+        _UNLIMITED.put(key, cached)
+    out = xla_remat_report(remat["instructions"], found["flops"], found["peak_bytes"], cached)
+    return {"flops": cached["flops"] if not cached["left"] else None, "xla_remat": out}
 
 
 def clear_cache() -> None:
     _PROBES.clear()
     _PROGRAMS.clear()
     _KEYED.clear()
+    _UNLIMITED.clear()
 
 
 def _interpolate(lo: int, p_lo: int, hi: int, p_hi: int, budget: int) -> int:

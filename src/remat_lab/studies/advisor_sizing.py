@@ -25,9 +25,9 @@ from remat_lab.studies.advisor_search import (
     batch_unit,
     intercept,
     largest_batch,
-    probe,
     probed_flops,
     program_key,
+    xla_free,
 )
 
 # Searches at once: a second search lowers (Python) while the first compiles (XLA). On this idle
@@ -102,13 +102,14 @@ def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, floa
     """``({batch: flops}, interpolated)``: ``config``'s (no_remat's) flops at each batch, and how
     many of them were read on a line rather than compiled.
 
-    A batch already probed is read from its probe (cached). The others: with the smallest and the
-    largest asked compiled (batch 1 on its own), each lies between two compiled counts; when the
-    compiled counts from batch 2 up lie on one line within ``FLOPS_RTOL`` of each, it is read on
-    the segment between its neighbours, else compiled (``tests/test_advisor.py`` compares both
-    with compiles of their own)."""
-    def flops(b: int) -> float | None:
-        return probe(config.replace(batch=b))["flops"]
+    Flops are always a program's that XLA's own rematerialization pass did not rewrite
+    (``advisor_search.xla_free``). A batch already probed is read from its probe (cached). The
+    others: with the smallest and the largest asked compiled (batch 1 on its own), each lies
+    between two compiled counts; when the compiled counts from batch 2 up lie on one line within
+    ``FLOPS_RTOL`` of each, it is read on the segment between its neighbours, else compiled
+    (``tests/test_advisor.py`` compares both with compiles of their own)."""
+    def flops(b: int) -> float | None:  # as the model wrote it: XLA's own recomputation left out
+        return xla_free(config.replace(batch=b))["flops"]
 
     probed = probed_flops(config)
     out = {b: flops(b) for b in batches if b == 1 or b in probed}

@@ -19,10 +19,12 @@ from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.gradcheck import check_gradients
 from remat_lab.analysis.roofline import roofline_report
 from remat_lab.analysis.timeline import compile_dumped, memory_timeline
+from remat_lab.analysis.xla_remat import rematerialized, sentence
+from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, resolve_budget
 from remat_lab.model.models import USER_MODEL, block_names
 from remat_lab.model.user_block import NO_GRADIENT_CHECK
-from remat_lab.program.analysis_compile import compile_for_analysis
+from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the studies' error type)
     ExecutionError,
     device_memory_limit,
@@ -48,6 +50,7 @@ from remat_lab.program.timing import (
     time_keeping_output,
     timing_slot,
 )
+from remat_lab.studies.advisor_decision import sig
 from remat_lab.studies.witness_compiles import Witnesses, baseline_program  # noqa: F401 (re-exported)
 
 # The no_remat witness and its cache live in ``witness_compiles`` (beside the main compile).
@@ -102,6 +105,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     cost = cost_of(compiled)
     text = compiled.as_text()
     flops = step_flops(cost["flops"], text)
+    result["compile"]["xla_remat"] = _xla_remat(config, lowered, text, flops, memory_report(compiled))
     try:
         out = None
         if timing:
@@ -176,6 +180,7 @@ def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, du
     flops, bytes_accessed, source = program_flops(compiled, text)
     out = {"flops": flops, "flops_xla": cost_of(compiled)["flops"], "flops_source": source,
            "memory": memory_report(compiled), "bytes_accessed": bytes_accessed}
+    out["xla_remat"] = _xla_remat(config, lowered, text, flops, out["memory"])
     progress("dissecting")
     try:
         base = witnesses.baseline()
@@ -193,6 +198,23 @@ def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, du
     if problem.mesh is not None:
         out["sharding"] = collectives.report(problem, text, out["memory"], base["text"])
     return out
+
+
+def _xla_remat(config: RunConfig, lowered, text: str, flops: float | None, memory: dict | None) -> dict:
+    """Whether XLA's own rematerialization pass rewrote the step (``analysis/xla_remat``) and, when
+    it did, what it added: against a second compile with the pass's limit lifted."""
+    found = len(rematerialized(text))
+    peak = (memory or {}).get("peak_bytes")
+    if not found:
+        return xla_remat_report(0, flops, peak)
+    platform = jax.default_backend() if config.target == LOCAL else get_target(config.target).platform
+    try:
+        free = compile_unlimited(lowered, platform)
+    except Exception:  # the limit cannot be lifted here: the pass's clones are still counted
+        return xla_remat_report(found, flops, peak)
+    free_text = free.as_text()
+    return xla_remat_report(found, flops, peak, {"flops": program_flops(free, free_text)[0],
+                                                 "peak_bytes": (memory_report(free) or {}).get("peak_bytes")})
 
 
 def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
@@ -214,6 +236,9 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
             "memory is the whole training step's (the AdamW update, parameters and optimizer state "
             "donated); the step time, the gradient check and the per-dot tables are the gradient "
             "step's, whose remat decisions are the same")]
+    note = sentence(result["compile"].get("xla_remat"), sig)
+    if note:  # next to the memory and flops it changed
+        result["notes"] = [*result["notes"], note]
     logits = logits_bytes(config, per_device=True)  # on a mesh, as the memory: one device's
     if result["memory"]:
         result["memory"]["by_kind"] = memory_by_kind(result["memory"], device_model_report(problem),
@@ -253,7 +278,8 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         reason = "compile-only: nothing was allocated or run"
     result = {
         "schema": 1, "config": config.as_dict(), "environment": environment(),
-        "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1, "timeline_s": sec["timeline_s"]},
+        "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1, "timeline_s": sec["timeline_s"],
+                    "xla_remat": sec["xla_remat"]},
         "step_time_s": None,
         "timing": {"measured": False, "estimate_s": estimate["estimate_s"],
                    "estimate_basis": estimate["basis"], "estimate": estimate, "reason": reason},

@@ -1,0 +1,95 @@
+"""XLA's own rematerialization: detected from the HLO, priced by a second compile, kept out of the model flops."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from remat_lab.analysis.xla_remat import rematerialized
+from remat_lab.config import RunConfig
+from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
+from remat_lab.program.targets import target_devices
+from remat_lab.studies import advisor, advisor_search
+from remat_lab.studies.advisor_search import xla_free
+
+# An 8-block scanned MLP at width 16384 and batch 65536 in bfloat16: no_remat needs ~139 GiB on
+# one H100 (80 GB), so XLA's pass rewrites it; nothing_saveable needs far less.
+BIG = dict(model="mlp", width=16384, depth=8, stack="scan", dtype="bfloat16", target="h100")
+
+
+def hand_flops(batch: int, width: int, depth: int) -> float:
+    """Two width x width products per block: forward 2BW^2 each, backward twice that."""
+    return 3 * depth * 2 * (2.0 * batch * width * width)
+
+
+def _plain_mlp_step(width: int, depth: int, batch: int):
+    """The same computation written in plain JAX (no lab code): a scan of relu(x @ W1) @ W2
+    blocks with biases, the mean as the loss, its gradient with respect to the weights."""
+    dev = target_devices("h100", 1)[0]
+    sharding = jax.sharding.SingleDeviceSharding(dev)
+    w = jax.ShapeDtypeStruct((depth, width, width), jnp.bfloat16, sharding=sharding)
+    x = jax.ShapeDtypeStruct((batch, width), jnp.bfloat16, sharding=sharding)
+
+    def loss(w1, w2, x):
+        def block(h, ws):
+            return jax.nn.relu(jax.nn.relu(h @ ws[0]) @ ws[1]), None
+        h, _ = jax.lax.scan(block, x, (w1, w2))
+        return jnp.mean(h.astype(jnp.float32))
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).trace(w, w, x).lower()
+
+
+def test_plain_jax_program_over_an_h100_is_rewritten_by_xla_and_the_lifted_compile_is_not():
+    lowered = _plain_mlp_step(16384, 8, 65536)
+    normal = compile_for_analysis(lowered)
+    free = compile_unlimited(lowered, "cuda")
+    assert rematerialized(normal.as_text()), "XLA's pass should rewrite a program of ~139 GiB"
+    assert rematerialized(free.as_text()) == []
+    # the lifted compile's products are exactly the model's; the pass's clones add more
+    from remat_lab.analysis import hlo
+    count = lambda c: sum(m["flops"] * max(m["executions"], 1) for m in hlo.matmuls(c.as_text()))
+    assert count(free) == pytest.approx(hand_flops(65536, 16384, 8), rel=1e-9)
+    assert count(normal) > count(free)
+
+
+def test_under_the_limit_the_lifted_compile_is_the_same_program():
+    lowered = _plain_mlp_step(1024, 2, 256)
+    assert compile_for_analysis(lowered).as_text() == compile_unlimited(lowered, "cuda").as_text()
+    assert rematerialized(compile_for_analysis(lowered).as_text()) == []
+
+
+def test_local_programs_have_no_xla_remat_and_no_false_positive(small):
+    # JAX's own checkpoint names nothing *.remat*: only XLA's pass does
+    cfg = small.replace(policy="nothing_saveable", compile_only=True)
+    assert rematerialized(advisor_search.compile_abstract(cfg).as_text()) == []
+
+
+def test_probe_reports_xla_remat_and_model_flops_leave_it_out():
+    advisor_search.clear_cache()
+    cfg = RunConfig(**BIG, batch=65536, policy="no_remat")
+    found = advisor_search.probe(cfg)
+    assert found["xla_remat"]["applied"] and found["xla_remat"]["instructions"] > 0
+    free = xla_free(cfg)
+    assert free["flops"] == pytest.approx(hand_flops(65536, 16384, 8), rel=1e-9)
+    assert found["flops"] > free["flops"]
+    assert free["xla_remat"]["extra_flops"] == pytest.approx(found["flops"] - free["flops"])
+    assert free["xla_remat"]["from_bytes"] and free["xla_remat"]["to_bytes"]
+
+
+def test_advice_recompute_overhead_is_the_policys_own_when_no_remat_is_rewritten():
+    advisor_search.clear_cache()
+    doc = advisor.advise(RunConfig(**BIG, batch=1), policies=["no_remat", "nothing_saveable"],
+                         timing=False, max_batch=65536, workers=1)
+    rows = {r["policy"]: r for r in doc["rows"]}
+    ns = rows["nothing_saveable"]
+    assert ns["max_batch"] > rows["no_remat"]["max_batch"] > 0
+    assert ns["model_flops"] == pytest.approx(hand_flops(ns["max_batch"], 16384, 8), rel=1e-9)
+    # nothing_saveable recomputes both products of every block's forward: + one forward of three
+    assert ns["recompute_overhead"] == pytest.approx(1 / 3, abs=1e-3)
+    assert ns["recompute_overhead"] == pytest.approx(
+        ns["policy_recompute_overhead"] + ns["xla_recompute_overhead"], abs=1e-12)
+    for r in doc["rows"]:
+        if r["max_batch"]:
+            assert r["recompute_overhead"] >= 0
+            assert r["xla_remat"] is not None
