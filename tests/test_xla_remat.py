@@ -93,3 +93,15 @@ def test_advice_recompute_overhead_is_the_policys_own_when_no_remat_is_rewritten
         if r["max_batch"]:
             assert r["recompute_overhead"] >= 0
             assert r["xla_remat"] is not None
+
+
+def test_train_step_on_a_mesh_reports_one_memory_per_device_in_both_places():
+    from remat_lab.studies.experiment import run_experiment
+
+    cfg = RunConfig(target="h100", target_devices=2, mesh="fsdp=2", policy="nothing_saveable",
+                    model="llm", width=64, heads=2, seq=16, vocab=128, batch=4, depth=2,
+                    dtype="bfloat16", step="train")
+    doc = run_experiment(cfg)
+    assert doc["sharding"]["per_device"] is doc["memory"]
+    assert doc["memory"]["peak_bytes"] != doc["memory_gradient_step"]["peak_bytes"]
+    assert doc["compile"]["xla_remat"]["applied"] is False

@@ -33,6 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, set up the devices, run the subcommand; a ``Failure`` is one line on stderr."""
     args = build_parser().parse_args(argv)
+    if args.command in NO_DEVICES:
+        return _run(args)
+    from remat_lab.program.native_log import captured_logs
+
+    with captured_logs() as logs:  # XLA's C++ log lines and JAX's warnings: summarized, not raw
+        status = _run(args)
+    if logs.summary():
+        print(f"remat_lab: note: {logs.summary()}", file=sys.stderr)
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.command not in NO_DEVICES:
             setup_devices(args)  # before anything starts JAX: emulated devices, jax.distributed

@@ -19,6 +19,7 @@ from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.gradcheck import check_gradients
 from remat_lab.analysis.roofline import roofline_report
 from remat_lab.analysis.timeline import compile_dumped, memory_timeline
+from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized, sentence
 from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, resolve_budget
@@ -232,6 +233,8 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
         result["compile"]["train_compile_s"] = time.perf_counter() - t0
         result["memory_gradient_step"] = result["memory"]
         result["memory"] = memory_report(compiled)
+        if "sharding" in result:  # one device's memory is the training step's, as ``memory``
+            result["sharding"]["per_device"] = result["memory"]
         result["notes"] = [*result["notes"], (
             "memory is the whole training step's (the AdamW update, parameters and optimizer state "
             "donated); the step time, the gradient check and the per-dot tables are the gradient "
@@ -271,7 +274,8 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     sec = _compiled_sections(config, problem, traced, lowered, compiled, dump, progress, witnesses)
     dis, base = sec["dissection"], sec["baseline"]
     if target is not None:
-        estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype)
+        estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype,
+                                 traffic_of(dis.texts["compiled_hlo"]))
         reason = f"compiled for {config.target} without the device: nothing was run"
     else:
         estimate = {"estimate_s": None, "basis": "compile-only on this machine: no step time"}

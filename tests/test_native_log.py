@@ -1,0 +1,39 @@
+"""XLA's native log lines and JAX's warnings are captured and summarized, never printed raw."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, warnings
+    from remat_lab.program.native_log import captured_logs
+    with captured_logs() as logs:
+        os.write(2, b"W1201 hlo_rematerialization.cc:3231] Can't reduce memory use below 60GiB\\n")
+        warnings.warn("compilation cache is not initialized", UserWarning)
+        print("3/7 minimal: compiling batch 8", file=sys.stderr)
+    print("remat_lab: note: " + logs.summary(), file=sys.stderr)
+""")
+
+
+def _stderr(env: dict) -> str:
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_native_lines_and_warnings_are_kept_and_the_lab_s_own_lines_pass():
+    err = _stderr({"REMAT_LAB_SHOW_LOGS": "0"})
+    assert "3/7 minimal: compiling batch 8" in err
+    assert "Can't reduce" not in err and "UserWarning" not in err
+    assert "1 XLA log line and 1 JAX warning kept from this terminal" in err
+    assert "rematerialization pass" in err and "REMAT_LAB_SHOW_LOGS=1" in err
+
+
+def test_on_request_they_are_shown_raw():
+    err = _stderr({"REMAT_LAB_SHOW_LOGS": "1"})
+    assert "Can't reduce memory use below 60GiB" in err
+    assert "UserWarning: compilation cache is not initialized" in err
