@@ -1,8 +1,9 @@
 """The accelerators a configuration can be compiled for without the hardware: names and spec figures.
 
-Pure data from ``targets.json`` beside this file (no JAX): memory, dense peak FLOP/s by dtype and
-memory bandwidth per device, and where each figure comes from. ``local`` is the attached backend,
-run and timed; every other target is compile-only (``program/targets.py`` makes its devices).
+Pure data from ``targets.json`` beside this file (no JAX): memory, dense peak FLOP/s by dtype,
+memory, host link and interconnect bandwidth per device, and where each figure comes from.
+``local`` is the attached backend, run and timed; every other target is compile-only
+(``program/targets.py`` makes its devices).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class Target:
     source: str
     config_file: str | None = None  # GPU: XLA GpuTargetConfig text in program/target_specs/
     topology: str | None = None  # TPU: libtpu topology of one chip, e.g. "v5e:1x1"
+    host_bandwidth_bytes_per_s: float | None = None  # host link (PCIe), one direction
+    interconnect_bytes_per_s: float | None = None  # what one device sends into a ring collective
+    host_link_source: str = ""
+    interconnect_source: str = ""
 
     def usable_bytes(self) -> int:
         """The memory JAX can give the program by default (the advisor's default budget)."""
@@ -45,7 +50,10 @@ class Target:
         return {"name": self.name, "platform": self.platform, "device_kind": self.device_kind,
                 "memory_bytes": self.memory_bytes, "peak_flops": dict(self.peak_flops),
                 "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "source": self.source,
-                "deviceless": True}
+                "host_bandwidth_bytes_per_s": self.host_bandwidth_bytes_per_s,
+                "interconnect_bytes_per_s": self.interconnect_bytes_per_s,
+                "host_link_source": self.host_link_source,
+                "interconnect_source": self.interconnect_source, "deviceless": True}
 
 
 def _load() -> dict[str, Target]:
@@ -55,7 +63,11 @@ def _load() -> dict[str, Target]:
                               peak_flops={k: float(v) for k, v in t["peak_flops"].items()},
                               bandwidth_bytes_per_s=float(t["bandwidth_bytes_per_s"]),
                               source=t["source"], config_file=t.get("config_file"),
-                              topology=t.get("topology"))
+                              topology=t.get("topology"),
+                              host_bandwidth_bytes_per_s=float(t["host_bandwidth_bytes_per_s"]),
+                              interconnect_bytes_per_s=float(t["interconnect_bytes_per_s"]),
+                              host_link_source=t["host_link_source"],
+                              interconnect_source=t["interconnect_source"])
             for t in raw["targets"]}
 
 
