@@ -1,0 +1,341 @@
+"""What a compiled step moves and multiplies, read from its optimized HLO text, for the step-time estimate.
+
+``traffic_of(text)`` counts, per call of the program (loop bodies times their trip counts,
+``hlo.executions``):
+
+* **products**: the flops of every ``dot``, ``convolution`` and library GEMM ``custom-call``
+  (inside fusions too), by operand dtype and by the precision or dot algorithm XLA was asked for
+  (``operand_precision={highest,highest}``, ``algorithm=dot_tf32_tf32_f32``, a cuBLAS call's
+  ``precision_config`` in its ``backend_config``): what ``analysis/estimate.py`` prices at a rate;
+* **memory bytes**: every top-level instruction of every computation that runs (the entry, while
+  bodies and conditions, conditional branches, called computations; never the insides of a
+  fusion) reads its operands and writes its result. A fusion's parameter that is only sliced
+  (``dynamic-slice``, ``slice``, ``gather``) reads the slices; the buffer a ``dynamic-update-slice``
+  updates in place is neither read nor written whole, only the update is written. An asynchronous
+  pair (``X-start`` / ``X-done``) is counted once, at its done;
+* **host transfers**: the same bytes where the array lives in host memory (layout memory space
+  ``S(5)``, as ``hlo.uses_host_memory`` detects offload): device -> host when a result is in host
+  memory, host -> device when an operand is; these leave the memory count;
+* **collectives**: bytes per kind (``collectives.collectives``) and each kind's largest group.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from remat_lab.analysis import collectives, hlo, hlotext
+
+HOST_SPACE = "S(5)"  # pinned host memory on GPU and TPU
+# An array type with its layout, where printed: ``f32[8,4096]{1,0:S(5)}``, ``bf16[8]{0:T(128)}``.
+_LAID_OUT = re.compile(hlotext.ARRAY.pattern + r"(\{[^{}]*\})?")
+# Instructions that move no data of their own.
+_FREE = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while",
+                   "conditional", "call", "after-all", "add-dependency", "opt-barrier", "domain",
+                   "partition-id", "replica-id"})
+_SLICES = frozenset({"dynamic-slice", "slice", "gather"})
+_PRECISION = re.compile(r"operand_precision=\{([^}]*)\}")
+_ALGORITHM = re.compile(r"\balgorithm=(dot_[\w]+)")
+_JSON_PRECISION = re.compile(r'"operand_precision":\[([^\]]*)\]')
+_JSON_ALGORITHM = re.compile(r'"algorithm":"(ALG_DOT_[A-Z0-9_]+)"')
+_JSON_LHS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+_DIM_LABELS = re.compile(r"dim_labels=[^_]*_([^-]*)->")
+_PRECISIONS = ("DEFAULT", "HIGH", "HIGHEST")
+_PARTITIONS = re.compile(r"\bnum_partitions=(\d+)")
+_REPLICAS = re.compile(r"\breplica_count=(\d+)")
+_GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_COLLECTIVE = re.compile(r"\s(?:" + "|".join(collectives.KINDS) + r")(?:-start)?\(")
+
+METHOD = ("top-level instructions of the computations that run (not the "
+          "insides of fusions), operands read + result written, times their computation's runs; "
+          "sliced fusion parameters read as slices, in-place dynamic-update-slice buffers count "
+          "their update only; arrays in memory space S(5) are host transfers, not memory traffic")
+
+
+class _Op(NamedTuple):
+    name: str
+    opcode: str
+    type: str
+    operands: list[str]
+    rest: str
+
+
+class _Module:
+    """The text's instructions by computation, every value's type text, the entry's name."""
+
+    def __init__(self, text: str):
+        self.comps: dict[str, list[_Op]] = {}
+        self.types: dict[str, str] = {}
+        for comp, ins in hlotext.instructions(text):
+            names = [n[1:] for n in hlotext.NAME.findall(ins.operands)]
+            op = _Op(ins.name, ins.opcode, ins.type, names, ins.rest)
+            self.comps.setdefault(comp, []).append(op)
+            self.types[ins.name] = ins.type
+        self.ops = {op.name: op for ops in self.comps.values() for op in ops}
+        self.entry = next((m.group(1) for m in hlotext.SIGNATURE.finditer(text)
+                           if m.group(0).startswith("ENTRY")), None)
+        self._users: dict[str, dict[str, list[tuple[_Op, int]]]] = {}
+
+    def running(self) -> list[str]:
+        """The computations that run as programs: the entry and what while, conditional and call
+        instructions run from it (fusions, reducers and async wrappers are kernels, not walked)."""
+        seen: list[str] = []
+        todo = [self.entry]
+        while todo:
+            comp = todo.pop()
+            if comp in seen or comp not in self.comps:
+                continue
+            seen.append(comp)
+            for op in self.comps[comp]:
+                if op.opcode in ("while", "conditional", "call"):
+                    todo.extend(callee for _, callee in hlotext.called(op.rest))
+        return seen
+
+    def root(self, comp: str) -> _Op | None:
+        """A kernel's root: its last instruction that no other of its instructions reads."""
+        used = self.users(comp)
+        return next((op for op in reversed(self.comps.get(comp, []))
+                     if op.name not in used and op.opcode != "parameter"), None)
+
+    def users(self, comp: str) -> dict[str, list[tuple[_Op, int]]]:
+        if comp not in self._users:
+            found: dict[str, list[tuple[_Op, int]]] = {}
+            for op in self.comps.get(comp, []):
+                for i, name in enumerate(op.operands):
+                    found.setdefault(name, []).append((op, i))
+            self._users[comp] = found
+        return self._users[comp]
+
+
+def _bytes(types: str) -> int:
+    return sum(hlotext.array_bytes(t, d) for t, d in hlotext.arrays(types))
+
+
+def _host_share(types: str) -> float:
+    """The share of a type's bytes that lives in host memory (``S(5)``)."""
+    total = host = 0
+    for dtype, dims, layout in _LAID_OUT.findall(types):
+        n = hlotext.array_bytes(dtype, hlotext.dims(dims))
+        total += n
+        host += n if HOST_SPACE in layout else 0
+    return host / total if total else 0.0
+
+
+def _parameter_reads(module: _Module, comp: str, name: str) -> int | None:
+    """Bytes a kernel reads of its value ``name``: the slices taken of it, 0 for a buffer updated in
+    place, None when something reads it whole."""
+    total = 0
+    for user, position in module.users(comp).get(name, []):
+        if user.opcode == "bitcast":
+            part = _parameter_reads(module, comp, user.name)
+        elif user.opcode in _SLICES and position == 0:
+            part = _bytes(user.type)
+        elif user.opcode == "dynamic-update-slice" and position == 0:
+            part = 0
+        else:
+            return None
+        if part is None:
+            return None
+        total += part
+    return total
+
+
+def _written(module: _Module, op: _Op) -> int:
+    """Bytes an instruction (or a kernel's root) writes: an in-place update writes its update."""
+    if op.opcode == "bitcast" and op.operands and op.operands[0] in module.ops:
+        return _written(module, module.ops[op.operands[0]])
+    if op.opcode == "dynamic-update-slice" and len(op.operands) > 1:
+        return _bytes(module.types.get(op.operands[1], ""))
+    if op.opcode == "tuple":
+        return sum(_written(module, module.ops[n]) for n in op.operands if n in module.ops)
+    return _bytes(op.type)
+
+
+def _moves(module: _Module, op: _Op, base: str, operands: list[str], result: str) -> tuple[list, list]:
+    """``(reads, writes)`` of one top-level instruction: ``[(bytes, host share)]`` each. ``base``:
+    the opcode (an async pair's without ``-start``); ``operands``: its start's; ``result``: the
+    type it leaves (its done's)."""
+    kernel = next((c for k, c in hlotext.called(op.rest) if k == "calls"), None)
+    reads, host_out = [], _host_share(result)
+    if kernel in module.comps:
+        params = {int(p.rest.split(")")[0]): p.name for p in module.comps[kernel]
+                  if p.opcode == "parameter" and p.rest.split(")")[0].isdigit()}
+        for i, name in enumerate(operands):
+            types = module.types.get(name, "")
+            whole = _bytes(types)
+            part = _parameter_reads(module, kernel, params[i]) if i in params else None
+            reads.append((whole if part is None else min(part, whole), _host_share(types)))
+        root = module.root(kernel)
+        written = _written(module, root) if root is not None else _bytes(result)
+        return reads, [(written, host_out)]
+    if base in _SLICES and operands:
+        source = module.types.get(operands[0], "")
+        return [(_bytes(result), _host_share(source))], [(_bytes(result), host_out)]
+    if base == "dynamic-update-slice" and len(operands) > 1:
+        update = module.types.get(operands[1], "")
+        return [(_bytes(update), _host_share(update))], [(_bytes(update), host_out)]
+    reads = [(_bytes(module.types.get(n, "")), _host_share(module.types.get(n, ""))) for n in operands]
+    if base == "custom-call" and _is_gemm(op):  # (result, workspace): the workspace is scratch
+        first = _LAID_OUT.search(result)
+        result = first.group(0) if first else result
+    return reads, [(_bytes(result), host_out)]
+
+
+def _is_gemm(op: _Op) -> bool:
+    target = hlotext.call_target(op.rest).lower()
+    return "gemm" in target or "matmul" in target
+
+
+def _memory(module: _Module, runs: dict[str, int]) -> dict:
+    """Device memory and host transfer bytes of the computations that run."""
+    hbm = to_host = from_host = 0.0
+    for comp in module.running():
+        times = max(runs.get(comp, 1), 1)
+        for op in module.comps[comp]:
+            if op.opcode in _FREE or op.opcode.endswith("-start"):
+                continue
+            if op.opcode == "custom-call" and hlotext.call_target(op.rest) == "AllocateBuffer":
+                continue
+            if op.opcode.endswith("-done"):
+                start = module.ops.get(op.operands[0]) if op.operands else None
+                if start is None:
+                    continue
+                reads, writes = _moves(module, start, start.opcode.removesuffix("-start"),
+                                       start.operands, op.type)
+            else:
+                reads, writes = _moves(module, op, op.opcode, op.operands, op.type)
+            for n, host in reads:
+                hbm += times * n * (1 - host)
+                from_host += times * n * host
+            for n, host in writes:
+                hbm += times * n * (1 - host)
+                to_host += times * n * host
+    return {"memory_bytes": hbm, "to_host_bytes": to_host, "from_host_bytes": from_host}
+
+
+def _precision(op: _Op) -> str:
+    """``DEFAULT``, ``HIGH`` or ``HIGHEST`` (the higher of the two operands'), or ``alg:<name>`` when
+    a dot algorithm was asked for."""
+    m = _ALGORITHM.search(op.rest)
+    if m:
+        return f"alg:{m.group(1)}"
+    m = _JSON_ALGORITHM.search(op.rest)
+    if m and m.group(1) != "ALG_UNSET":
+        return f"alg:{m.group(1)[4:].lower()}"
+    m = _PRECISION.search(op.rest) or _JSON_PRECISION.search(op.rest)
+    if not m:
+        return "DEFAULT"
+    found = [p.strip().strip('"').upper() for p in m.group(1).split(",")]
+    return max((p for p in found if p in _PRECISIONS), key=_PRECISIONS.index, default="DEFAULT")
+
+
+def _product_flops(module: _Module, op: _Op) -> float | None:
+    """2 x result elements x the contracted size of a dot, a convolution or a GEMM call."""
+    out = hlotext.arrays(op.type)
+    if not out or not op.operands:
+        return None
+    elements = 1
+    for d in out[0][1]:
+        elements *= d
+    if op.opcode == "convolution":
+        rhs = hlotext.arrays(module.types.get(op.operands[1], "")) if len(op.operands) > 1 else []
+        labels = _DIM_LABELS.search(op.rest)
+        if not rhs or not labels or "o" not in labels.group(1):
+            return None
+        kernel = 1
+        for d in rhs[0][1]:
+            kernel *= d
+        return 2.0 * elements * kernel / max(rhs[0][1][labels.group(1).index("o")], 1)
+    lhs = hlotext.arrays(module.types.get(op.operands[0], ""))
+    if op.opcode == "dot":
+        contracting = hlotext.attribute("lhs_contracting_dims", op.rest) or []
+    else:
+        m = _JSON_LHS_CONTRACTING.search(op.rest)
+        contracting = [int(s.strip('"')) for s in m.group(1).split(",") if s.strip('"')] if m else None
+    if not lhs or contracting is None:
+        return None
+    contracted = 1
+    for d in contracting:
+        contracted *= lhs[0][1][d]
+    return 2.0 * elements * contracted
+
+
+def _products(module: _Module, runs: dict[str, int]) -> list[dict]:
+    """``[{"dtype", "precision", "flops"}]``: product flops per run of the program, by the operand
+    dtype and the precision (or algorithm) of the products; ``flops`` None where some product's
+    shape could not be read."""
+    out: dict[tuple[str, str], float | None] = {}
+    for comp, ops in module.comps.items():
+        times = max(runs.get(comp, 1), 1)
+        for op in ops:
+            if op.opcode not in ("dot", "convolution") and not (op.opcode == "custom-call" and _is_gemm(op)):
+                continue
+            operand = hlotext.arrays(module.types.get(op.operands[0], "")) if op.operands else []
+            dtype = (operand or hlotext.arrays(op.type) or [("f32", [])])[0][0]
+            key = (dtype, _precision(op))
+            flops = _product_flops(module, op)
+            before = out.get(key, 0.0)
+            out[key] = None if flops is None or before is None else before + times * flops
+    return [{"dtype": d, "precision": p, "flops": f} for (d, p), f in sorted(out.items())]
+
+
+def _group(rest: str, devices: int) -> int:
+    """The size of a collective's replica groups (the first group's), ``devices`` when unstated."""
+    m = _GROUPS_MESH.search(rest)
+    if m:
+        sizes = {k.strip().strip("'"): int(v) for k, v in
+                 (part.split("=") for part in m.group(1).split(",") if "=" in part)}
+        axes = [a.strip().strip("'") for a in m.group(2).split(",") if a.strip()]
+        n = 1
+        for a in axes:
+            n *= sizes.get(a, 1)
+        return n
+    m = _GROUPS_IOTA.search(rest)
+    if m:
+        return int(m.group(2))
+    m = _GROUPS_LIST.search(rest)
+    if m:
+        return len([s for s in m.group(1).split(",") if s])
+    return devices
+
+
+def _collectives(text: str, module: _Module, devices: int) -> dict:
+    """``{kind: {"count", "bytes", "group"}}`` of the kinds the program runs: count and result bytes
+    per device from ``collectives.collectives``, ``group`` the largest replica group of the kind."""
+    if not _COLLECTIVE.search(text):
+        return {}
+    counts = collectives.collectives(text)
+    groups: dict[str, int] = {}
+    for ops in module.comps.values():
+        for op in ops:
+            kind = op.opcode.removesuffix("-start")
+            if kind in collectives.KINDS and not op.opcode.endswith("-done"):
+                groups[kind] = max(groups.get(kind, 1), _group(op.rest, devices))
+    out = {}
+    for kind, phases in counts.items():
+        count = sum(c["count"] for c in phases.values())
+        if count:
+            out[kind] = {"count": count, "bytes": sum(c["bytes"] for c in phases.values()),
+                         "group": groups.get(kind, devices)}
+    return out
+
+
+def devices_of(text: str) -> int:
+    """The devices a compiled SPMD program runs on: ``num_partitions x replica_count`` (1 unstated)."""
+    head = text[:4096]
+    parts, replicas = _PARTITIONS.search(head), _REPLICAS.search(head)
+    return (int(parts.group(1)) if parts else 1) * (int(replicas.group(1)) if replicas else 1)
+
+
+def traffic_of(text: str) -> dict:
+    """What the estimate needs from a compiled step's text (JSON-ready): ``products``,
+    ``memory_bytes``, ``to_host_bytes``, ``from_host_bytes``, ``collectives``, ``devices`` and the
+    counting ``method``. Bytes and flops per device, per call of the step."""
+    module = _Module(text)
+    runs, _ = hlo.executions(text)
+    devices = devices_of(text)
+    return {"products": _products(module, runs), **_memory(module, runs),
+            "collectives": _collectives(text, module, devices), "devices": devices,
+            "method": METHOD}
