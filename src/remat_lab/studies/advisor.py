@@ -86,11 +86,13 @@ def _estimate_rows(rows: list[dict], configs: dict[str, RunConfig], target: str)
     largest batch from the target's roofline (``analysis/estimate.py``), labelled as estimates."""
     t = get_target(target)
     for r in rows:
-        r.update(estimate_s=None, examples_per_s_estimate=None)
+        r.update(estimate_s=None, examples_per_s_estimate=None, estimate_bound=None)
         if r["max_batch"] == 0:
             continue
         found = probe(configs[r["policy"]].replace(batch=r["max_batch"]))
-        est = estimate_step(found["flops"], found.get("bytes_accessed"), t, configs[r["policy"]].dtype)
+        est = estimate_step(found["flops"], found.get("bytes_accessed"), t, configs[r["policy"]].dtype,
+                            found.get("traffic"))
+        r["estimate_bound"] = est["bound"]
         r["estimate_s"] = est["estimate_s"]
         if est["estimate_s"]:
             r["examples_per_s_estimate"] = r["max_batch"] / est["estimate_s"]

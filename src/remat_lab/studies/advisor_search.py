@@ -24,6 +24,7 @@ from collections.abc import Callable
 from remat_lab.analysis import hlo
 from remat_lab.analysis.by_kind import memory_by_kind
 from remat_lab.analysis.costs import memory_report, program_flops
+from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized
 from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import (
@@ -129,7 +130,8 @@ def _compiled_figures(lowered) -> dict:
              "generated_code_bytes")
     return {"peak_bytes": int(memory["peak_bytes"]), "memory": {k: memory.get(k) for k in parts},
             "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text),
-            "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat}}
+            "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat},
+            "traffic": traffic_of(text)}  # what the step-time estimate reads (analysis/estimate.py)
 
 
 def probe(config: RunConfig) -> dict:
