@@ -133,7 +133,8 @@ def test_cli_json_document(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["config"]["width"] == 64 and doc["config"]["policy"] == "dots_with_no_batch_dims_saveable"
-    assert set(doc["compile"]) == {"lower_s", "compile_s", "timeline_s"}
+    assert set(doc["compile"]) == {"lower_s", "compile_s", "timeline_s", "xla_remat"}
+    assert doc["compile"]["xla_remat"]["applied"] is False  # XLA CPU has no such pass
     assert {"source", "instructions", "points", "by_phase", "peak_index", "peak_live_bytes", "at_peak",
             "phases_from", "note"} == set(doc["memory_timeline"])
     assert {"median", "p25", "p75", "min", "max", "repeats", "warmup"} <= set(doc["step_time_s"])

@@ -27,6 +27,11 @@ DTYPES = ("float32", "bfloat16")
 OBJECTIVES = ("value_and_grad", "grad")
 STEPS = ("grad", "train")  # the objective's gradient step, or a whole optax.adamw training step
 PARAM_DTYPES = ("", *DTYPES)  # "" = the compute dtype
+OPTIMIZER_DTYPES = ("", *DTYPES)  # AdamW's two moments; "" = the parameters' dtype
+# The llm's attention: "full" materializes the (seq x seq) scores; "chunked" is blockwise with an
+# online softmax in plain JAX (memory linear in seq); "flash" the target's fused kernel where it
+# compiles (cuDNN on GPUs, Pallas on TPUs), else chunked, said so.
+ATTENTIONS = ("full", "chunked", "flash")
 BOOL_FIELDS = ("tie_embeddings", "compile_only")
 BUDGET_ENV = "REMAT_LAB_MEMORY_BUDGET"
 MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in mesh order (sharding.py)
@@ -44,6 +49,8 @@ LIMITS = {
     "head_dim": (0, 1024),  # 0 = width // heads
     "mlp_dim": (0, 131072),  # 0 = 4 * width
     "microbatches": (1, 1024),
+    "attention_block": (16, 8192),  # chunked attention's query and key block (tokens)
+    "loss_chunks": (1, 1024),  # the vocabulary loss computed over this many sequence chunks
     "repeats": (1, 1000),
     "warmup": (0, 100),
     "seed": (0, 2**31 - 1),
@@ -59,6 +66,8 @@ CHOICES = {
     "objective": OBJECTIVES,
     "target": TARGET_NAMES,
     "param_dtype": PARAM_DTYPES,
+    "optimizer_dtype": OPTIMIZER_DTYPES,
+    "attention": ATTENTIONS,
     "step": STEPS,
     "preset": PRESET_NAMES,
 }
@@ -123,7 +132,11 @@ class RunConfig:
     head_dim: int = 0
     mlp_dim: int = 0
     tie_embeddings: bool = False
-    param_dtype: str = ""  # weights and optimizer state; "" = dtype (as before this field)
+    param_dtype: str = ""  # the master weights (and, by default, optimizer state); "" = dtype
+    optimizer_dtype: str = ""  # AdamW's moments (optax's mu_dtype and the second moment); "" = params'
+    attention: str = "full"  # llm: full | chunked | flash (ATTENTIONS)
+    attention_block: int = 512  # llm, attention chunked (and flash's fallback): block size, tokens
+    loss_chunks: int = 1  # llm: the vocabulary loss over this many sequence chunks (1 = whole)
     step: str = "grad"  # "grad": the objective; "train": value_and_grad + optax.adamw, donated
     microbatches: int = 1  # gradient accumulation over this many microbatches (lax.scan)
     preset: str = ""  # the published shape the llm fields came from (PRESETS), "" = none
@@ -301,8 +314,13 @@ class RunConfig:
 
     @property
     def param_dtype_used(self) -> str:
-        """The parameters' (and optimizer state's) dtype: ``param_dtype``, or ``dtype`` when ""."""
+        """The parameters' (master weights') dtype: ``param_dtype``, or ``dtype`` when ""."""
         return self.param_dtype or self.dtype
+
+    @property
+    def optimizer_dtype_used(self) -> str:
+        """AdamW's moments' dtype: ``optimizer_dtype``, or the parameters' when ""."""
+        return self.optimizer_dtype or self.param_dtype_used
 
     @property
     def preset_overrides(self) -> dict:

@@ -48,6 +48,13 @@ class Captured:
         return text + f"; {SHOW_ENV}=1 shows them."
 
 
+def _writes_to_fd2(stream) -> bool:
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
 @contextlib.contextmanager
 def captured_logs() -> Iterator[Captured]:
     """Descriptor 2 to a temporary file and warnings recorded for the block (see the module)."""
@@ -63,7 +70,8 @@ def captured_logs() -> Iterator[Captured]:
         warnings.simplefilter("default")
         terminal = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
         os.dup2(tmp.fileno(), 2)
-        sys.stderr = terminal
+        if _writes_to_fd2(old_stderr):  # else (a test's capture, a pipe of its own) left as it is
+            sys.stderr = terminal
         try:
             yield found
         finally:
