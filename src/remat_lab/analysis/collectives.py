@@ -2,12 +2,19 @@
 
 **Collectives** are counted in the compiled (SPMD-partitioned, per-device) HLO: every all-gather,
 reduce-scatter, all-reduce, all-to-all and collective-permute, times the runs of its computation
-(a scanned body runs ``depth`` times), with its result bytes, by phase as the memory timeline
-judges it: against the ``no_remat`` compile of the same mesh (``witness.Witness``: a collective is
-recomputed only when the program has it more often than no_remat's; the rest take the pass their
-no_remat twin's ``op_name`` names: ``transpose(`` = backward, else forward). ``op_name`` alone is
-no witness (XLA CPU removes the remat barrier, CSE keeps either copy's name). The report also
-gives each kind's count against that compile (``vs_no_remat``).
+(a scanned body runs ``depth`` times), with its result bytes, by phase. **Recomputed** is judged
+against the ``no_remat`` compile of the same mesh (``witness.Witness``): a collective is recomputed
+only when the program has it more often than no_remat's (``op_name`` alone is no witness: XLA CPU
+removes the remat barrier, CSE keeps either copy's name). Otherwise its phase is the **pass of its
+place in the program** (``witness.passes``): a named collective's own (its no_remat twin's
+``op_name``: ``transpose(`` = backward); an unnamed one's (XLA names no gradient reduce-scatter
+it creates inside a scanned backward) is its region's. A while loop's body whose named
+instructions are all backward is backward, all forward is forward, none named takes its
+``while``'s pass; the entry computation (it holds both) is forward up to the first backward
+instruction that reads the program's data in its schedule (the compiled module is scheduled: the
+text's order is the execution order) and backward after it; a fusion or an asynchronous
+collective's wrapper takes the pass of the instruction that calls it. The report also gives each
+kind's count against that compile (``vs_no_remat``).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import jax
 import numpy as np
 
 from remat_lab.analysis import hlo, hlotext
-from remat_lab.analysis.witness import Witness
+from remat_lab.analysis.witness import Witness, passes
 from remat_lab.config import parse_mesh
 from remat_lab.program.mesh import RULES_TEXT, input_spec, shard_shape
 
@@ -35,21 +42,36 @@ def _result_bytes(types: str, kind: str, start: bool) -> int:
     return sum(hlotext.array_bytes(t, dims) for t, dims in found)
 
 
-def collectives(text: str, witness: str | None = None) -> dict:
-    """``{kind: {phase: {"count", "bytes"}}}`` of compiled HLO ``text``: instructions times the
-    runs of their computation (``hlo.executions``), result bytes per device. ``witness``: the
-    no_remat compile's text, which decides the phases (without it, ``op_name`` alone)."""
+def rows(text: str, witness: str | None = None) -> list[dict]:
+    """One row per collective instruction of compiled HLO ``text``, in order: ``computation``,
+    ``name``, ``kind``, ``phase`` (recomputed against ``witness``, no_remat's compiled text; else
+    the pass of its place in the program), ``runs`` (its computation's, ``hlo.executions``) and
+    ``bytes`` (its result's, per device, per run)."""
     runs, _ = hlo.executions(text)
     judge = Witness(text, witness)
-    out = {k: {p: {"count": 0, "bytes": 0} for p in PHASES} for k in KINDS}
+    where = passes(text, judge)
+    out = []
     for comp, ins in hlotext.instructions(text):
         kind = ins.opcode.removesuffix("-start")
-        if kind not in out:
+        if kind not in KINDS:
             continue
-        cell = out[kind][judge.phase(ins.name, hlotext.op_name(ins.rest), unnamed="forward")]
-        times = max(runs.get(comp, 1), 1)
-        cell["count"] += times
-        cell["bytes"] += times * _result_bytes(ins.type, kind, ins.opcode != kind)
+        phase = judge.phase(ins.name, hlotext.op_name(ins.rest), unnamed="")
+        out.append({"computation": comp, "name": ins.name, "kind": kind,
+                    "phase": "recomputed" if phase == "recomputed" else where[ins.name],
+                    "runs": max(runs.get(comp, 1), 1),
+                    "bytes": _result_bytes(ins.type, kind, ins.opcode != kind)})
+    return out
+
+
+def collectives(text: str, witness: str | None = None) -> dict:
+    """``{kind: {phase: {"count", "bytes"}}}`` of compiled HLO ``text``: instructions times the
+    runs of their computation, result bytes per device (``rows``). ``witness``: the no_remat
+    compile's text, which decides what is recomputed (without it, ``op_name`` alone)."""
+    out = {k: {p: {"count": 0, "bytes": 0} for p in PHASES} for k in KINDS}
+    for row in rows(text, witness):
+        cell = out[row["kind"]][row["phase"]]
+        cell["count"] += row["runs"]
+        cell["bytes"] += row["runs"] * row["bytes"]
     return out
 
 
@@ -75,10 +97,14 @@ def report(problem, compiled_text: str, memory: dict | None, baseline_text: str 
         "collectives": counts, "collective_counts": mine,
         "vs_no_remat": None if base is None else {k: mine[k] - base[k] for k in KINDS},
         "method": ("static instructions of the compiled per-device HLO times their computation's "
-                   "runs; phase against the no_remat compile on the same mesh: recomputed only "
-                   "where the program has a collective more often than no_remat's, else the pass "
-                   "its no_remat twin's op_name names (transpose = backward); vs_no_remat: the "
-                   "same count minus the no_remat compile's"),
+                   "runs; recomputed against the no_remat compile on the same mesh: only where the "
+                   "program has a collective more often than no_remat's; else the pass of its place "
+                   "in the program: a named one's own (its no_remat twin's op_name, transpose = "
+                   "backward), an unnamed one's region's: a while loop body whose named "
+                   "instructions are all backward (forward) is backward (forward), one with none "
+                   "takes its while's pass, the entry is backward after its first backward "
+                   "instruction that reads data in the schedule, a fusion takes its caller's pass; "
+                   "vs_no_remat: the same count minus the no_remat compile's"),
     }
 
 

@@ -96,6 +96,17 @@ def called(line: str) -> list[tuple[str, str]]:
     return out
 
 
+def callers(text: str) -> dict[str, tuple[str, str, str]]:
+    """``{computation: (caller's computation, calling instruction, attribute)}``: the first
+    instruction of ``text`` that calls each computation, and how (``body`` or ``condition`` of a
+    ``while``, ``calls`` of a fusion, ...). The entry computation has no caller."""
+    out: dict[str, tuple[str, str, str]] = {}
+    for comp, ins in instructions(text):
+        for attr, callee in called(ins.rest):
+            out.setdefault(callee, (comp, ins.name, attr))
+    return out
+
+
 def known_trip_count(line: str) -> int | None:
     """A ``while`` instruction's trip count, where XLA knows it (``scan`` lowers to one)."""
     m = _TRIP.search(line)

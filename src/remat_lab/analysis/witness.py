@@ -13,6 +13,9 @@ is what the program does more than no_remat's:
   ``rematted_computation``, else it keeps the pass its ``op_name`` names;
 * a matched instruction takes the pass of its witness twin (no_remat has no remat scope), so two
   identical programs get identical phases, and an identical program has nothing recomputed.
+
+``passes`` gives every instruction the pass (forward or backward) of its place in the program:
+the region (entry or loop body) that holds it, and where in that region's schedule.
 """
 
 from __future__ import annotations
@@ -117,3 +120,51 @@ class Witness:
 
 
 _REMAT = re.compile(rf"/?{REMAT_SCOPE}")
+
+
+# --- the passes of the program's regions ---------------------------------------------------------
+
+_PASSES = ("forward", "backward")
+_REGION_CALLS = ("body", "condition")
+
+
+def passes(text: str, judge: Witness) -> dict[str, str]:
+    """``{instruction: "forward" | "backward"}`` for every instruction of ``text``, by where the
+    program puts it: the pass ``judge`` gives a named instruction (its own or its witness twin's
+    ``op_name``; a recomputed one says nothing about its region), else its region's.
+
+    A **region** is the entry computation or a while loop's body or condition (XLA schedules each
+    on its own; ``is_scheduled=true``: the text's order is the execution order). A region whose
+    named instructions are all of one pass is that pass (a scanned backward's body, where the
+    gradients' reduce-scatters carry no name); one with none takes the pass of the ``while`` that
+    runs it. A region that holds both passes (the entry; a microbatch loop's body) is forward up
+    to its **seed**, the first backward instruction that reads the program's data (a hoisted
+    constant or zero accumulator is none), and backward after it. Any other computation (a fusion,
+    an asynchronous collective's wrapper, a reducer) takes the pass of the instruction calling it.
+    """
+    rows: dict[str, list[tuple[str, str, bool]]] = {}  # computation -> (name, named pass, reads data)
+    data: set[str] = set()
+    for comp, ins in hlotext.instructions(text):
+        phase = judge.phase(ins.name, hlotext.op_name(ins.rest), unnamed="")
+        reads = ins.opcode == "parameter" or any(
+            n[1:] in data for n in hlotext.NAME.findall(ins.operands))
+        if reads:  # a constant, an iota, a partition-id read none
+            data.add(ins.name)
+        rows.setdefault(comp, []).append((ins.name, phase if phase in _PASSES else "", reads))
+    calls = hlotext.callers(text)
+    out: dict[str, str] = {}
+    for comp in reversed(rows):  # callees print before their callers: callers are judged first
+        caller = calls.get(comp)
+        inherited = out.get(caller[1], "forward") if caller else "forward"
+        named = {p for _, p, _ in rows[comp] if p}
+        if (caller and caller[2] not in _REGION_CALLS) or not named:
+            fill = [inherited] * len(rows[comp])
+        elif len(named) == 1:
+            fill = [named.pop()] * len(rows[comp])
+        else:
+            seed = next((i for i, (_, p, reads) in enumerate(rows[comp]) if p == "backward" and reads),
+                        len(rows[comp]))
+            fill = ["forward" if i < seed else "backward" for i in range(len(rows[comp]))]
+        for (name, phase, _), where in zip(rows[comp], fill):
+            out[name] = phase or where
+    return out
