@@ -64,6 +64,12 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{sig(100 * x)} %"
 
 
+def _batch(r: dict) -> str:
+    """A row's largest batch; a search that stopped at its own limit says so (a lower bound)."""
+    text = str(r["max_batch"])
+    return f"≥ {text} (the search's limit)" if r.get("limited_by") == "search_limit" else text
+
+
 def _overhead(r: dict) -> str:
     """The recomputation share; split into the policy's and XLA's own where XLA's pass added some."""
     total, xla = _pct(r.get("recompute_overhead")), r.get("xla_recompute_overhead")
@@ -86,7 +92,7 @@ def advice_display_frame(doc: dict | None) -> pd.DataFrame:
             step, rate = f"~{ms(r['estimate_s'])} (est.)", f"~{sig(r.get('examples_per_s_estimate'))} (est.)"
         nxt = r.get("next_batch")
         rows.append({
-            "policy": r["policy"], "largest batch": str(r["max_batch"]),
+            "policy": r["policy"], "largest batch": _batch(r),
             "peak at it": "" if r.get("peak_bytes") is None else human_bytes(r["peak_bytes"]),
             "next batch (over by)": ("" if nxt is None or r.get("next_peak_bytes") is None else
                                      f"{nxt} (+{human_bytes(r['next_peak_bytes'] - budget)})"),

@@ -119,6 +119,7 @@ ADVICE_ROW = {"policy": str, "max_batch": int, "peak_bytes": (OPT, NUM), "next_b
               "hardware_flops": (OPT, NUM), "mfu": (OPT, NUM), "hfu": (OPT, NUM),
               "recompute_overhead": (OPT, NUM), "policy_recompute_overhead": (OPT, NUM),
               "xla_recompute_overhead": (OPT, NUM), "xla_remat_note": (OPT, str),
+              "limited_by": (OPT, str),
               "not_timed": (OPT, str), "reason": (OPT, str),
               "same_program_as": (OPT, str)}
 ADVICE = {"kind": str, "budget_bytes": NUM, "config": dict, "environment": ENV, "policies": list,

@@ -104,8 +104,10 @@ def _recommend_by_estimate(rows: list[dict], target: str) -> tuple[str | None, l
     fits = [r for r in rows if r["max_batch"] > 0 and r.get("examples_per_s_estimate")]
     if not fits:
         return _recommend(rows, False)
-    best = max(fits, key=lambda r: r["examples_per_s_estimate"])
-    top = best["examples_per_s_estimate"]
+    top = max(r["examples_per_s_estimate"] for r in fits)
+    # equal estimates (e.g. the same products and bytes): the most headroom, the smallest peak
+    best = min((r for r in fits if r["examples_per_s_estimate"] >= top * (1 - 1e-9)),
+               key=lambda r: (r.get("peak_bytes") or 0, rows.index(r)))
     ties = [r["policy"] for r in fits if r["examples_per_s_estimate"] >= 0.98 * top]
     why = (f"{best['policy']} fits batch {best['max_batch']} on the {target}; by the roofline "
            f"estimate (not measured: nothing runs on a target) it processes {sig(top)} examples/s")
@@ -134,7 +136,8 @@ def _recommend(rows: list[dict], timed: bool) -> tuple[str | None, list[str], st
     if not fits:
         return None, [], "no policy fits batch 1 in this budget: raise the budget or shrink the model"
     if not timed:
-        best = max(fits, key=lambda r: (r["max_batch"], -rows.index(r)))
+        # equal batches: the most headroom (the smallest compiled peak) first
+        best = max(fits, key=lambda r: (r["max_batch"], -(r.get("peak_bytes") or 0), -rows.index(r)))
         ties = [r["policy"] for r in fits if r["max_batch"] == best["max_batch"]]
         return (best["policy"], ties,
                 f"{_names(ties)} fit{'s' if len(ties) == 1 else ''} the largest batch "

@@ -254,8 +254,9 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     line through it and the guess instead of probing the batch after the guess. At most about
     2·log2(max_batch) + 3 compiles, usually 2 to 5. Returns ``{"max_batch", "per_device_batch",
     "peak_bytes", "next_batch", "next_peak_bytes", "probes": [{"batch", "per_device_batch",
-    "peak_bytes", "fits"}], "compiles", "reason"}``: ``max_batch`` 0 when batch 1 (per device)
-    does not fit, ``next_batch`` None when even ``max_batch`` (the lab's limit) fits.
+    "peak_bytes", "fits"}], "compiles", "reason", "limited_by"}``: ``max_batch`` 0 when batch 1
+    (per device) does not fit, ``next_batch`` None and ``limited_by`` "search_limit" when even
+    ``max_batch`` (the lab's limit) fits: the answer is then a lower bound.
     """
     say = progress or (lambda message: None)
     measure = measure or probe  # ``probe`` (a compile); tests pass synthetic curves
@@ -347,7 +348,8 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
         reason = (f"does not fit even batch 1{per}: its compiled peak is "
                   f"{human_bytes(probes[1]['peak_bytes'])}, over the budget of {human_bytes(budget)}")
     elif hi is None:
-        reason = f"fits the largest batch the lab searches ({max_batch * unit})"
+        reason = (f"fits ≥ {max_batch * unit}, the search's limit (the lab searches no larger "
+                  "batch): the budget was not reached")
     else:
         reason = (f"batch {lo * unit} peaks at {human_bytes(probes[lo]['peak_bytes'])}{per}; batch "
                   f"{hi * unit} would need {human_bytes(probes[hi]['peak_bytes'])}")
@@ -358,6 +360,8 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
         "next_peak_bytes": probes[hi]["peak_bytes"] if hi else None,
         "probes": rows, "compiles": sum(not v["cached"] for v in probes.values()),
         "reason": reason,
+        # what stopped the search: the memory budget, or its own largest batch (a lower bound)
+        "limited_by": "budget" if hi is not None else "search_limit",
     }
 
 
