@@ -52,6 +52,17 @@ def test_deadlines_per_kind_and_the_environment_variable_scales_them():
     assert quotas.deadline_for(half, "some_new_kind") == quotas.DEFAULT_DEADLINE_S / 2
     assert all(v is None for v in quotas.deadlines(env={quotas.DEADLINE_ENV: "off"}).values())
     assert quotas.deadlines(env={quotas.DEADLINE_ENV: "nonsense"})["run"] == quotas.DEADLINES_S["run"]
+
+
+def test_a_private_instance_has_no_deadline_unless_its_owner_sets_one(monkeypatch):
+    private = {"REMAT_LAB_PUBLIC": "0"}
+    assert all(v is None for v in quotas.deadlines(env=private).values())
+    assert quotas.deadlines(env={**private, quotas.DEADLINE_ENV: "60"})["run"] == 60
+    assert quotas.deadlines(env={"REMAT_LAB_PUBLIC": "1"})["advise"] == quotas.DEADLINES_S["advise"]
+    monkeypatch.setenv("REMAT_LAB_PUBLIC", "0")  # the owner reads which setting stopped it
+    assert "$REMAT_LAB_JOB_DEADLINE_S" in quotas.stopped_message("advise", 120)
+    monkeypatch.setenv("REMAT_LAB_PUBLIC", "1")  # a web visitor never reads a variable's name
+    assert "REMAT_LAB" not in quotas.stopped_message("advise", 120)
     assert quotas.deadlines({"run": 2.0}, env={quotas.DEADLINE_ENV: "60"})["run"] == 2.0
     assert (quotas.stopped_message("advise", 180) ==
             "Stopped after 180 s, this server's limit for an advice; try fewer policies, a smaller "

@@ -4,7 +4,8 @@ A job that runs past its kind's deadline has its worker killed and replaced (``p
 visitor reads ``stopped_message``. The deadlines are set for a 2-core CPU container (Streamlit
 Community Cloud) with margin over the slowest job the app's own limits allow, so they stop only
 runaway jobs; ``$REMAT_LAB_JOB_DEADLINE_S`` scales them all (its value is the ``run`` deadline,
-the other kinds keep their ratio to it; ``0`` or ``off``: no deadlines, for a private server).
+the other kinds keep their ratio to it; ``0`` or ``off``: no deadlines, the default of a private
+server, ``REMAT_LAB_PUBLIC=0``).
 The clock starts when the worker receives the job: waiting in the queue, for the timing lock or for
 a worker to start does not count.
 
@@ -20,6 +21,7 @@ import os
 from collections.abc import Mapping
 
 DEADLINE_ENV = "REMAT_LAB_JOB_DEADLINE_S"
+PUBLIC_ENV = "REMAT_LAB_PUBLIC"  # as store.history.PUBLIC_ENV (serve reads it without the store)
 
 # Seconds of worker time per job kind, and why. Measured on 2 shared cores: a default run ~5 s,
 # the slowest test run (mlp 512 x 256, 1000 repeats) ~15 s, the 17-policy transformer advice at
@@ -66,9 +68,14 @@ PUBLIC_ADVISOR_MAX_BUDGET = 256 << 30  # above any one accelerator's memory toda
 def deadlines(overrides: Mapping[str, float] | None = None, env: Mapping[str, str] | None = None
               ) -> dict[str, float | None]:
     """Seconds per job kind (None: no deadline), ``$REMAT_LAB_JOB_DEADLINE_S`` applied, then
-    ``overrides`` (a pool's own, e.g. tests' tiny deadlines); key ``"default"`` for other kinds."""
+    ``overrides`` (a pool's own, e.g. tests' tiny deadlines); key ``"default"`` for other kinds.
+    A private instance (``$REMAT_LAB_PUBLIC=0``) has no deadlines unless that variable sets them:
+    the README's own llama3-8b advice takes minutes, and its owner is the only one waiting."""
     table: dict[str, float | None] = {**DEADLINES_S, "default": DEFAULT_DEADLINE_S}
-    text = (os.environ if env is None else env).get(DEADLINE_ENV, "").strip().lower()
+    env = os.environ if env is None else env
+    text = env.get(DEADLINE_ENV, "").strip().lower()
+    if not text and env.get(PUBLIC_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        text = "off"  # a private instance: its owner's jobs run to the end unless told otherwise
     if text in ("0", "off", "none", "no"):
         table = dict.fromkeys(table)
     elif text:
@@ -92,4 +99,8 @@ def stopped_message(kind: str, seconds: float) -> str:
     """The visitor's sentence for a job stopped at its deadline."""
     what, hint = _WHAT.get(kind, ("this job", "try a smaller request"))
     shown = f"{seconds:.0f}" if seconds >= 10 else f"{seconds:.1f}"
-    return f"Stopped after {shown} s, this server's limit for {what}; {hint}."
+    text = f"Stopped after {shown} s, this server's limit for {what}; {hint}."
+    if os.environ.get(PUBLIC_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        # the owner of a private instance set it: name the setting (never shown to web visitors)
+        text += f" ${DEADLINE_ENV} sets the limits (0 or off: none)."
+    return text
