@@ -197,12 +197,13 @@ def _render_controls(page: str | None = None) -> RunConfig:
     drawn = _llm.flag(flag.container(), over, cfg, budget_message(*over, cfg.model) if over else "")
     if not drawn:
         _llm.compile_only_toggle(sb, disabled=cfg.target != LOCAL or bool(cfg.mesh))
-    if not over:
-        budget = budget_or_none()
-        allowed = f" (this server allows {human_bytes(budget)})" if budget else ""
+    if not over:  # on a named target nothing is allocated: this server's memory does not limit it
+        allowed = f" (this server allows {human_bytes(b)})" if (b := budget_or_none()) else ""
         need = human_bytes(estimate_bytes(cfg.replace(compile_only=False)))
-        sb.caption((f"Compile only: nothing is allocated; running it would need about {need}{allowed}. "
-                    if cfg.compile_only else f"Estimated memory need: {need}{allowed}. ")
+        sb.caption((f"Compiled for the {cfg.target} without it: nothing is allocated here. "
+                    if cfg.target != LOCAL else f"Compile only: nothing is allocated; running it would "
+                    f"need about {need}{allowed}. " if cfg.compile_only else
+                    f"Estimated memory need: {need}{allowed}. ")
                    + "The link in the address bar restores these settings.")
     return cfg
 

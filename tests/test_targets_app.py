@@ -173,3 +173,19 @@ def test_the_advisor_sizes_an_llm_per_device_on_a_target_mesh():
     charts_drawn = [c for c in at.get("plotly_chart")]
     assert any("Memory by kind" in json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title", {}))
                for c in charts_drawn)
+
+
+def test_a_published_model_on_a_target_mesh_is_never_refused_by_this_server_s_memory():
+    from remat_lab.config import check_budget, estimate_bytes
+
+    cfg = RunConfig.from_preset("llama3-8b", target="tpu-v5e", target_devices=4, mesh="fsdp=4",
+                                batch=4, seq=8192)
+    assert estimate_bytes(cfg) == 1 << 20  # nothing of its size is allocated here
+    check_budget(cfg, 64 << 20)  # a 64 MiB server budget refuses nothing
+    local = cfg.replace(target="local", target_devices=1, mesh="")
+    assert estimate_bytes(local) > 100 << 30  # the same model run here would need far more
+    at = _app("pages/explore.py", target="tpu-v5e", preset="llama3-8b", mesh="fsdp=4").run()
+    assert not at.exception, at.exception
+    shown = _texts(at) + "\n".join(str(e.value) for e in at.error)
+    assert "cannot run here" not in shown and "memory budget" not in shown
+    assert "Estimated memory need" not in shown and "nothing is allocated here" in shown

@@ -13,6 +13,7 @@ from remat_lab.config import limits
 
 from .catalog import SEQ_MODELS, USER_MODEL
 from .run import BUDGET_ENV, ConfigError, MemoryBudgetError, RunConfig
+from .targets import LOCAL
 
 
 def _itemsize(dtype: str) -> int:
@@ -66,10 +67,11 @@ def estimate_bytes(config: RunConfig) -> int:
     Parameters, their gradients and a copy for the reference run; per block the activations the
     forward and backward can hold at once (for seq_mixer also the (B, N, N) scores, for the
     transformer the (B, H, N, N) scores and the 4x wide MLP), all with a factor of 2 for XLA's
-    temporaries. Checked against compiled figures in the tests. A ``compile_only`` configuration
-    allocates nothing of its size: 1 MiB (the compile's own memory is ``COMPILE_WORKSPACE``).
+    temporaries. Checked against compiled figures in the tests. A ``compile_only`` configuration,
+    or one for a named target, allocates nothing of its size: 1 MiB (the compile's own memory is
+    ``COMPILE_WORKSPACE``), so the server's host-RAM budget never refuses it.
     """
-    if config.compile_only:
+    if config.compile_only or config.target != LOCAL:  # a named target's program is never allocated
         return 1 << 20
     if config.model == "llm":
         return _llm_bytes(config)
