@@ -157,7 +157,8 @@ def _moves(module: _Module, op: _Op, base: str, operands: list[str], result: str
     """``(reads, writes)`` of one top-level instruction: ``[(bytes, host share)]`` each. ``base``:
     the opcode (an async pair's without ``-start``); ``operands``: its start's; ``result``: the
     type it leaves (its done's)."""
-    kernel = next((c for k, c in hlotext.called(op.rest) if k == "calls"), None)
+    kernel = (next((c for k, c in hlotext.called(op.rest) if k == "calls"), None)
+              if "calls=" in op.rest else None)
     reads, host_out = [], _host_share(result)
     if kernel in module.comps:
         params = {int(p.rest.split(")")[0]): p.name for p in module.comps[kernel]
