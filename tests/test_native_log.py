@@ -37,3 +37,20 @@ def test_on_request_they_are_shown_raw():
     err = _stderr({"REMAT_LAB_SHOW_LOGS": "1"})
     assert "Can't reduce memory use below 60GiB" in err
     assert "UserWarning: compilation cache is not initialized" in err
+
+
+def test_advise_into_a_file_prints_progress_lines_and_no_raw_log_or_warning(tmp_path):
+    err = tmp_path / "err.txt"
+    with open(err, "w") as f:
+        done = subprocess.run([sys.executable, "-m", "remat_lab", "advise", "--target", "h100", "--model",
+                               "mlp", "--width", "16384", "--depth", "8", "--dtype", "bfloat16",
+                               "--policies", "no_remat", "--max-batch", "65536", "--budget", "150G", "--json"],
+                              stdout=subprocess.PIPE, stderr=f, text=True, timeout=600,
+                              env={**os.environ, "REMAT_LAB_SHOW_LOGS": "0"})
+    assert done.returncode == 0
+    lines = err.read_text().splitlines()
+    steps = [ln for ln in lines if ln.startswith("[") and " s] " in ln and "compiling batch" in ln]
+    assert len(steps) >= 3, lines  # one plain line per compile, with the time since the start
+    # over the H100's 80 GB (a 150 GB budget) XLA's pass ran (its C++ warning): summarized, not raw
+    assert not any(".cc:" in ln or "UserWarning" in ln or "absl" in ln for ln in lines), lines
+    assert any("from XLA's own rematerialization pass" in ln for ln in lines), lines

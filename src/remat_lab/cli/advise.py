@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from remat_lab.cli.common import (
     add_llm_args,
@@ -87,10 +88,17 @@ def main(args: argparse.Namespace) -> int:
         doc = advise(config, args.budget, policies=args.policies, timing=not args.no_time,
                      max_batch=args.max_batch, server_budget=args.memory_budget,
                      time_budget_s=args.time_budget,
-                     progress=(lambda m: print(m, file=sys.stderr, flush=True))
-                     if sys.stderr.isatty() and not args.json else None)
+                     progress=progress_lines())
     print(json.dumps(doc, indent=2) if args.json else format_advice(doc))
     return 0
+
+
+def progress_lines():
+    """Each step of the advice as one plain line on stderr, with the time since it started (stdout
+    stays the answer, JSON or text; a file or a pipe gets the same lines as a terminal)."""
+    t0 = time.perf_counter()
+    return lambda message: print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr,
+                                 flush=True)
 
 
 def format_advice(doc: dict) -> str:
