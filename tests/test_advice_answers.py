@@ -1,4 +1,4 @@
-"""The advice's answers in the user's terms: a search's own limit is said as a lower bound, ties go to headroom."""
+"""The advice in the user's terms: a search's own limit said as a lower bound, ties to headroom."""
 
 from __future__ import annotations
 

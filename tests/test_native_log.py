@@ -44,7 +44,8 @@ def test_advise_into_a_file_prints_progress_lines_and_no_raw_log_or_warning(tmp_
     with open(err, "w") as f:
         done = subprocess.run([sys.executable, "-m", "remat_lab", "advise", "--target", "h100", "--model",
                                "mlp", "--width", "16384", "--depth", "8", "--dtype", "bfloat16",
-                               "--policies", "no_remat", "--max-batch", "65536", "--budget", "150G", "--json"],
+                               "--policies", "no_remat", "--max-batch", "65536", "--budget", "150G",
+                               "--json"],
                               stdout=subprocess.PIPE, stderr=f, text=True, timeout=600,
                               env={**os.environ, "REMAT_LAB_SHOW_LOGS": "0"})
     assert done.returncode == 0

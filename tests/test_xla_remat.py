@@ -1,4 +1,4 @@
-"""XLA's own rematerialization: detected from the HLO, priced by a second compile, kept out of the model flops."""
+"""XLA's own rematerialization: read from the HLO, priced by a second compile, out of model flops."""
 
 from __future__ import annotations
 
