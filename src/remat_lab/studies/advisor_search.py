@@ -112,9 +112,11 @@ def compile_abstract(config: RunConfig):
         raise xla_error("compiling", err) from err
 
 
-def _compiled_figures(lowered) -> dict:
+def _compiled_figures(lowered, on_target: bool = True) -> dict:
     """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint,
-    and whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text)."""
+    whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text) and,
+    compiled for a named target (``on_target``), what the step-time estimate reads (``traffic``:
+    locally steps are timed, not estimated)."""
     try:
         compiled = compile_for_analysis(lowered)
     except Exception as err:
@@ -131,7 +133,7 @@ def _compiled_figures(lowered) -> dict:
     return {"peak_bytes": int(memory["peak_bytes"]), "memory": {k: memory.get(k) for k in parts},
             "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text),
             "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat},
-            "traffic": traffic_of(text)}  # what the step-time estimate reads (analysis/estimate.py)
+            "traffic": traffic_of(text) if on_target else None}  # analysis/estimate.py reads it
 
 
 def probe(config: RunConfig) -> dict:
@@ -157,7 +159,7 @@ def probe(config: RunConfig) -> dict:
     def compiled() -> tuple[dict, bool]:
         figures = _PROGRAMS.get(text_key)
         if figures is None:
-            figures = _compiled_figures(lowered)
+            figures = _compiled_figures(lowered, config.target != LOCAL)
             _PROGRAMS.put(text_key, figures)
             return figures, False
         return figures, True
