@@ -1,5 +1,6 @@
 """Explore: one configuration in depth (metrics, charts, per-dot and residual tables, code)."""
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -8,6 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
+from streamlit.errors import StreamlitAPIException  # noqa: E402
 
 from pages import _llm_views, _mesh, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
@@ -43,6 +45,9 @@ def short_flops(f: float) -> str:
 
 cfg = _shared.page_start("Explore", "One configuration: how fast, how much memory, and which "
                                     "products the backward pass saves or recomputes.")
+with contextlib.suppress(StreamlitAPIException):  # a page run alone has no Start page to link
+    st.page_link("pages/start.py", icon=":material/flag:", label="Training a published LLM on GPUs "
+                 "or TPUs you rent? Start here: the model and the accelerators, then the policy and batch.")
 ON = {"gpu": "h100", "tpu": "tpu-v5e"}  # one click to the same configuration compiled for each
 others = [t for t in (LOCAL, *ON.values()) if t != cfg.target][:2]
 with st.container(horizontal=True):
