@@ -317,3 +317,10 @@ def test_advice_figures():
     assert [t.name for t in bars.data] == ["a"] and bars.data[0].marker.line.width == 3
     assert list(bars.data[0].error_y.array) == [20.0] and list(bars.data[0].error_y.arrayminus) == [10.0]
     assert charts.make_advice_peak_figure(probes.iloc[:0], 1.0).layout.annotations
+    # an H100's budget: the axis, the line, its label and the points in GiB, not "60k MiB"
+    big = probes.assign(peak_mib=probes["peak_mib"] * 20_000)
+    gib = charts.make_advice_peak_figure(big, 60_723.2)
+    assert gib.layout.yaxis.title.text == "compiled peak (GiB)"
+    assert any(abs(s.y0 - 60_723.2 / 1024) < 1e-9 for s in gib.layout.shapes)
+    assert any("budget 59.3 GiB" in a.text for a in gib.layout.annotations)
+    assert max(next(t for t in gib.data if t.name == "a").y) == 3.1 * 20_000 / 1024

@@ -143,10 +143,13 @@ def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
     probe is a point (hollow where it did not fit); each policy's answer, its largest batch that
     fits, is a larger diamond. The batch axis is logarithmic when the probes span a wide range.
     """
-    fig = titled(figure("", "batch", "compiled peak (MiB)"), "Compiled peak memory vs batch",
+    # GiB once the budget is GiB-scale (an H100's 60 GiB, not "60,723.2 MiB" and ticks of "60k")
+    scale, unit = (1024.0, "GiB") if budget_mib >= 1024 else (1.0, "MiB")
+    fig = titled(figure("", "batch", f"compiled peak ({unit})"), "Compiled peak memory vs batch",
                  "each point: one compile")
     if df is None or df.empty:
         return empty(fig)
+    df = df.assign(peak_mib=df["peak_mib"] / scale)  # in ``unit`` from here on
     for policy, part in df.sort_values("batch").groupby("policy", sort=False):
         color = policy_color(policy)
         fig.add_trace(go.Scatter(
@@ -155,16 +158,17 @@ def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
             marker=dict(size=8, color=[color if f else "white" for f in part["fits"]],
                         line=dict(width=1.5, color=color)),
             customdata=np.where(part["fits"], "fits", "over the budget"),
-            hovertemplate="batch %{x}: %{y:.3f} MiB, %{customdata}<extra>%{fullData.name}</extra>"))
+            hovertemplate=(f"batch %{{x}}: %{{y:.3f}} {unit}, %{{customdata}}"
+                           "<extra>%{fullData.name}</extra>")))
         best = part[part["answer"]]
         if not best.empty:
             fig.add_trace(go.Scatter(
                 x=best["batch"], y=best["peak_mib"], mode="markers", legendgroup=str(policy),
                 showlegend=False, name=f"{policy}: largest batch",
                 marker=dict(symbol="diamond", size=14, color=color, line=dict(width=1, color="#222")),
-                hovertemplate="largest batch %{x}: %{y:.3f} MiB<extra>%{fullData.name}</extra>"))
-    fig.add_hline(y=budget_mib, line=dict(color="#B91C1C", dash="dash", width=2),
-                  annotation_text=f"budget {budget_mib:,.1f} MiB", annotation_position="top left",
+                hovertemplate=f"largest batch %{{x}}: %{{y:.3f}} {unit}<extra>%{{fullData.name}}</extra>"))
+    fig.add_hline(y=budget_mib / scale, line=dict(color="#B91C1C", dash="dash", width=2),
+                  annotation_text=f"budget {budget_mib / scale:,.1f} {unit}", annotation_position="top left",
                   annotation_font=dict(color="#B91C1C"))
     if df["batch"].max() > 16 * max(df["batch"].min(), 1):
         fig.update_xaxes(type="log", tickvals=log_ticks(df.loc[df["batch"] > 0, "batch"].unique()))
