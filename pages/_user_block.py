@@ -14,6 +14,7 @@ from remat_lab.config import ConfigError, RunConfig
 from remat_lab.config.errors import UserCodeError
 from remat_lab.config.userblock import parse_input_shape
 from remat_lab.model.models import USER_MODEL, block_names
+from remat_lab.model.user_block import example_input_shape
 from remat_lab.serve.safe_text import escape_markdown
 from remat_lab.store import history
 
@@ -36,7 +37,7 @@ def controls(sb) -> None:
         ss[MODULE_KEY] = ""
         return
     ss.setdefault(MODULE_KEY, "")
-    ss.setdefault(SHAPE_KEY, "4,16,64")
+    ss.setdefault(SHAPE_KEY, "")  # empty: the module's own example_input_shape (as the CLI)
     sb.text_input("Your block (local only)", key=MODULE_KEY,
                   placeholder="path/to/file.py:make_block",
                   help="Your own NNX block instead of the model above: a factory make_block(rngs) -> "
@@ -44,11 +45,15 @@ def controls(sb) -> None:
                        "stacks it (depth, stack), remats it with the policy and sums its output as "
                        "the loss; width, seq and heads are not used. Offered only on a private server.")
     if ss[MODULE_KEY].strip():
-        sb.text_input("Its input shape B,N,D (batch first)", key=SHAPE_KEY)
+        sb.text_input("Its input shape B,N,D (batch first)", key=SHAPE_KEY,
+                      placeholder="the module's example_input_shape",
+                      help="Empty: the example_input_shape your module defines, as the CLI uses.")
 
 
 def _user_config(ss, cfg: RunConfig, names: dict | None = None) -> RunConfig:
     shape = parse_input_shape(ss.get(SHAPE_KEY) or "")
+    if not shape:  # the module's own, when it has one (loading it: its errors are the user's)
+        shape = example_input_shape(ss[MODULE_KEY].strip()) or ()
     return RunConfig(**{**cfg.as_dict(), "model": USER_MODEL, "model_module": ss[MODULE_KEY].strip(),
                         "input_shape": shape, "batch": shape[0] if shape else 1, "preset": "",
                         "param_dtype": "", "save_names": (), "offload_names": (), **(names or {})})

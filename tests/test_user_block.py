@@ -61,8 +61,8 @@ def test_the_fixture_dissects_and_saves_exactly_the_chosen_name(run):
     assert doc["totals"]["residual_bytes_by_name"] == {"up_proj": 2 * per_layer}  # depth 2, scanned
     named = [r for r in doc["residuals"] if r.get("name")]
     assert [r["name"] for r in named] == ["up_proj"] and named[0]["bytes"] == 2 * per_layer
-    assert doc["gradient_check"]["ok"] is None
-    assert "not available for a user block" in doc["gradient_check"]["reason"]
+    assert doc["gradient_check"]["ok"] is True  # against the same block without remat
+    assert doc["gradient_check"]["independent"] is False
     assert doc["model"]["parameters"] == 2 * 2 * (64 * 128)  # two blocks of up and down kernels
     assert doc["memory_timeline"] and doc["dots"] and doc["memory"]["peak_bytes"] > 0
     assert doc["config"]["input_shape"] == SHAPE and doc["config"]["model_module"].endswith(":make_block")
@@ -205,6 +205,24 @@ def test_the_sidebar_uses_a_typed_block_and_offers_its_names():
     at.run()
     assert "your block raised ValueError" in " ".join(e.value for e in at.error)
     assert any(FILE in c.value for c in at.code)  # their traceback, in a block of its own
+
+
+def _shape_script():
+    import streamlit as st
+
+    from pages import _sidebar
+
+    cfg = _sidebar.controls()
+    st.write(f"MODEL={cfg.model} SHAPE={','.join(map(str, cfg.input_shape))} BATCH={cfg.batch}")
+
+
+def test_the_sidebar_takes_the_module_s_example_input_shape_when_none_is_typed():
+    at = AppTest.from_function(_shape_script, default_timeout=120)
+    at.session_state["user_module"] = f"{FIXTURE}:make_block"  # example_input_shape = (4, 16, 64)
+    at.run()
+    assert not at.exception and not at.error
+    assert at.session_state["user_shape"] == ""  # nothing typed: the module's own shape is used
+    assert "MODEL=user SHAPE=4,16,64 BATCH=4" in " ".join(m.value for m in at.markdown)
 
 
 # ---------------------------------------------------------------- swept: batches x policies
