@@ -39,7 +39,7 @@ def _to_explore() -> None:
 
 
 PAGES = [
-    st.Page("pages/start.py", title="Start", icon=":material/flag:", url_path="begin"),
+    st.Page("pages/begin.py", title="Start", icon=":material/flag:", url_path="begin"),
     EXPLORE,
     st.Page("pages/compare.py", title="Compare policies", icon=":material/compare_arrows:",
             url_path="compare"),

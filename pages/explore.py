@@ -46,7 +46,7 @@ def short_flops(f: float) -> str:
 cfg = _shared.page_start("Explore", "One configuration: how fast, how much memory, and which "
                                     "products the backward pass saves or recomputes.")
 with contextlib.suppress(StreamlitAPIException):  # a page run alone has no Start page to link
-    st.page_link("pages/start.py", icon=":material/flag:", label="Training a published LLM on GPUs "
+    st.page_link("pages/begin.py", icon=":material/flag:", label="Training a published LLM on GPUs "
                  "or TPUs you rent? Start here: the model and the accelerators, then the policy and batch.")
 ON = {"gpu": "h100", "tpu": "tpu-v5e"}  # one click to the same configuration compiled for each
 others = [t for t in (LOCAL, *ON.values()) if t != cfg.target][:2]

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from pages._start import RECIPE, start_params  # noqa: E402
+from pages._begin_link import RECIPE, start_params  # noqa: E402
 from remat_lab.config import RunConfig, coerce_config  # noqa: E402
 from remat_lab.config.run import preset_fields  # noqa: E402
 
@@ -30,7 +30,7 @@ def test_this_machine_without_the_recipe_keeps_the_preset_as_published():
 
 
 def test_the_page_offers_the_three_questions_and_nothing_fails():
-    at = AppTest.from_file(str(ROOT / "pages" / "start.py"), default_timeout=60).run()
+    at = AppTest.from_file(str(ROOT / "pages" / "begin.py"), default_timeout=60).run()
     assert not at.exception and not at.error
     labels = [b.label for b in at.button]
     assert labels[0] == "Which policy, and how large a batch per device?" and len(labels) == 3

@@ -29,12 +29,15 @@ from remat_lab.config import (
 )
 from remat_lab.config.targets import GPU_USABLE_FRACTION, TPU_USABLE_FRACTION
 from remat_lab.model.policies import POLICIES
-from remat_lab.program.backend import device_memory_limit, environment
+from remat_lab.program.backend import ExecutionError, device_memory_limit, environment, xla_error
+from remat_lab.program.footprint import crowded_sentence, fit, no_fit_sentence
+from remat_lab.program.step import precision
 from remat_lab.studies.advisor_decision import decide, sig
 from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the advisor's public names
     MAX_BATCH,
     PROBE_CACHE_ENTRIES,
     Progress,
+    batch_unit,
     clear_cache,
     compile_abstract,
     device_fields,
@@ -72,7 +75,7 @@ def advice_budget(budget: str | int | None = None, device_limit: int | None = No
         rule = ("JAX's default preallocation on a GPU (XLA_PYTHON_CLIENT_MEM_FRACTION)"
                 if t.platform == "cuda" else "what JAX may use of a TPU's HBM")
         return t.usable_bytes(), (f"{share:.0%} of the {target}'s {human_bytes(t.memory_bytes)}, "
-                                  f"{rule}; give --budget to change it")
+                                  f"{rule}")  # the page has a box, the CLI --budget: neither named here
     if os.environ.get(BUDGET_ENV):
         return parse_bytes(os.environ[BUDGET_ENV]), f"${BUDGET_ENV}"
     limit = device_memory_limit() if ask_device and device_limit is None else device_limit
@@ -195,6 +198,15 @@ def _overheads(row: dict, free: dict) -> None:
         row["xla_remat_note"] = note
 
 
+def _no_fit_row(static: dict, config: RunConfig) -> dict:
+    """A policy's row when the static bytes alone exceed the budget: no batch, nothing compiled."""
+    unit = batch_unit(config)
+    return {"max_batch": 0, "per_device_batch": 0, "peak_bytes": None, "next_batch": unit,
+            "next_peak_bytes": None, "probes": [], "compiles": 0, "limited_by": "budget",
+            "reason": (f"does not fit at any batch: the parameters, gradients and optimizer state "
+                       f"alone need {human_bytes(static['static_bytes_per_device'])} per device")}
+
+
 def _names(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
@@ -230,7 +242,15 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     configs = {p: base_cfg.replace(policy=p, **(names if p == "custom" else {})) for p in chosen}
 
     t0 = time.perf_counter()
-    sized = size_policies(configs, budget_bytes, max_batch=max_batch, progress=say, workers=workers)
+    # Parameters, gradients and optimizer state per device, from the configuration alone: over
+    # the budget nothing fits at any batch, answered before any compile (program/footprint.py).
+    static = fit(base_cfg, budget_bytes)
+    timing = timing and static["fits"]
+    try:
+        sized = (size_policies(configs, budget_bytes, max_batch=max_batch, progress=say, workers=workers)
+                 if static["fits"] else {p: _no_fit_row(static, base_cfg) for p in chosen})
+    except ExecutionError as err:  # a compile over the device's memory: a preset's said in devices
+        raise xla_error("compiling", err.__cause__ or err, base_cfg) from err
     rows = [{"policy": p, **sized[p], **device_fields(configs[p], sized[p])} for p in chosen]
     # Model FLOPs: the no_remat program's count at each policy's largest batch.
     model_flops, on_line = model_flops_at(base_cfg, {r["max_batch"] for r in rows if r["max_batch"]})
@@ -262,6 +282,10 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         recommended, ties, reason = _recommend_by_estimate(rows, config.target)
     else:
         recommended, ties, reason = _recommend(rows, timed)
+    if not static["fits"]:
+        reason = no_fit_sentence(static)
+    elif recommended is None and config.preset:  # a published shape: more devices, never a smaller model
+        reason = "no policy fits: " + crowded_sentence(static, batch_unit(base_cfg))
     cannot_show = _notes(configs, rows)
     notes = cannot_show + _rate_notes(rows, stated)
     if on_line:
@@ -276,6 +300,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         "decision": None,  # filled below from the rest (advisor_decision.decide)
         "budget_bytes": budget_bytes,
         "budget_source": budget_source,
+        "precision": precision(base_cfg),
+        "static": static,  # parameters, gradients, optimizer state per device; min_devices if over
         "config": {**{k: v for k, v in base_cfg.as_dict().items() if k not in ("batch", "policy")},
                    **({k: list(v) for k, v in names.items()} if "custom" in chosen else {})},
         "policies": chosen,

@@ -8,7 +8,8 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages._start import start_params  # noqa: E402
+from pages import _shared  # noqa: E402
+from pages._begin_link import start_params  # noqa: E402
 from remat_lab.config import PRESETS, TARGETS, ConfigError  # noqa: E402
 
 ANSWERS = {  # button -> (page, the question it answers)
@@ -17,11 +18,11 @@ ANSWERS = {  # button -> (page, the question it answers)
     "compare": ("pages/compare.py", "How do the policies compare there?"),
 }
 
-st.title("What do you train, and on what?")
-st.caption("Choose a published model and the accelerators you will rent; the Advisor then compiles "
-           "every checkpoint policy for them (nothing runs: no GPU or TPU is needed here) and finds "
-           "the largest batch per device that fits. For a small model of your own, or your own "
-           "block, use the sidebar on Explore.")
+_shared.page_start("What do you train, and on what?",
+                   "Choose a published model and the accelerators you will rent; the Advisor then "
+                   "compiles every checkpoint policy for them (nothing runs: no GPU or TPU is needed "
+                   "here) and finds the largest batch per device that fits. For a small model of "
+                   "your own, or your own block, use the sidebar and Explore.")
 left, right = st.columns(2)
 with left:
     preset = st.selectbox("Model (a published shape)", list(PRESETS), key="start_preset")
@@ -43,4 +44,5 @@ except ConfigError as err:
     st.stop()
 for name, (path, question) in ANSWERS.items():
     if st.button(question, key=f"start_{name}", type="primary" if name == "advisor" else "secondary"):
+        st.session_state.pop("_url_loaded", None)  # the sidebar reads the new link, as a fresh visit
         st.switch_page(path, query_params=params)
