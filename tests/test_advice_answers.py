@@ -38,3 +38,35 @@ def test_equal_estimates_on_a_target_recommend_the_smallest_peak():
             {"policy": "no_remat", "max_batch": 64, "peak_bytes": 700, "examples_per_s_estimate": 1000.0}]
     best, _, _ = advisor._recommend_by_estimate(rows, "tpu-v5e")
     assert best == "no_remat"
+
+
+def test_the_timing_race_drops_a_clearly_slower_program_and_keeps_its_time_budget(monkeypatch):
+    from remat_lab.studies import advisor_timing
+
+    now = [0.0]  # a clock of our own: each call of a synthetic "executable" advances it by its step
+
+    class Step:
+        def __init__(self, s, jitter=(1.0,)):
+            self.s, self.jitter, self.calls = s, jitter, 0
+
+        def __call__(self, *args):
+            now[0] += self.s * self.jitter[self.calls % len(self.jitter)]
+            self.calls += 1
+            return 0
+
+    monkeypatch.setattr(advisor_timing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(advisor_timing, "time_executable", lambda c, a, **k: c(*a))
+    monkeypatch.setattr(advisor_timing.jax, "block_until_ready", lambda x: x)
+    ex = {"fast": (Step(0.01, (1.0, 1.02, 0.98)), ()), "slow": (Step(0.04, (1.0, 0.97, 1.03)), ())}
+    times, why, out = advisor_timing._run_rounds(ex, {"fast": 8, "slow": 8}, warmup=1, deadline=30.0,
+                                                 seed=0, say=lambda m: None, should_stop=None,
+                                                 budget_s=30.0)
+    assert why == "separated" and out == {"slow": (advisor_timing.MIN_ROUNDS, "fast")}
+    assert len(times["slow"]) == len(times["fast"]) == advisor_timing.MIN_ROUNDS
+    # steps of 5 s against a 12 s budget: it ends within the budget plus one call of each
+    now[0] = 0.0
+    ex = {"a": (Step(5.0), ()), "b": (Step(5.0), ())}
+    times, why, _ = advisor_timing._run_rounds(ex, {"a": 8, "b": 8}, warmup=1, deadline=12.0, seed=0,
+                                               say=lambda m: None, should_stop=None, budget_s=12.0)
+    assert why == "time budget" and now[0] <= 12.0 + 2 * 5.0 + 2 * 5.0  # + warm-up + one round
+    assert len(times["a"]) == 1  # the interval the answer gets is from one round: said by the doc

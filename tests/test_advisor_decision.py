@@ -25,7 +25,8 @@ def test_the_guard_uses_the_compiled_peak_not_the_width_estimate():
     need = row["peak_bytes"] + advisor_timing.PROCESS_OVERHEAD
     assert need <= doc["timing"]["timed_set_bytes"] <= server
     assert doc["timed"] and row["not_timed"] is None and row["step_time_s"] > 0
-    assert row["rounds"] == doc["rounds"] >= advisor_timing.MIN_ROUNDS
+    # the budget (1 s, compiles included) is kept: at least one round, MIN_ROUNDS when they are cheap
+    assert row["rounds"] == doc["rounds"] >= 1
     assert doc["stopped_because"] in ("time budget", "one program", "max rounds")
     # Below the compiled need, the row says why with the numbers.
     under = advisor.advise(cfg, 48 << 20, policies=["no_remat"], server_budget=need - (1 << 20),

@@ -11,12 +11,13 @@ from __future__ import annotations
 import pandas as pd
 
 from remat_lab.config import human_bytes
-from remat_lab.studies.advisor_decision import ms, sig
+from remat_lab.studies.advisor_decision import batch_words, ms, sig
 
 MIB = float(1 << 20)
 
-ADVICE_COLUMNS = ["policy", "max_batch", "peak_bytes", "peak_mib", "next_batch", "next_peak_bytes",
-                  "probes", "step_time_ms", "step_time_low_ms", "step_time_high_ms", "examples_per_s",
+ADVICE_COLUMNS = ["policy", "max_batch", "per_device_batch", "devices", "peak_bytes", "peak_mib",
+                  "next_batch", "next_peak_bytes", "probes", "step_time_ms", "step_time_low_ms",
+                  "step_time_high_ms", "examples_per_s",
                   "examples_per_s_low", "examples_per_s_high", "model_flops", "hardware_flops",
                   "mfu", "hfu", "recompute_overhead", "policy_recompute_overhead",
                   "xla_recompute_overhead", "rounds", "same_program_as", "note"]
@@ -31,7 +32,7 @@ def _note(r: dict) -> str:
     """A row's note: not timed (why), not fitting (why), its program shared, a calibration error."""
     parts = [r.get("not_timed") or ("" if r["max_batch"] else r.get("reason", "")),
              f"same program as {r['same_program_as']}" if r.get("same_program_as") else "",
-             r.get("rate_error") or "", r.get("xla_remat_note") or ""]
+             r.get("rate_error") or "", r.get("xla_remat_note") or "", r.get("race") or ""]
     return "; ".join(p for p in parts if p)
 
 
@@ -43,7 +44,9 @@ def advice_frame(doc: dict | None) -> pd.DataFrame:
         eps_ci = r.get("examples_per_s_ci") or [None, None]
         to_ms = lambda s: None if s is None else s * 1e3  # noqa: E731
         rows.append({
-            "policy": r["policy"], "max_batch": r["max_batch"], "peak_bytes": r.get("peak_bytes"),
+            "policy": r["policy"], "max_batch": r["max_batch"],
+            "per_device_batch": r.get("per_device_batch"), "devices": r.get("devices"),
+            "peak_bytes": r.get("peak_bytes"),
             "peak_mib": None if r.get("peak_bytes") is None else r["peak_bytes"] / MIB,
             "next_batch": r.get("next_batch"), "next_peak_bytes": r.get("next_peak_bytes"),
             "probes": len(r.get("probes") or []),
@@ -65,8 +68,9 @@ def _pct(x: float | None) -> str:
 
 
 def _batch(r: dict) -> str:
-    """A row's largest batch; a search that stopped at its own limit says so (a lower bound)."""
-    text = str(r["max_batch"])
+    """A row's largest batch (on a mesh per device and global, ``batch_words``); a search that
+    stopped at its own limit says so (a lower bound)."""
+    text = batch_words(r)
     return f"≥ {text} (the search's limit)" if r.get("limited_by") == "search_limit" else text
 
 

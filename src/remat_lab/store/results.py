@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from remat_lab.config import ConfigError, RunConfig
+from remat_lab.config import ConfigError, RunConfig, mesh_devices
 from remat_lab.store import docfields, docstream
 from remat_lab.store.bytecache import deep_size
 from remat_lab.store.docfields import Invalid, echo
@@ -119,16 +119,19 @@ ADVICE_ROW = {"policy": str, "max_batch": int, "peak_bytes": (OPT, NUM), "next_b
               "hardware_flops": (OPT, NUM), "mfu": (OPT, NUM), "hfu": (OPT, NUM),
               "recompute_overhead": (OPT, NUM), "policy_recompute_overhead": (OPT, NUM),
               "xla_recompute_overhead": (OPT, NUM), "xla_remat_note": (OPT, str),
-              "limited_by": (OPT, str),
+              "limited_by": (OPT, str), "race": (OPT, str),
               "not_timed": (OPT, str), "reason": (OPT, str),
-              "same_program_as": (OPT, str)}
+              "same_program_as": (OPT, str), "per_device_batch": (OPT, int), "devices": (OPT, int)}
+PRECISION = {"params": str, "compute": str, "optimizer": str}
+# An advice's static bytes per device (parameters, gradients, optimizer state; program/footprint.py)
+STATIC = {"static_bytes_per_device": NUM, "fits": bool, "min_devices": (OPT, int)}
 ADVICE = {"kind": str, "budget_bytes": NUM, "config": dict, "environment": ENV, "policies": list,
           "rows": list, "recommended": (OPT, str), "reason": str, "search_s": NUM, "timed": bool,
           "notes": (OPT, list), "peak_flops_per_s": (OPT, NUM), "peak_source": (OPT, str),
           "budget_source": (OPT, str), "method": (OPT, dict), "peak_kind": (OPT, str),
           "decision": (OPT, {"pick": (OPT, str), "why": str, "cannot_show": (OPT, list)}),
           "time_budget_s": (OPT, NUM), "rounds": (OPT, NUM), "stopped_because": (OPT, str),
-          "timing": (OPT, dict)}
+          "timing": (OPT, dict), "precision": (OPT, PRECISION), "static": (OPT, STATIC)}
 ERROR_ROW = {"config": dict, "error": {"kind": str, "message": str}, "environment": (OPT, ENV)}
 
 
@@ -212,8 +215,13 @@ def _advice(doc: dict) -> str:
     _check(doc, ADVICE)
     if not doc["budget_bytes"] > 0:
         raise Invalid("budget_bytes must be positive")
-    _config({"batch": 1, "policy": "no_remat", **{k: v for k, v in doc["config"].items()
-                                                   if k not in ("save_names", "offload_names")}})
+    raw = doc["config"]
+    try:  # the searched batch is per device: one example on each of the mesh's rows at least
+        batch = mesh_devices(raw.get("mesh") or "") * int(raw.get("microbatches") or 1)
+    except (ConfigError, TypeError, ValueError):
+        batch = 1  # a bad mesh or count is named by the check below
+    _config({"batch": batch, "policy": "no_remat", **{k: v for k, v in raw.items()
+                                                       if k not in ("save_names", "offload_names")}})
     for i, row in enumerate(doc["rows"]):
         if not isinstance(row, dict):
             raise Invalid(f"rows[{i}] must be an object, not {_type_name(row)}")

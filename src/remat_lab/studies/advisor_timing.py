@@ -6,10 +6,12 @@ width-based estimate: the timed set holds, at once, every timed executable's par
 overhead of the memory model (``config.budget.COMPILE_WORKSPACE``); it must fit what this process
 may allocate now (``allowance``). A policy left out gets a ``not_timed`` text with those numbers.
 
-Rounds run round-robin in a shuffled order (as Compare does), one call per policy each, and
-continue until the best policy's interval of examples/s lies above the runner-up's
-(``"separated"``), the time budget ends, ``MAX_ROUNDS`` is reached, or ``should_stop()`` says
-stop (checked between rounds; finished rounds are kept). MFU and HFU are stated against
+Rounds run round-robin in a shuffled order (as Compare does), one call per policy each, as a
+race (``_run_rounds``): from ``MIN_ROUNDS`` on, a policy whose interval of examples/s lies wholly
+below the leader's leaves it, close ones get more rounds; it ends when one is left
+(``"separated"``), when the time budget has less than one more round left (so the timed phase
+keeps the budget plus at most one call of each policy still racing), at ``MAX_ROUNDS``, or when
+``should_stop()`` says stop (checked between rounds; finished rounds are kept). MFU and HFU are stated against
 ``analysis.roofline.stated_peak``: a vendor figure where the device is known, else this machine's
 calibrated best matmul rate, named as such. A fraction over 1 is a calibration error and is
 reported, never capped.
@@ -42,6 +44,7 @@ CALLS_PER_ROUND = 1
 PROCESS_OVERHEAD = COMPILE_WORKSPACE  # the memory model's allowance for XLA and the process
 CONTAINER_MARGIN = 64 << 20  # left free under a container's limit (as the worker pool leaves)
 SLOW_CALL_S = 0.5  # a round of calls this slow names each policy as it runs
+CHEAP_SHARE = 0.1  # rounds up to MIN_ROUNDS run past the budget while they cost this share of it
 
 
 def allowance(server_budget: str | int | None = None) -> tuple[int, str]:
@@ -133,45 +136,73 @@ def separated(samples: dict[str, list[float]], batches: dict[str, int], seed: in
     return rates[0][1] > rates[1][2]
 
 
+def _race_out(samples: dict[str, list[float]], racing: list[str], batches: dict[str, int],
+              seed: int) -> dict[str, str]:
+    """``{policy: its leader}`` for the racing policies whose examples/s interval lies wholly below
+    the leader's (the policy with the highest median examples/s): clearly slower, out of the race."""
+    rates = {}
+    for p in racing:
+        med, low, high = _interval(samples[p], seed)
+        rates[p] = (batches[p] / med, batches[p] / high, batches[p] / low)  # median, low, high
+    leader = max(racing, key=lambda p: rates[p][0])
+    return {p: leader for p in racing if p != leader and rates[p][2] < rates[leader][1]}
+
+
 def _run_rounds(executables: dict[str, tuple], batches: dict[str, int], *, warmup: int,
-                deadline: float, seed: int, say: Progress,
-                should_stop: Callable[[], bool] | None) -> tuple[dict[str, list[float]], str]:
-    """Round-robin rounds until a stop rule holds: ``(seconds per call per policy, why it stopped)``."""
+                deadline: float, seed: int, say: Progress, should_stop: Callable[[], bool] | None,
+                budget_s: float = 0.0) -> tuple[dict[str, list[float]], str, dict]:
+    """A race of round-robin rounds: ``(seconds per call per policy, why it stopped, {policy left
+    out: (after how many rounds, the leader then)})``.
+
+    Each program is warmed up on its own, then rounds of one call per program still in the race
+    run in a shuffled order. From ``MIN_ROUNDS`` on, a program whose examples/s interval lies
+    wholly below the leader's leaves the race (it keeps its samples); close ones keep running.
+    The race ends when one program is left (``"separated"``), the time left is less than one more
+    round of the programs still racing (``"time budget"``: so the timed phase ends within the
+    budget plus at most one call of each; below ``MIN_ROUNDS``, rounds that together cost at most
+    ``CHEAP_SHARE`` of ``budget_s`` still run), ``MAX_ROUNDS``, or ``should_stop()``."""
     clock = time.perf_counter
     names = list(executables)
-    for compiled, args in executables.values():  # each warmed up on its own first ...
+    for compiled, args in executables.values():  # each warmed up on its own first
         time_executable(compiled, args, warmup=warmup, repeats=0, min_warmup_s=MIN_WARMUP_S)
-    t = clock()
-    for compiled, args in executables.values():  # ... then one untimed round in the timed pattern
-        jax.block_until_ready(compiled(*args))
-    per_round = clock() - t
     samples: dict[str, list[float]] = {n: [] for n in names}
+    racing, out = list(names), {}
     rng = np.random.default_rng(seed)
     done = 0
     while True:
         left = deadline - clock()
+        per_round = sum(float(np.median(samples[n])) for n in racing) if done else 0.0
         if should_stop is not None and should_stop():
-            return samples, "stopped"
+            return samples, "stopped", out
         if done >= MAX_ROUNDS:
-            return samples, "max rounds"
-        if done >= MIN_ROUNDS and left < per_round:
-            return samples, "time budget"
-        cap = min(MAX_ROUNDS, max(MIN_ROUNDS, done + int(max(left, 0) / max(per_round, 1e-9))))
-        head = f"timing round {done + 1} of ≤{cap} · {len(names)} policies · ~{max(left, 0):.0f} s left"
+            return samples, "max rounds", out
+        # an interval needs MIN_ROUNDS: rounds this cheap (a tenth of the budget) still run
+        cheap = done < MIN_ROUNDS and (MIN_ROUNDS - done) * per_round <= CHEAP_SHARE * budget_s
+        if done and left < per_round and not cheap:
+            return samples, "time budget", out
+        cap = MAX_ROUNDS if not done else min(MAX_ROUNDS, done + int(max(left, 0) / max(per_round, 1e-9)))
+        head = (f"timing round {done + 1} of ≤{cap} · {len(racing)} of {len(names)} policies still "
+                f"racing · ~{max(left, 0):.0f} s left")
         say(head)
-        start = clock()
-        for k, i in enumerate(rng.permutation(len(names)), 1):
-            compiled, args = executables[names[i]]
-            if per_round / len(names) >= SLOW_CALL_S:
-                say(f"{head} · {names[i]} ({k} of {len(names)})")
+        for k, i in enumerate(rng.permutation(len(racing)), 1):
+            compiled, args = executables[racing[i]]
+            if per_round / len(racing) >= SLOW_CALL_S:
+                say(f"{head} · {racing[i]} ({k} of {len(racing)})")
             t0 = clock()
             jax.block_until_ready(compiled(*args))
-            samples[names[i]].append(clock() - t0)
-        per_round, done = clock() - start, done + 1
-        if len(names) == 1 and done >= SEPARATE_MIN_ROUNDS:
-            return samples, "one program"
-        if done >= SEPARATE_MIN_ROUNDS and separated(samples, batches, seed):
-            return samples, "separated"
+            samples[racing[i]].append(clock() - t0)
+        done += 1
+        if len(names) == 1:
+            if done >= SEPARATE_MIN_ROUNDS:
+                return samples, "one program", out
+            continue
+        if done >= MIN_ROUNDS:
+            for p, leader in _race_out(samples, racing, batches, seed).items():
+                out[p] = (done, leader)
+                racing.remove(p)
+                say(f"{p} leaves the race after {done} rounds: clearly slower than {leader}")
+        if len(racing) == 1:
+            return samples, "separated", out
 
 
 def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, time_budget_s: float,
@@ -207,15 +238,21 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
     batches = {p: by_policy[p]["max_batch"] for p in executables}
     with timing_slot(lambda stage: say("waiting: another run is timing (one timing at a time)")):
         try:
-            times, why = _run_rounds(executables, batches, warmup=min(
+            times, why, raced_out = _run_rounds(executables, batches, warmup=min(
                 configs[p].warmup for p in executables), deadline=deadline, seed=seed, say=say,
-                should_stop=should_stop)
+                should_stop=should_stop, budget_s=time_budget_s)
         except Exception as err:
             raise xla_error("running", err) from err
-    rounds = min(len(s) for s in times.values())
-    summary.update(rounds=rounds, stopped_because=why, timing_s=time.perf_counter() - t0)
+    rounds = max(len(s) for s in times.values())
+    summary.update(rounds=rounds, stopped_because=why, timing_s=time.perf_counter() - t0,
+                   left_the_race={p: {"after_rounds": n, "leader": lead}
+                                  for p, (n, lead) in raced_out.items()})
     for p in [*executables, *(q for q, o in same_as.items() if o in executables)]:
-        r, s = by_policy[p], times[same_as.get(p, p)][:rounds]
+        r, s = by_policy[p], times[same_as.get(p, p)]
+        if same_as.get(p, p) in raced_out:
+            n, lead = raced_out[same_as.get(p, p)]
+            r["race"] = (f"timed {n} rounds, then left the race: its examples/s interval lay wholly "
+                         f"below {lead}'s")
         if not s:
             r["not_timed"] = "not timed: stopped before the first round finished"
             continue
