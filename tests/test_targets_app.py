@@ -189,3 +189,15 @@ def test_a_published_model_on_a_target_mesh_is_never_refused_by_this_server_s_me
     shown = _texts(at) + "\n".join(str(e.value) for e in at.error)
     assert "cannot run here" not in shown and "memory budget" not in shown
     assert "Estimated memory need" not in shown and "nothing is allocated here" in shown
+
+
+def test_the_targets_page_restores_its_selections_from_its_link_and_writes_them_back():
+    at = _app("pages/targets.py", targets="h100,tpu-v5e", policies="no_remat,nothing_saveable", **TINY).run()
+    assert not at.exception and not at.error
+    assert at.multiselect(key="targets_chosen").value == ["h100", "tpu-v5e"]
+    assert at.multiselect(key="targets_policies").value == ["no_remat", "nothing_saveable"]
+    assert at.query_params["targets"] == "h100,tpu-v5e"
+    fresh = _app("pages/targets.py", **TINY).run()  # no link: what users rent, not this machine
+    assert "local" not in fresh.multiselect(key="targets_chosen").value
+    bad = _app("pages/targets.py", targets="h100,gpu9000", **TINY).run()
+    assert any("URL parameter `targets`" in w.value and "gpu9000" in w.value for w in bad.warning)
