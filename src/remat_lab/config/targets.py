@@ -19,6 +19,9 @@ MAX_TARGET_DEVICES = 256
 # (XLA_PYTHON_CLIENT_MEM_FRACTION); the rest is the CUDA context, cuBLAS/cuDNN workspaces, NCCL.
 GPU_USABLE_FRACTION = 0.75
 # On a TPU JAX may use the whole HBM; the runtime keeps a little for itself (program code, infeed).
+# libtpu compiles one compile-only device's program against 15.25 of a v4 TensorCore's 16 GiB
+# (memory_bytes is per device: half a v4 chip), 15.75 of a v5e's 16 GiB and 31.25 of a v6e's 32
+# (its "available HBM" when a compile is over; tests/test_tpu_memory.py): 95 % stays under all.
 TPU_USABLE_FRACTION = 0.95
 
 
@@ -41,7 +44,8 @@ class Target:
     interconnect_source: str = ""
 
     def usable_bytes(self) -> int:
-        """The memory JAX can give the program by default (the advisor's default budget)."""
+        """The memory JAX can give the program by default (the advisor's default budget), per
+        device as compiled (a compile-only TPU v4 device is one TensorCore: half a chip)."""
         fraction = GPU_USABLE_FRACTION if self.platform == "cuda" else TPU_USABLE_FRACTION
         return int(self.memory_bytes * fraction)
 

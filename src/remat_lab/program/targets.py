@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from remat_lab.config import ConfigError, get_target
@@ -26,6 +27,108 @@ SPECS = Path(__file__).with_name("target_specs")
 COMPILE_ONLY_BYTES = 320 << 20
 _LOCK = threading.Lock()
 _DEVICES: dict[tuple[str, int, str | None], list] = {}
+
+# libtpu's own lock: a process that loads libtpu without ALLOW_MULTIPLE_LIBTPU_LOAD takes a POSIX
+# lock on this file and keeps it until it exits; a second such process cannot load libtpu at all
+# ("Internal error when accessing libtpu multi-process lockfile"). With the variable set (the
+# package sets it when no TPU is attached) libtpu takes no lock and processes share it.
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+# The lab's own lock around a process's first libtpu load: lab processes load it one at a time,
+# each waiting (at most this long) for a process that holds libtpu's lock to end.
+TPU_INIT_LOCKFILE = os.path.join(tempfile.gettempdir(), "remat_lab_tpu_init.lock")
+TPU_INIT_WAIT_S = 30.0
+_TPU_INIT = threading.Lock()
+_TPU_LOADED = False  # this process has loaded libtpu (its lock, when it took one, is its own)
+
+
+def _shares_libtpu() -> bool:
+    return os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD", "").strip().lower() in ("1", "true")
+
+
+def lock_holder(path: str) -> int | None:
+    """The id of another process that holds a lock on ``path`` (Linux ``/proc/locks``), or None."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:  # "1: POSIX  ADVISORY  WRITE 9923 fe:00:2146362 0 EOF" ("->": a waiter)
+        parts = line.split()
+        if "->" not in parts and len(parts) >= 6 and parts[5] == where and parts[4].isdigit():
+            if int(parts[4]) != os.getpid():
+                return int(parts[4])
+    return None
+
+
+def process_name(pid: int) -> str:
+    """``process 1234 (python -m remat_lab)``: the program and its module or script, no folders."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        args = []
+    if not args:
+        return f"process {pid}"
+    words = [os.path.basename(args[0])]
+    if len(args) > 2 and args[1] == "-m":
+        words += ["-m", args[2]]
+    elif len(args) > 1 and not args[1].startswith("-"):
+        words.append(os.path.basename(args[1]))
+    return f"process {pid} ({' '.join(words)[:80]})"
+
+
+def _libtpu_busy(name: str, pid: int | None, waited: float, loader: int | None = None) -> ConfigError:
+    """The error when libtpu's lock is held by process ``pid`` (``loader``: a lab process that holds
+    the lab's lock, waiting for it too)."""
+    who = process_name(pid) if pid else "another process"
+    if loader is not None:
+        who += f", for which {process_name(loader)} is waiting too"
+    setting = os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD")
+    return ConfigError(
+        f"cannot compile for {name} here: libtpu is in use by {who} (waited {waited:.0f} s). "
+        "libtpu lets one process load it at a time unless ALLOW_MULTIPLE_LIBTPU_LOAD=1, which "
+        "Remat Lab sets when no TPU is attached"
+        + (f" (here it is {setting!r})" if setting is not None else " (here a TPU device is present)")
+        + ". Wait for that process to end, or set ALLOW_MULTIPLE_LIBTPU_LOAD=1 for compile-only use.")
+
+
+@contextlib.contextmanager
+def _first_libtpu_load(name: str, wait_s: float):
+    """Around this process's first libtpu load when libtpu is not shared: the lab's lock (one lab
+    process loads at a time), then libtpu's own lock free of other processes, each waited for at
+    most ``wait_s``; ``ConfigError`` naming the process that holds it."""
+    import fcntl
+
+    t0 = time.monotonic()
+    with open(TPU_INIT_LOCKFILE, "a+") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() - t0 > wait_s:  # another lab process is loading libtpu
+                    lock.seek(0)
+                    text = lock.read().strip()
+                    loader = int(text) if text.isdigit() else None
+                    holder = lock_holder(LIBTPU_LOCKFILE)
+                    raise _libtpu_busy(name, holder or loader, time.monotonic() - t0,
+                                       loader if holder else None) from None
+                time.sleep(0.1)
+        try:
+            lock.seek(0)
+            lock.truncate()
+            lock.write(str(os.getpid()))
+            lock.flush()
+            while (holder := lock_holder(LIBTPU_LOCKFILE)) is not None:
+                if time.monotonic() - t0 > wait_s:
+                    raise _libtpu_busy(name, holder, time.monotonic() - t0)
+                time.sleep(0.1)
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
 
 
 @contextlib.contextmanager
@@ -96,6 +199,23 @@ def _tpu_topology(topology: str, n: int) -> tuple[str, dict]:
     return name, kwargs
 
 
+def _tpu_topology_desc(name: str, one_chip: str, n: int):
+    """libtpu's topology for ``n`` devices; this process's first load under ``_first_libtpu_load``
+    unless libtpu is shared (``ALLOW_MULTIPLE_LIBTPU_LOAD``)."""
+    global _TPU_LOADED
+    from jax.experimental import topologies
+
+    topo_name, kwargs = _tpu_topology(one_chip, n)
+    with _TPU_INIT:
+        if _TPU_LOADED or _shares_libtpu():
+            topo = topologies.get_topology_desc(topo_name, "tpu", **kwargs)
+        else:
+            with _first_libtpu_load(name, TPU_INIT_WAIT_S):
+                topo = topologies.get_topology_desc(topo_name, "tpu", **kwargs)
+        _TPU_LOADED = True
+    return topo
+
+
 def target_devices(name: str, n: int = 1, config_file: str | None = None) -> list:
     """``n`` compile-only devices of target ``name`` (cached); ``ConfigError`` when the backend for
     it is missing or refuses."""
@@ -116,11 +236,12 @@ def target_devices(name: str, n: int = 1, config_file: str | None = None) -> lis
                                                     topology=f"1x{hosts}x{per_host}",
                                                     target_config=config_text(name, config_file))
             else:
-                topo_name, kwargs = _tpu_topology(target.topology, n)
-                topo = topologies.get_topology_desc(topo_name, "tpu", **kwargs)
+                topo = _tpu_topology_desc(name, target.topology, n)
     except ConfigError:
         raise
     except Exception as err:  # plugin missing, a config the plugin refuses, libtpu locked
+        if target.platform == "tpu" and "lockfile" in str(err):  # loaded between our look and its
+            raise _libtpu_busy(name, lock_holder(LIBTPU_LOCKFILE), 0.0) from None
         package = "jax-cuda12-plugin" if target.platform == "cuda" else "libtpu"
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise ConfigError(f"cannot compile for {name} here ({first}); is {package} installed at "
