@@ -12,13 +12,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages import _llm, _mesh, _user_block
+from pages import _llm, _mesh, _precision, _user_block
 from pages._budget import budget_message, budget_or_none, over_budget
 from pages._budget import device_limit as _device_limit  # noqa: F401 - the pages ask for it here
 from pages._url import CONTROL_KEYS, DEFAULT, LLM_KEYS, read_url_once, write_url
 from remat_lab.config import (
     CHOICES,
-    DTYPES,
     LIMITS,
     LOCAL,
     OBJECTIVES,
@@ -163,7 +162,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
              help="How depth > 1 blocks run: scan over layers stacked on a leading axis (nnx.scan, "
                   "how production code is written), or an unrolled Python loop, where XLA CPU "
                   "merges most recomputation back into the forward pass (see the Guide).")
-    sb.radio("dtype", DTYPES, key="dtype", horizontal=True)
+    _precision.controls(sb)  # dtype; the llm: master weights, AdamW moments, the recipe
     sb.selectbox("Checkpoint policy", list(POLICIES), key="policy", format_func=grouped_policy_label,
                  help=POLICIES[ss["policy"]].description if ss["policy"] in POLICIES else None)
     if ss["policy"] == "custom":

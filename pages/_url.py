@@ -22,14 +22,15 @@ from remat_lab.config import (
     RunConfig,
     coerce_config,
 )
-from remat_lab.config.catalog import USER_MODEL
+from remat_lab.config.catalog import RECIPE, USER_MODEL
 from remat_lab.config.run import LLM_LIMITS
 from remat_lab.serve.safe_text import code_span, escape_markdown
 
 CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy",
                 "objective", "repeats", "target", "step", "microbatches", "compile_only")
 # The llm's own fields: in the address bar (and the configuration) only for model llm.
-LLM_KEYS = ("preset", "vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings")
+LLM_KEYS = ("preset", "vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "param_dtype",
+            "optimizer_dtype")
 # Never from a link: the user's own block is code (pages/_user_block.py); these are refused with a warning.
 NEVER_KEYS = ("model_module", "input_shape")
 NOT_FROM_A_LINK = ("is your own block, which runs Python code: a link cannot choose it (type it in "
@@ -53,6 +54,8 @@ def _check_one(key: str, raw: str, model: str):
         raise ConfigError(f"model {USER_MODEL} {NOT_FROM_A_LINK}.")
     if key == "batch":
         raw_cfg = {key: raw, "model": "mlp"}
+    elif key in ("param_dtype", "optimizer_dtype"):  # the llm's own: checked as an llm's
+        raw_cfg = {key: raw, "model": "llm"}
     elif key in ("seq", "depth") and model == "llm":
         raw_cfg = {key: raw, "model": "llm", "seq": "16"} if key == "depth" else {key: raw, "model": "llm"}
     else:
@@ -146,8 +149,9 @@ def read_url_once() -> list[str]:
         values["model"] = "llm"  # a preset is an llm's shape
     _fallback_heads(values, warnings)
     _fit_together(values, warnings)
-    if values.get("preset") and values["model"] == "llm":  # the preset fills what is not given
-        values = {**{k: PRESETS[values["preset"]][k] for k in PRESET_FIELDS}, **values}
+    if values.get("preset") and values["model"] == "llm":  # the preset fills what is not given,
+        recipe = {} if any(k in st.query_params for k in RECIPE) else RECIPE  # its dtypes too
+        values = {**{k: PRESETS[values["preset"]][k] for k in PRESET_FIELDS}, **recipe, **values}
     for key in NAME_FIELDS:  # custom's names: checked against the URL's model
         if key not in st.query_params:
             continue

@@ -12,7 +12,9 @@ Two methods, named in the result's ``method``:
   what is known exactly (the parameters' and the optimizer state's bytes, both arguments of the
   step; the gradients, one per parameter in its dtype; the logits of a language model, batch x seq
   x vocab in the compute dtype, per microbatch) against XLA's compiled figures: activations are the
-  rest of the temporary memory, ``other`` the generated code and what is left.
+  rest of the temporary memory, ``other`` the generated code and what is left. Each at its own
+  dtype (mixed precision: float32 master weights and gradients, the moments in the optimizer's
+  dtype, bfloat16 activations), which ``method`` names when the model report gives ``precision``.
 
 On a TPU (a memory report with ``peak_source``, ``analysis/costs.py``) the kinds are by size: the
 timeline counts every buffer, also those libtpu keeps in the chip's on-chip VMEM, which take no
@@ -74,7 +76,7 @@ def memory_by_kind(memory: dict | None, model: dict, *, train: bool, logits_byte
     params = int(model["parameter_bytes"])
     state = int(model["optimizer_state_bytes"]) if train else 0
     temp = int(memory["temp_bytes"])
-    grads = params
+    grads = int(model.get("gradient_bytes", params))  # one per parameter, in the parameters' dtype
     if train:  # the gradients live in the temporary memory, beside the activations and logits
         grads = min(grads, temp)
         temp -= grads
@@ -82,4 +84,8 @@ def memory_by_kind(memory: dict | None, model: dict, *, train: bool, logits_byte
     kinds = {"parameters": params, "optimizer_state": state, "gradients": grads,
              "activations": temp - logits, "logits": logits}
     kinds["other"] = max(int(memory["peak_bytes"]) - sum(kinds.values()), 0)
-    return {**kinds, "method": METHOD}
+    p = model.get("precision")
+    dtypes = "" if not p else (f"; dtypes: parameters and gradients {p['params']}, "
+                               + (f"optimizer state {p['optimizer']}, " if train else "")
+                               + f"activations and logits {p['compute']}")
+    return {**kinds, "method": METHOD + dtypes}

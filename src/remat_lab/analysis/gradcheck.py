@@ -32,6 +32,14 @@ rounded, the jaxpr's literal semantics). The step passes when it is within the b
 mlp_dim, vocab, batch * seq)`` and the transformer's per-element allowance; the loss bound the mean
 ``|ce|`` over the ``batch * (seq - 1)`` labelled positions in place of ``sum|out|``.
 
+**The user's block** (model ``user``) has no plain-jnp implementation here: its reference is the
+same block without remat (``_user_reference``: the lab's stack of the user's module on the same
+parameters and input, each block called directly, no ``nnx.remat``), compiled apart. Not
+independent of the block's own code, it checks what the policy changes: a remat'd stack whose
+recomputation or saved values are wrong gives other gradients than the same stack run once.
+Bounds as for the built-ins (``gradcheck_bounds``: the compute dtype, ``K`` from the input and the
+widest parameter axis); in bfloat16 both reference compiles, as above.
+
 **Structure.** ``remat_applied(jaxpr)`` says whether the traced step contains a remat equation
 (primitive ``remat2`` in current JAX, ``checkpoint``/``remat`` in others; nested jaxprs included);
 it must match the policy's registry entry (``remat=True`` for all but ``no_remat``), else the check
@@ -46,6 +54,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax._src import core as jax_core
 
 from remat_lab.analysis.gradcheck_bounds import (
@@ -56,9 +65,12 @@ from remat_lab.analysis.gradcheck_bounds import (
     loss_bound,
 )
 from remat_lab.analysis.reference_llm import llm_loss_and_abs
+from remat_lab.config.catalog import USER_MODEL
 from remat_lab.model.policies import get_policy
+from remat_lab.model.stacks import run_stack
 
 REFERENCE = "plain jax.numpy, no NNX, no remat"
+USER_REFERENCE = "the same block without remat (policy no_remat): same parameters, same input"
 __all__ = ["UNIT_ROUNDOFF", "bound_parameters", "check_gradients", "reference_loss_and_grads",
            "remat_applied", "_leaf_errors"]
 REMAT_PRIMITIVES = ("remat2", "checkpoint", "remat")
@@ -194,6 +206,35 @@ def _check_paths(paths: list[str], depth: int, model: str = "mlp") -> None:
         raise ValueError(f"unexpected parameter paths {sorted(paths)}; expected {sorted(want)}")
 
 
+def _user_loss_and_abs(leaves: list, x: jax.Array, graphdef, treedef):
+    """The user's stack without remat: its output summed in float32, as the step's loss, and
+    ``(sum|out|, sqrt(sum out^2))``."""
+    model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+    out = run_stack(model, lambda block, h: block(h), x).astype(jnp.float32)
+    return jnp.sum(out), (jnp.sum(jnp.abs(out)), jnp.sqrt(jnp.sum(jnp.square(out))))
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_user(graphdef, treedef, shapes: tuple, x_shape: tuple, x_dtype: str, excess: bool):
+    fn = jax.jit(jax.value_and_grad(functools.partial(_user_loss_and_abs, graphdef=graphdef,
+                                                      treedef=treedef), has_aux=True))
+    lowered = fn.lower([jax.ShapeDtypeStruct(s, d) for s, d in shapes],
+                       jax.ShapeDtypeStruct(x_shape, x_dtype))
+    return lowered.compile() if excess else lowered.compile(
+        compiler_options={"xla_allow_excess_precision": False})
+
+
+def _user_reference(problem, excess_precision: bool = True) -> tuple:
+    """``_reference`` of the user's block: the same block without remat (module docstring)."""
+    leaves = [jnp.asarray(leaf) for leaf in problem.leaves]
+    x = jnp.asarray(problem.x)
+    shapes = tuple((tuple(a.shape), a.dtype.name) for a in leaves)
+    fn = _compiled_user(problem.graphdef, problem.treedef, shapes, tuple(x.shape), x.dtype.name,
+                        excess_precision)
+    (loss, (abs_sum, l2)), grads = fn(leaves, x)
+    return float(loss), [np.asarray(g) for g in grads], float(abs_sum), float(l2)
+
+
 def reference_loss_and_grads(problem, dtype=None, *, excess_precision: bool = True
                              ) -> tuple[float, list[np.ndarray], float]:
     """``(loss, grads in problem.paths order, sum|out|)`` of the plain-jnp model.
@@ -211,6 +252,8 @@ def _reference(problem, dtype=None, excess_precision: bool = True
                ) -> tuple[float, list[np.ndarray], float, float]:
     """``reference_loss_and_grads`` and ``sqrt(sum out^2)`` (NaN for the llm)."""
     cfg = problem.config
+    if cfg.model == USER_MODEL:
+        return _user_reference(problem, excess_precision)
     dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
     _check_paths(problem.paths, cfg.depth, cfg.model)
     params = {p: jnp.asarray(leaf).astype(dtype) for p, leaf in zip(problem.paths, problem.leaves)}
@@ -241,7 +284,8 @@ def remat_applied(step_jaxpr) -> bool:
 
 def _compare(problem, grads, loss, ref) -> dict:
     """Errors of ``grads``/``loss`` against one reference evaluation, and what is out of bound."""
-    cfg, b = problem.config, bound_parameters(problem.config)
+    widest = max((max(np.shape(leaf), default=1) for leaf in problem.leaves), default=1)
+    cfg, b = problem.config, bound_parameters(problem.config, widest)
     u, acc = b["u"], b["acc"]
     rtol, atol = RTOL_ULPS * u, b["c_elem"] * u + acc
     ref_loss, ref_grads, abs_out, l2_out = ref
@@ -295,7 +339,9 @@ def check_gradients(problem, grads, loss, step_jaxpr) -> dict:
     elif applied != expected:
         failures.append(f"remat: policy {cfg.policy} expects {'a' if expected else 'no'} "
                         f"remat equation, the traced step has {'one' if applied else 'none'}")
-    return {"reference": REFERENCE, "independent": True, "loss_err": result["loss_err"],
+    user = cfg.model == USER_MODEL
+    return {"reference": USER_REFERENCE if user else REFERENCE, "independent": not user,
+            "loss_err": result["loss_err"],
             "grad_max_abs_err": result["grad_max_abs_err"],
             "grad_max_rel_err": result["grad_max_rel_err"],
             "max_abs_err": result["grad_max_abs_err"], "max_rel_err": result["grad_max_rel_err"],

@@ -1,10 +1,12 @@
 """The gradient check's bounds: what rounding allows, from the step's dtype and its reduction sizes.
 
-``u`` is the unit roundoff of the step's dtype (bfloat16 ``2**-8``, float32
-``2**-24``), ``u_acc = 2**-24`` that of the float32 accumulation (dots and the loss sum accumulate
-in float32 in both dtypes), ``K = max(width, rows)`` the longest reduction feeding any gradient
-(``rows`` = batch * seq for seq_mixer, batch for mlp, 1 for batch 0: the kernel and bias gradients
-sum over rows, the backward products over width), ``d`` the depth, ``acc = C_ACC * sqrt(d * K) *
+``u`` is the unit roundoff of the step's compute dtype (``config.dtype``: bfloat16 ``2**-8``,
+float32 ``2**-24``; with float32 master weights and bfloat16 compute it is bfloat16's, since the
+float32 gradients are those of bfloat16 products), ``u_acc = 2**-24`` that of the float32
+accumulation (dots and the loss sum accumulate in float32 in both dtypes), ``K = max(width,
+rows)`` the longest reduction feeding any gradient (``rows`` = batch * seq for seq_mixer, batch
+for mlp, 1 for batch 0: the kernel and bias gradients sum over rows, the backward products over
+width), ``d`` the depth, ``acc = C_ACC * sqrt(d * K) *
 u_acc`` (float32 accumulation reordered along d chained reductions of K terms) and, per leaf,
 ``S = max|r|`` and ``n_eff = (sum r^2)^2 / sum r^4`` (its effective number of entries). Leaf ``g``
 with reference ``r`` passes when all its entries are finite and
@@ -77,11 +79,16 @@ def _c_elem(config) -> float:
     return C_ELEM if deep is None else deep[0] * config.depth ** deep[1]
 
 
-def bound_parameters(config) -> dict:
-    """The bound's parameters for ``config`` (see the module docstring)."""
+def bound_parameters(config, widest: int = 0) -> dict:
+    """The bound's parameters for ``config`` (see the module docstring). The user's block (model
+    user): ``K = max(features, widest, rows)``, ``widest`` its longest parameter axis (its hidden
+    width, unknown to the configuration), ``features`` the input's last axis."""
     if config.model == "llm":
         rows = config.batch * config.seq
         k = max(config.width, config.mlp_dim_used, config.vocab, rows)
+    elif config.model == "user":
+        rows = math.prod(config.input_shape[:-1])
+        k = max(config.input_shape[-1], widest, rows)
     else:
         rows = math.prod(config.input_shape[:-1])
         k = max(config.width * (4 if config.model == "transformer" else 1), rows)  # 4w: the MLP's wo

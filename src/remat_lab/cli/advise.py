@@ -16,10 +16,10 @@ from remat_lab.cli.common import (
     policies_arg,
 )
 from remat_lab.cli.format import format_table
-from remat_lab.config import LIMITS, TARGET_NAMES, human_bytes, parse_mesh
+from remat_lab.config import LIMITS, TARGET_NAMES, human_bytes, mesh_devices, parse_mesh
 from remat_lab.model.models import SEQ_MODELS
 from remat_lab.present.advisor_tables import advice_display_frame, decision_lines
-from remat_lab.studies.advisor_decision import STOPPED, sig
+from remat_lab.studies.advisor_decision import STOPPED, precision_sentence, sig
 
 TIME_BUDGET_S = 60.0  # the CLI's default --time-budget
 MAX_TIME_BUDGET_S = 24 * 3600.0
@@ -107,6 +107,10 @@ def format_advice(doc: dict) -> str:
     head = (f"{c['model']} width={c['width']} depth={c['depth']} stack={c['stack']} {c['dtype']} "
             f"objective={c['objective']}" + (f" seq={c['seq']}" if c["model"] in SEQ_MODELS else "")
             + f"; budget {human_bytes(doc['budget_bytes'])} ({doc['budget_source']})")
+    if c.get("mesh"):  # the batch is searched per device: each row says it per device and globally
+        head += f"; mesh {c['mesh']}, batches per device ({mesh_devices(c['mesh'])} devices) and global"
+    if doc.get("precision"):
+        head += f"\n{precision_sentence(doc['precision'])}"
     if doc.get("target"):
         head += f"\ncompiled for {doc['target']['name']} ({doc['target']['device_kind']}), not run"
     timing = "not timed"
@@ -116,9 +120,11 @@ def format_advice(doc: dict) -> str:
                   f" (time budget {doc.get('time_budget_s'):.0f} s)")
     table = advice_display_frame(doc).fillna("")
     rows = table.to_dict("records")
-    lines = [*decision_lines(doc), "", head,
-             f"searched in {doc['search_s']:.1f} s by compiling only (XLA's compiled peak on "
-             f"abstract inputs); {timing}", "", format_table(rows, list(table.columns)), ""]
+    searched = (f"searched in {doc['search_s']:.1f} s by compiling only (XLA's compiled peak on "
+                f"abstract inputs); {timing}")
+    if (doc.get("static") or {}).get("fits") is False:  # the parameters alone are over the budget
+        searched = "answered from the configuration alone: nothing compiled, nothing searched"
+    lines = [*decision_lines(doc), "", head, searched, "", format_table(rows, list(table.columns)), ""]
     if doc["timed"] and doc.get("peak_flops_per_s"):
         lines.append(f"MFU / HFU: model (no_remat) / hardware flops per second over the "
                      f"{sig(doc['peak_flops_per_s'] / 1e9)} GFLOP/s peak: {doc['peak_source']}")

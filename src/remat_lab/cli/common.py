@@ -24,6 +24,7 @@ from remat_lab.config import (
     ConfigError,
     RunConfig,
 )
+from remat_lab.config.catalog import RECIPE
 from remat_lab.model.models import MODELS
 from remat_lab.model.policies import DEFAULT_POLICY, POLICIES
 from remat_lab.model.stacks import STACKS
@@ -178,7 +179,9 @@ def add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
                    help="remat'd blocks (1..16; llm 1..128)")
     p.add_argument("--stack", choices=STACKS, default=d.stack,
                    help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
-    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    p.add_argument("--dtype", choices=DTYPES, default=d.dtype, action=Given,
+                   help="the compute dtype (an llm preset or llm --step train without dtype flags: "
+                        "bfloat16, with float32 weights and moments)")
     add_user_block_args(p)
 
 
@@ -231,8 +234,10 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                    help="llm: the gated MLP's hidden size (0 = 4 x width)")
     p.add_argument("--tie-embeddings", action=GivenBool, default=d.tie_embeddings,
                    help="llm: the vocabulary projection is the embedding's transpose")
-    p.add_argument("--param-dtype", choices=DTYPES, default=d.param_dtype or None,
-                   help="llm: weights and optimizer state (default: --dtype)")
+    p.add_argument("--param-dtype", choices=DTYPES, default=d.param_dtype or None, action=Given,
+                   help="llm: the master weights and their gradients (default: --dtype)")
+    p.add_argument("--optimizer-dtype", choices=DTYPES, default=d.optimizer_dtype or None,
+                   action=Given, help="step train: AdamW's two moments (default: --param-dtype)")
     p.add_argument("--step", choices=STEPS, default=d.step,
                    help="grad: the objective's gradients; train: value_and_grad + adamw update, "
                         "parameters and optimizer state donated")
@@ -286,16 +291,18 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
            "compile_only")
     values.update({k: getattr(args, k) for k in llm if hasattr(args, k)})
-    if getattr(args, "param_dtype", None):
-        values["param_dtype"] = args.param_dtype
+    values.update({k: getattr(args, k) for k in ("param_dtype", "optimizer_dtype")
+                   if getattr(args, k, None)})
     if getattr(args, "model_module", "") or getattr(args, "user_input_shape", ""):
         values.update(user_block_fields(args))
-    preset = getattr(args, "preset", None)
-    if not preset:
-        return RunConfig(**values)
-    chosen = given(args)  # a preset's fields come from it unless a flag set them
+    preset, chosen = getattr(args, "preset", None), given(args)
+    if not preset:  # an llm training step without dtype flags: the recipe, as a preset's
+        recipe = values["model"] == "llm" and values.get("step") == "train" and not set(RECIPE) & chosen
+        return RunConfig(**{**values, **(RECIPE if recipe else {})})
+    # A preset's fields come from it unless a flag set them; its dtypes too (``RECIPE``).
     return RunConfig.from_preset(preset, **{k: v for k, v in values.items()
-                                            if k not in (*PRESET_FIELDS, "model") or k in chosen})
+                                            if k not in (*PRESET_FIELDS, "model", *RECIPE)
+                                            or k in chosen})
 
 
 def user_block_fields(args: argparse.Namespace) -> dict:

@@ -54,3 +54,8 @@ PRESET_FIELDS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "
                  "tie_embeddings")
 PRESETS: dict[str, dict] = json.loads((Path(__file__).with_name("presets.json")).read_text())["presets"]
 PRESET_NAMES = ("", *PRESETS)  # "" = no preset
+# A preset's (and the CLI's llm training step's) dtypes unless some are given: MaxText's weight_dtype
+# float32 and dtype bfloat16, the common mixed-precision recipe; RECIPE_TEXT says it.
+RECIPE = {"dtype": "bfloat16", "param_dtype": "float32", "optimizer_dtype": "float32"}
+RECIPE_TEXT = ("recipe: float32 master weights and moments, bfloat16 compute (the common "
+               "mixed-precision recipe)")

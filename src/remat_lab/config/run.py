@@ -15,6 +15,7 @@ from .catalog import (
     PRESET_FIELDS,
     PRESET_NAMES,
     PRESETS,
+    RECIPE,
     STACKS,
     USER_MODEL,
     names_of,
@@ -146,10 +147,12 @@ class RunConfig:
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunConfig:
-        """The llm of preset ``name`` (``PRESETS``), with ``overrides`` (explicit values win)."""
+        """The llm of preset ``name`` (``PRESETS``), with ``overrides`` (explicit values win), in
+        the ``RECIPE`` dtypes unless ``overrides`` gives any dtype field."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {_show(name)}; choose one of: {', '.join(PRESETS)}.")
-        return cls(**{"model": "llm", **preset_fields(name), **overrides, "preset": name})
+        recipe = {} if set(RECIPE) & set(overrides) else RECIPE
+        return cls(**{"model": "llm", **preset_fields(name), **recipe, **overrides, "preset": name})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -329,7 +332,6 @@ class RunConfig:
             return {}
         return {k: (v, getattr(self, k)) for k, v in preset_fields(self.preset).items()
                 if getattr(self, k) != v}
-
 
 
 def preset_fields(name: str) -> dict:

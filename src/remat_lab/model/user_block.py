@@ -4,7 +4,9 @@
 or ``path/to/file.py:make_block``; a factory with a ``dtype`` parameter also gets the compute dtype).
 The lab stacks it (``stacks.py``, scan or loop), wraps each block in ``nnx.remat`` with the chosen policy
 and sums its output as the loss, as for the built-in blocks. Its ``checkpoint_name`` tags are found by
-tracing one block on the input (``block_names``) and offered to policy ``custom``.
+tracing one block on the input (``block_names``) and offered to policy ``custom``. Its gradients are
+checked against the same stack without remat (``analysis/gradcheck.py``: no plain-jnp copy of
+the user's code exists, so the check is of what the policy changes).
 
 This runs the user's Python code, so it is local only: refused when ``$REMAT_LAB_PUBLIC`` is on.
 An error in their code (importing it, the factory, ``__call__``) is a ``UserCodeError`` whose message
@@ -35,10 +37,6 @@ from remat_lab.model.stacks import build_stack
 
 PUBLIC_ENV = "REMAT_LAB_PUBLIC"  # the same switch as store.history.public_mode
 MAX_MESSAGE = 2000  # characters of the user's exception text kept
-# The run document's gradient_check for a user block: the check compares with an independent
-# plain-jax.numpy implementation, which the lab has only for its own models.
-NO_GRADIENT_CHECK = {"ok": None, "independent": False, "reason": "gradient check: not available for "
-                     "a user block — no independent reference (plain jax.numpy) exists for your code"}
 
 
 def refuse_if_public() -> None:

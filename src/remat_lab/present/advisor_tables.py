@@ -99,7 +99,8 @@ def advice_display_frame(doc: dict | None) -> pd.DataFrame:
             "policy": r["policy"], "largest batch": _batch(r),
             "peak at it": "" if r.get("peak_bytes") is None else human_bytes(r["peak_bytes"]),
             "next batch (over by)": ("" if nxt is None or r.get("next_peak_bytes") is None else
-                                     f"{nxt} (+{human_bytes(r['next_peak_bytes'] - budget)})"),
+                                     f"{nxt} ({'≥ ' if r.get('limited_by') == 'static_bytes' else ''}"
+                                     f"+{human_bytes(r['next_peak_bytes'] - budget)})"),
             "compiles": str(len(r.get("probes") or [])), "step time": step, "examples/s": rate,
             "95 % interval": f"{sig(ci[0])}–{sig(ci[1])}" if ci else "",
             "MFU": _pct(r.get("mfu")), "HFU": _pct(r.get("hfu")),

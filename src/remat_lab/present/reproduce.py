@@ -33,6 +33,8 @@ def _shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
                   f"--head-dim {cfg.head_dim}", f"--mlp-dim {cfg.mlp_dim}", f"--vocab {cfg.vocab}",
                   "--tie-embeddings" if cfg.tie_embeddings else "--no-tie-embeddings",
                   *([f"--param-dtype {cfg.param_dtype}"] if cfg.param_dtype else [])]
+    if cfg.optimizer_dtype:  # AdamW's moments, when not the parameters' dtype by default
+        parts.append(f"--optimizer-dtype {cfg.optimizer_dtype}")
     parts.append(f"--depth {cfg.depth}")
     if cfg.depth > 1:
         parts.append(f"--stack {cfg.stack}")

@@ -180,7 +180,8 @@ def make_advice_throughput_figure(df: pd.DataFrame, recommended: str | None = No
 
     ``df`` columns policy, max_batch, examples_per_s, examples_per_s_low, examples_per_s_high
     (``tables.advice_frame``); rows without a rate are left out. The recommended policy's bar is
-    outlined and every bar is labelled with its batch.
+    outlined and every bar is labelled with its batch (on a mesh per device and global, from the
+    frame's ``per_device_batch`` and ``devices``).
     """
     fig = titled(figure("", "policy", "examples / s"), "Examples per second",
                  "at each policy's largest batch")
@@ -194,7 +195,9 @@ def make_advice_throughput_figure(df: pd.DataFrame, recommended: str | None = No
             error_y=dict(type="data", symmetric=False,
                          array=[row["examples_per_s_high"] - row["examples_per_s"]],
                          arrayminus=[row["examples_per_s"] - row["examples_per_s_low"]]),
-            text=[f"batch {int(row['max_batch'])}"], textposition="inside", insidetextanchor="start",
+            text=[f"batch {int(row['max_batch'])}" if not row.get("devices", 1) > 1 else  # a mesh
+                  f"{int(row['per_device_batch'])} per device ({int(row['max_batch'])} global)"],
+            textposition="inside", insidetextanchor="start",
             customdata=[[row["examples_per_s_low"], row["examples_per_s_high"], row["max_batch"]]],
             hovertemplate="%{y:,.0f} examples/s (95 %: %{customdata[0]:,.0f} to %{customdata[1]:,.0f}) "
                           "at batch %{customdata[2]}<extra>%{x}</extra>"))

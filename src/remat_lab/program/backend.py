@@ -11,7 +11,7 @@ import flax
 import jax
 import jaxlib
 
-from remat_lab.config import ConfigError, parse_bytes
+from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target, parse_bytes
 
 CACHE_MAX_ENV = "REMAT_LAB_CACHE_MAX_BYTES"
 CACHE_MAX_BYTES = 256 << 20  # JAX's compiled executables: 43-340 KB per configuration on XLA CPU
@@ -133,9 +133,33 @@ def device_memory_limit() -> int | None:
     return stats.get("bytes_limit")
 
 
-def xla_error(stage: str, err: Exception) -> ExecutionError:
+def out_of_memory(err: BaseException) -> bool:
+    """Whether XLA's ``err`` says the program does not fit the device (a TPU's compile says so)."""
+    return "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower()
+
+
+def _preset_hint(config: RunConfig) -> str:
+    """Out of memory with a published shape (a preset): what holds it, never a smaller model. The
+    static bytes per device against the device's memory (a target's usable share, else the local
+    device's limit; ``footprint.fit``): over it, the fewest devices and what else holds them."""
+    from remat_lab.program import footprint  # builds on step: imported when needed
+
+    budget = (get_target(config.target).usable_bytes() if config.target != LOCAL
+              else device_memory_limit())
+    if not budget:
+        return f"{config.preset} is a published shape: {footprint.MORE}"
+    found = footprint.fit(config, budget)
+    if not found["fits"]:
+        return f"{config.preset} {footprint.no_fit_sentence(found)}"
+    return f"{config.preset}: {footprint.crowded_sentence(found, config.batch)}"
+
+
+def xla_error(stage: str, err: Exception, config: RunConfig | None = None) -> ExecutionError:
+    """``err`` as one sentence and what to change; out of memory with a preset's ``config``, said
+    in devices and memory (``_preset_hint``) rather than as a smaller model."""
     text = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-    hint = ("the device ran out of memory: lower width, batch, seq or depth"
-            if "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower()
+    hint = ("the device ran out of memory: lower width, batch, seq or depth" if out_of_memory(err)
             else "try a smaller or different configuration")
-    return ExecutionError(f"XLA failed while {stage}: {text}. {hint.capitalize()}.")
+    if out_of_memory(err) and config is not None and config.preset:
+        hint = f"the device ran out of memory: {_preset_hint(config)}"
+    return ExecutionError(f"XLA failed while {stage}: {text}. {hint[0].upper() + hint[1:]}.")

@@ -29,6 +29,11 @@ from remat_lab.model.policies import build_policy, get_policy
 from remat_lab.model.stacks import run_stack
 from remat_lab.program import mesh as sharding
 from remat_lab.program import targets
+from remat_lab.program.optimizer import (  # noqa: F401 - re-exported: the step's optimizer
+    LEARNING_RATE,
+    optimizer,
+    precision,
+)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -241,14 +246,6 @@ def problem_for(config: RunConfig) -> Problem:
     return build_problem(config) if local else abstract_problem(config)
 
 
-LEARNING_RATE = 1e-4  # adamw's (constant) step size; memory and time do not depend on it
-
-
-def optimizer(config: RunConfig) -> optax.GradientTransformation:
-    """The training step's optimizer: ``optax.adamw``, moments in the parameters' dtype."""
-    return optax.adamw(LEARNING_RATE)
-
-
 def _value_and_grad(problem: Problem) -> Callable:
     """(leaves, x) -> (loss, grads), over ``microbatches`` slices of the batch when more than one:
     a ``lax.scan`` adding each slice's loss and gradients in float32 (the llm's mean loss and its
@@ -339,20 +336,20 @@ def _nbytes(tree, per_device: bool = False) -> int:
                for a in jax.tree_util.tree_leaves(tree))
 
 
-def model_report(problem: Problem) -> dict:
+def model_report(problem: Problem, per_device: bool = False) -> dict:
     """The run document's ``model``: the parameter count of the built model (its leaves: real or
-    abstract), their bytes and the optimizer state's bytes (0 for the gradient step)."""
+    abstract), their bytes, their gradients' (one per parameter, in its dtype), the optimizer
+    state's (0 for the gradient step), each at its own dtype (``precision``)."""
+    state, params = problem.opt_state, _nbytes(problem.leaves, per_device)
     return {"parameters": sum(math.prod(a.shape) for a in problem.leaves),
-            "parameter_bytes": _nbytes(problem.leaves),
-            "optimizer_state_bytes": _nbytes(problem.opt_state) if problem.opt_state is not None else 0}
+            "parameter_bytes": params, "gradient_bytes": params,
+            "optimizer_state_bytes": _nbytes(state, per_device) if state is not None else 0,
+            "precision": precision(problem.config)}
 
 
 def device_model_report(problem: Problem) -> dict:
     """``model_report``'s bytes for one device: each leaf's shard (the whole leaf off a mesh)."""
-    state = problem.opt_state
-    return {"parameters": sum(math.prod(a.shape) for a in problem.leaves),
-            "parameter_bytes": _nbytes(problem.leaves, per_device=True),
-            "optimizer_state_bytes": _nbytes(state, per_device=True) if state is not None else 0}
+    return model_report(problem, per_device=True)
 
 
 def logits_bytes(config: RunConfig, *, per_device: bool = False) -> int:

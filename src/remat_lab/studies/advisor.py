@@ -31,7 +31,7 @@ from remat_lab.config.targets import GPU_USABLE_FRACTION, TPU_USABLE_FRACTION
 from remat_lab.model.policies import POLICIES
 from remat_lab.program.backend import ExecutionError, device_memory_limit, environment, xla_error
 from remat_lab.program.footprint import crowded_sentence, fit, no_fit_sentence
-from remat_lab.program.step import precision
+from remat_lab.program.optimizer import precision
 from remat_lab.studies.advisor_decision import decide, sig
 from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the advisor's public names
     MAX_BATCH,
@@ -199,12 +199,12 @@ def _overheads(row: dict, free: dict) -> None:
 
 
 def _no_fit_row(static: dict, config: RunConfig) -> dict:
-    """A policy's row when the static bytes alone exceed the budget: no batch, nothing compiled."""
-    unit = batch_unit(config)
-    return {"max_batch": 0, "per_device_batch": 0, "peak_bytes": None, "next_batch": unit,
-            "next_peak_bytes": None, "probes": [], "compiles": 0, "limited_by": "budget",
-            "reason": (f"does not fit at any batch: the parameters, gradients and optimizer state "
-                       f"alone need {human_bytes(static['static_bytes_per_device'])} per device")}
+    """A policy's row when the static bytes alone exceed the budget: no batch, nothing compiled;
+    ``next_peak_bytes`` is those bytes, what any batch's peak holds at least (``limited_by``)."""
+    need = static["static_bytes_per_device"]
+    return {"max_batch": 0, "per_device_batch": 0, "peak_bytes": None, "next_batch": batch_unit(config),
+            "next_peak_bytes": need, "probes": [], "compiles": 0, "limited_by": "static_bytes",
+            "reason": f"does not fit even batch 1 per device: {human_bytes(need)} before any activation"}
 
 
 def _names(names: list[str]) -> str:
@@ -283,7 +283,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     else:
         recommended, ties, reason = _recommend(rows, timed)
     if not static["fits"]:
-        reason = no_fit_sentence(static)
+        reason = f"no policy fits: {config.preset or config.model} {no_fit_sentence(static)}"
     elif recommended is None and config.preset:  # a published shape: more devices, never a smaller model
         reason = "no policy fits: " + crowded_sentence(static, batch_unit(base_cfg))
     cannot_show = _notes(configs, rows)

@@ -2,8 +2,10 @@
 
 ``decide`` reads an advice document's rows and recommendation (``advisor.advise``) and returns the
 ``decision`` field: what to use and the numbers behind it, the runner-up and whether the two
-separate, and what this backend cannot show. ``sig`` writes a number to three significant
-figures (``14878.651`` -> ``14,900``, ``0.6`` -> ``0.600``); the CLI and the page use it too.
+separate, and what this backend cannot show. On a mesh a batch is said per device and globally
+(``batch_words``: ``1 per device (8 global)``); the summary ends with the precision
+(``precision_sentence``). ``sig`` writes a number to three significant figures (``14878.651`` ->
+``14,900``, ``0.6`` -> ``0.600``); the CLI and the page use it too.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 
 from remat_lab.config import human_bytes
+from remat_lab.config.catalog import RECIPE
 
 STOPPED = {
     "separated": "the best interval separated from the runner-up's",
@@ -44,6 +47,31 @@ def _rate(r: dict) -> str:
     return text + (f" (95 % interval {sig(ci[0])}–{sig(ci[1])})" if ci else "")
 
 
+def batch_words(r: dict) -> str:
+    """A row's largest batch: ``8``, or on a mesh ``1 per device (8 global)``: examples per device
+    per step (``per_device_batch``) and the step's."""
+    per = r.get("per_device_batch")
+    if (r.get("devices") or 1) > 1 and per is not None and r["max_batch"]:
+        return f"{per} per device ({r['max_batch']} global)"
+    return str(r["max_batch"])
+
+
+def precision_words(p: dict) -> str:
+    """``{"params", "compute", "optimizer"}`` in words: ``float32 master weights and moments,
+    bfloat16 compute``."""
+    if p["params"] == p["optimizer"]:
+        return f"{p['params']} master weights and moments, {p['compute']} compute"
+    return f"{p['params']} master weights, {p['optimizer']} moments, {p['compute']} compute"
+
+
+def precision_sentence(p: dict | None) -> str:
+    """An advice's or run's ``precision`` in one sentence, naming the common recipe."""
+    if not p:
+        return ""
+    recipe = {"dtype": p["compute"], "param_dtype": p["params"], "optimizer_dtype": p["optimizer"]} == RECIPE
+    return f"Precision: {precision_words(p)}" + (" (the common mixed-precision recipe)" if recipe else "")
+
+
 def _runner_up(rows: list[dict], best: dict, timed: bool) -> dict | None:
     """The next policy with another program: by examples/s when timed, else by batch."""
     same = {best["policy"], best.get("same_program_as")} - {None}
@@ -57,29 +85,37 @@ def _runner_up(rows: list[dict], best: dict, timed: bool) -> dict | None:
 
 def decide(doc: dict, cannot_show: list[str]) -> dict:
     """The ``decision`` of an advice document: ``pick``, ``basis`` ("measured", "estimate" or
-    "batch only"), ``batch``, ``examples_per_s`` and ``examples_per_s_ci``, ``peak_bytes``,
+    "batch only"), ``batch`` (global) and on a mesh ``per_device_batch`` of ``devices``,
+    ``fits_at_any_batch`` (False: the parameters, gradients and optimizer state alone exceed the
+    budget; ``min_devices`` then hold them), ``examples_per_s`` and ``examples_per_s_ci``, ``peak_bytes``,
     ``headroom_bytes`` (budget - compiled peak at the pick) and ``headroom_fraction``,
     ``runner_up`` (policy, batch, examples/s and interval), ``separated`` (the pick's interval
-    above the runner-up's; None untimed), ``rounds``, ``stopped_because``, ``why`` (one sentence)
-    and ``cannot_show`` (what this backend cannot show)."""
+    above the runner-up's; None untimed), ``rounds``, ``stopped_because``, ``why`` (one sentence,
+    ending with the precision) and ``cannot_show`` (what this backend cannot show)."""
     rows, budget, timed = doc["rows"], doc["budget_bytes"], bool(doc.get("timed"))
     by_policy = {r["policy"]: r for r in rows}
     best = by_policy.get(doc.get("recommended"))
-    out = {"pick": None, "basis": None, "batch": None, "examples_per_s": None,
+    static = doc.get("static") or {}
+    out = {"pick": None, "basis": None, "batch": None, "per_device_batch": None, "devices": None,
+           "fits_at_any_batch": static.get("fits"), "min_devices": static.get("min_devices"),
+           "examples_per_s": None,
            "examples_per_s_ci": None, "peak_bytes": None, "headroom_bytes": None,
            "headroom_fraction": None, "runner_up": None, "separated": None,
            "rounds": doc.get("rounds"), "stopped_because": doc.get("stopped_because"),
            "why": doc.get("reason", ""), "cannot_show": list(cannot_show)}
+    words = precision_sentence(doc.get("precision"))
     if best is None:
+        out["why"] = " ".join(t.rstrip(".") + "." for t in (out["why"], words) if t)
         return out
     estimate = "target" in doc
     timed = timed and best.get("examples_per_s") is not None
     out.update(pick=best["policy"], batch=best["max_batch"], peak_bytes=best.get("peak_bytes"),
+               per_device_batch=best.get("per_device_batch"), devices=best.get("devices"),
                basis="estimate" if estimate else "measured" if timed else "batch only")
     if best.get("peak_bytes") is not None:
         out["headroom_bytes"] = budget - best["peak_bytes"]
         out["headroom_fraction"] = out["headroom_bytes"] / budget
-    why = f"{best['policy']} fits batch {best['max_batch']}"
+    why = f"{best['policy']} fits batch {batch_words(best)}"
     if out["headroom_bytes"] is not None:
         why += (f" (compiled peak {human_bytes(best['peak_bytes'])}, "
                 f"{human_bytes(out['headroom_bytes'])} = {100 * out['headroom_fraction']:.1f} % "
@@ -96,21 +132,22 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
     else:
         why += "; not timed, so chosen by batch alone"
     if runner is not None:
-        out["runner_up"] = {k: runner.get(k) for k in ("policy", "max_batch", "examples_per_s",
-                                                         "examples_per_s_ci", "peak_bytes")}
+        out["runner_up"] = {k: runner.get(k) for k in ("policy", "max_batch", "per_device_batch",
+                                                         "examples_per_s", "examples_per_s_ci",
+                                                         "peak_bytes")}
         if timed:
             lo, hi = best["examples_per_s_ci"][0], runner["examples_per_s_ci"][1]
             out["separated"] = bool(lo > hi)
-            why += (f". Runner-up {runner['policy']} at batch {runner['max_batch']}: {_rate(runner)}; "
+            why += (f". Runner-up {runner['policy']} at batch {batch_words(runner)}: {_rate(runner)}; "
                     + ("the intervals separate" if out["separated"] else
                        "the intervals overlap, a near-tie"))
         else:
-            why += f". Runner-up {runner['policy']} fits batch {runner['max_batch']}"
+            why += f". Runner-up {runner['policy']} fits batch {batch_words(runner)}"
     stop = doc.get("stopped_because")
     if timed and stop in STOPPED:
         why += f" (timing ended: {STOPPED[stop]})"
     untimed = [r["policy"] for r in rows if r.get("not_timed")]
     if untimed and not estimate:
         why += f". Not timed: {', '.join(untimed)} (each row's note says why)"
-    out["why"] = why + "."
+    out["why"] = why + "." + (f" {words}." if words else "")
     return out

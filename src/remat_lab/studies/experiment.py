@@ -23,8 +23,7 @@ from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized, sentence
 from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, resolve_budget
-from remat_lab.model.models import USER_MODEL, block_names
-from remat_lab.model.user_block import NO_GRADIENT_CHECK
+from remat_lab.model.models import block_names
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the studies' error type)
     ExecutionError,
@@ -137,8 +136,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     # Against an independent plain-jax.numpy implementation of the model, and structurally: the
     # step's jaxpr has remat equations exactly when the policy asks for remat.
     if problem.mesh is None:
-        check = (dict(NO_GRADIENT_CHECK) if config.model == USER_MODEL  # no plain-jnp reference
-                 else check_gradients(problem, grads, loss, traced.jaxpr))
+        check = check_gradients(problem, grads, loss, traced.jaxpr)  # a user block: vs itself unremat'd
     else:
         check, grad_norm = _check_sharded(problem, grads, loss, traced.jaxpr)
     result["loss"] = loss  # None for objective grad: the step returns no loss
