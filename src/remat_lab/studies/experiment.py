@@ -97,7 +97,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
         t2 = time.perf_counter()
     except Exception as err:  # XlaRuntimeError and friends
         witnesses.settle()
-        raise xla_error("compiling", err) from err
+        raise xla_error("compiling", err, config) from err
     witnesses.settle()  # before the timed calls: nothing else on the cores meanwhile
 
     result = {"schema": 1, "config": config.as_dict(), "environment": environment(),
@@ -227,7 +227,7 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
         try:
             compiled = compile_for_analysis(jit_program(problem).lower(*program_args(problem)))
         except Exception as err:
-            raise xla_error("compiling the training step", err) from err
+            raise xla_error("compiling the training step", err, config) from err
         result["compile"]["train_compile_s"] = time.perf_counter() - t0
         result["memory_gradient_step"] = result["memory"]
         result["memory"] = memory_report(compiled)
@@ -240,6 +240,8 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
     note = sentence(result["compile"].get("xla_remat"), sig)
     if note:  # next to the memory and flops it changed
         result["notes"] = [*result["notes"], note]
+    # which of a TPU's two figures the peak is, when they disagree (analysis/costs.memory_report)
+    result["notes"] = [*result["notes"], *((result.get("memory") or {}).get("notes") or [])]
     logits = logits_bytes(config, per_device=True)  # on a mesh, as the memory: one device's
     if result["memory"]:
         result["memory"]["by_kind"] = memory_by_kind(result["memory"], device_model_report(problem),
@@ -268,7 +270,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         t2 = time.perf_counter()
     except Exception as err:
         witnesses.settle()
-        raise xla_error(f"compiling for {where}", err) from err
+        raise xla_error(f"compiling for {where}", err, config) from err
     sec = _compiled_sections(config, problem, traced, lowered, compiled, dump, progress, witnesses)
     dis, base = sec["dissection"], sec["baseline"]
     if target is not None:
