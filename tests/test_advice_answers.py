@@ -70,3 +70,22 @@ def test_the_timing_race_drops_a_clearly_slower_program_and_keeps_its_time_budge
                                                say=lambda m: None, should_stop=None, budget_s=12.0)
     assert why == "time budget" and now[0] <= 12.0 + 2 * 5.0 + 2 * 5.0  # + warm-up + one round
     assert len(times["a"]) == 1  # the interval the answer gets is from one round: said by the doc
+
+
+def test_a_probe_a_tpu_refuses_for_its_hbm_is_a_batch_that_does_not_fit():
+    from remat_lab.program.backend import needed_bytes
+    from remat_lab.studies import advisor_search
+
+    err = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for "
+                       "HLO temporaries (32.00G) exceeds available HBM (15.75G).")
+    assert needed_bytes(err) == 32 * 2**30
+    assert needed_bytes(RuntimeError("Used 21.27M of 21.00M hbm")) == int(21.27 * 2**20)
+    assert needed_bytes(RuntimeError("something else")) is None
+    found = advisor_search._over_the_device(err)
+    assert found["peak_bytes"] == 32 * 2**30 and found["flops"] is None
+    # the search treats it as any probe over the budget: the batch before it is the answer
+    cfg = RunConfig(model="mlp", width=64, batch=1)
+    curve = lambda c: {**found, "cached": False} if c.batch > 20 else {"peak_bytes": 100 + 10 * c.batch,
+                                                                          "cached": False}
+    out = largest_batch(cfg, budget=10 << 30, max_batch=64, measure=curve)
+    assert out["max_batch"] == 20 and out["next_batch"] == 21 and out["limited_by"] == "budget"

@@ -11,7 +11,7 @@ from remat_lab.config import RunConfig
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.targets import target_devices
 from remat_lab.studies import advisor, advisor_search
-from remat_lab.studies.advisor_search import xla_free
+from remat_lab.studies.advisor_sizing import xla_free
 
 # An 8-block scanned MLP at width 16384 and batch 65536 in bfloat16: no_remat needs ~139 GiB on
 # one H100 (80 GB), so XLA's pass rewrites it; nothing_saveable needs far less.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import sys
 import threading
 
@@ -131,6 +132,18 @@ def device_memory_limit() -> int | None:
     """Bytes the default device may use, when the backend says (GPU/TPU); None on CPU."""
     stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get("bytes_limit")
+
+
+_NEEDED = re.compile(r"required for [^(]*\(([\d.]+)([KMGT])\)|Used ([\d.]+)([KMGT]) of")
+
+
+def needed_bytes(err: BaseException) -> int | None:
+    """The device bytes an out-of-memory compile error says the program needs (libtpu: "... HLO
+    temporaries (32.00G) exceeds ..." or "Used 21.27M of ... hbm"), or None."""
+    m = _NEEDED.search(str(err))
+    if not m:
+        return None
+    return int(float(m.group(1) or m.group(3)) * 1024 ** " KMGT".index(m.group(2) or m.group(4)))
 
 
 def out_of_memory(err: BaseException) -> bool:

@@ -44,9 +44,8 @@ from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the 
     largest_batch,
     probe,
     probe_seconds,
-    xla_free,
 )
-from remat_lab.studies.advisor_sizing import FLOPS_RTOL, WORKERS, model_flops_at, size_policies
+from remat_lab.studies.advisor_sizing import FLOPS_RTOL, WORKERS, model_flops_at, size_policies, xla_free
 from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
     CALLS_PER_ROUND,
     MAX_ROUNDS,

@@ -26,7 +26,6 @@ from remat_lab.analysis.by_kind import memory_by_kind
 from remat_lab.analysis.costs import memory_report, program_flops
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized
-from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import (
     LIMITS,
     LOCAL,
@@ -39,7 +38,7 @@ from remat_lab.config import (
     parse_mesh,
 )
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
-from remat_lab.program.backend import xla_error
+from remat_lab.program.backend import needed_bytes, out_of_memory, xla_error
 from remat_lab.program.step import (
     abstract_problem,
     device_model_report,
@@ -60,7 +59,6 @@ _PROGRAMS = ProbeCache(64)  # compiled figures by lowered program text: policies
 # Lowerings made by program_key, until a probe of them takes them; sized by their program text
 # (a 128-layer loop llm's is tens of MiB).
 _KEYED = ProbeCache(32, max_bytes=64 << 20)
-_UNLIMITED = ProbeCache(256)  # XLA-free flops of probes XLA's own rematerialization rewrote
 _COMPILING = Once()  # the same program text compiled once even when two threads ask at once
 # Tracing and lowering hold the GIL anyway and NNX keeps graph state while tracing: one at a time.
 # XLA's compiles release the GIL, so probes in parallel threads (``advisor_sizing``) overlap those.
@@ -103,13 +101,15 @@ def program_key(config: RunConfig) -> tuple:
     return _text_key(config, lowered, text)
 
 
-def compile_abstract(config: RunConfig):
-    """``config.step``'s program lowered and compiled on abstract inputs (nothing allocated)."""
+def compile_abstract(config: RunConfig, unlimited: bool = False):
+    """``config.step``'s program lowered and compiled on abstract inputs (nothing allocated);
+    ``unlimited``: with XLA's rematerialization limit lifted (``compile_unlimited``)."""
     _, lowered = _lowered(config)
+    platform = "cpu" if config.target == LOCAL else get_target(config.target).platform
     try:
-        return compile_for_analysis(lowered)
+        return compile_unlimited(lowered, platform) if unlimited else compile_for_analysis(lowered)
     except Exception as err:
-        raise xla_error("compiling", err) from err
+        raise xla_error("compiling" + " with XLA's remat limit lifted" * unlimited, err) from err
 
 
 def _compiled_figures(lowered, on_target: bool = True) -> dict:
@@ -120,6 +120,8 @@ def _compiled_figures(lowered, on_target: bool = True) -> dict:
     try:
         compiled = compile_for_analysis(lowered)
     except Exception as err:
+        if out_of_memory(err):  # a TPU's compile refuses a program over its HBM: it does not fit
+            return _over_the_device(err)
         raise xla_error("compiling", err) from err
     text = compiled.as_text()
     xla_remat = len(rematerialized(text))
@@ -134,6 +136,16 @@ def _compiled_figures(lowered, on_target: bool = True) -> dict:
             "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text),
             "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat},
             "traffic": traffic_of(text) if on_target else None}  # analysis/estimate.py reads it
+
+
+def _over_the_device(err: Exception) -> dict:
+    """A probe XLA refused for lack of device memory (libtpu checks HBM at compile time): its peak
+    is the bytes XLA says it needs (``backend.needed_bytes``; else over any budget)."""
+    need = needed_bytes(err) or 1 << 60
+    parts = dict.fromkeys(("argument_bytes", "output_bytes", "alias_bytes", "generated_code_bytes"), 0)
+    return {"peak_bytes": need, "memory": {"peak_bytes": need, "temp_bytes": need, **parts},
+            "flops": None, "bytes_accessed": None, "fingerprint": f"over the device: {err}"[:240],
+            "xla_remat": {"applied": False, "instructions": 0}, "traffic": None}
 
 
 def probe(config: RunConfig) -> dict:
@@ -185,41 +197,10 @@ def probed_flops(config: RunConfig) -> dict[int, float | None]:
             and not v.get("xla_remat", {}).get("applied")}  # XLA's recomputation is no model flop
 
 
-def _platform(config: RunConfig) -> str:
-    return "cpu" if config.target == LOCAL else get_target(config.target).platform
-
-
-def xla_free(config: RunConfig) -> dict:
-    """``probe(config)`` with XLA's own rematerialization accounted: ``{"flops", "xla_remat"}``
-    where ``flops`` are the program's as the policy wrote it. When XLA's pass rewrote the probe's
-    program, the program is compiled again with the pass's limit lifted (``compile_unlimited``;
-    cached) and ``xla_remat`` (``analysis/xla_remat.report``) says what the pass added."""
-    found = probe(config)
-    remat = found.get("xla_remat") or {"applied": False}
-    if not remat["applied"]:
-        return {"flops": found["flops"], "xla_remat": xla_remat_report(0, found["flops"], None)}
-    key = _probe_key(config)
-    cached = _UNLIMITED.get(key)
-    if cached is None:
-        _, lowered = _lowered(config)
-        try:
-            compiled = compile_unlimited(lowered, _platform(config))
-        except Exception as err:
-            raise xla_error("compiling with XLA's rematerialization limit lifted", err) from err
-        text = compiled.as_text()
-        cached = {"flops": program_flops(compiled, text)[0],
-                  "peak_bytes": (memory_report(compiled) or {}).get("peak_bytes"),
-                  "left": len(rematerialized(text))}
-        _UNLIMITED.put(key, cached)
-    out = xla_remat_report(remat["instructions"], found["flops"], found["peak_bytes"], cached)
-    return {"flops": cached["flops"] if not cached["left"] else None, "xla_remat": out}
-
-
 def clear_cache() -> None:
     _PROBES.clear()
     _PROGRAMS.clear()
     _KEYED.clear()
-    _UNLIMITED.clear()
 
 
 def _interpolate(lo: int, p_lo: int, hi: int, p_hi: int, budget: int) -> int:

@@ -18,17 +18,22 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from remat_lab.analysis.costs import memory_report, program_flops
+from remat_lab.analysis.xla_remat import rematerialized
+from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import RunConfig
 from remat_lab.studies.advisor_search import (
     MAX_BATCH,
     Progress,
     batch_unit,
+    compile_abstract,
     intercept,
     largest_batch,
+    probe,
     probed_flops,
     program_key,
-    xla_free,
 )
+from remat_lab.studies.probe_cache import ProbeCache
 
 # Searches at once: a second search lowers (Python) while the first compiles (XLA). On this idle
 # 2-core machine, 17 policies of the bench's transformer, read-only compiles: 56.0 and 59.3 s with
@@ -92,6 +97,29 @@ def size_policies(configs: dict[str, RunConfig], budget: int, *, max_batch: int 
 
 
 
+_UNLIMITED = ProbeCache(256)  # the flops of probes XLA's own rematerialization rewrote, as written
+
+
+def xla_free(config: RunConfig) -> dict:
+    """``probe(config)`` with XLA's own rematerialization accounted: ``{"flops", "xla_remat"}``
+    where ``flops`` are the program's as the policy wrote it. When XLA's pass rewrote the probe's
+    program, the program is compiled again with the pass's limit lifted (cached) and
+    ``xla_remat`` (``analysis/xla_remat.report``) says what the pass added."""
+    found = probe(config)
+    remat = found.get("xla_remat") or {"applied": False}
+    if not remat["applied"]:
+        return {"flops": found["flops"], "xla_remat": xla_remat_report(0, found["flops"], None)}
+    cached = _UNLIMITED.get(config)
+    if cached is None:
+        compiled = compile_abstract(config, unlimited=True)
+        text = compiled.as_text()
+        cached = {"flops": program_flops(compiled, text)[0], "left": len(rematerialized(text)),
+                  "peak_bytes": (memory_report(compiled) or {}).get("peak_bytes")}
+        _UNLIMITED.put(config, cached)
+    out = xla_remat_report(remat["instructions"], found["flops"], found["peak_bytes"], cached)
+    return {"flops": cached["flops"] if not cached["left"] else None, "xla_remat": out}
+
+
 # No_remat's flops between two of its compiled counts are read on the line through them when its
 # counts lie on one line within this share (XLA's counts grow by the same flops per example within
 # about 1e-7 from batch 2 up, transformer width 512 depth 8; batch 1's differ by 4e-4: left out).
@@ -103,7 +131,7 @@ def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, floa
     many of them were read on a line rather than compiled.
 
     Flops are always a program's that XLA's own rematerialization pass did not rewrite
-    (``advisor_search.xla_free``). A batch already probed is read from its probe (cached). The
+    (``xla_free``). A batch already probed is read from its probe (cached). The
     others: with the smallest and the largest asked compiled (batch 1 on its own), each lies
     between two compiled counts; when the compiled counts from batch 2 up lie on one line within
     ``FLOPS_RTOL`` of each, it is read on the segment between its neighbours, else compiled
