@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages import _llm, _mesh, _precision, _user_block
+from pages import _attention, _llm, _mesh, _precision, _user_block
 from pages._budget import budget_message, budget_or_none, over_budget
 from pages._budget import device_limit as _device_limit  # noqa: F401 - the pages ask for it here
 from pages._url import CONTROL_KEYS, DEFAULT, LLM_KEYS, read_url_once, write_url
@@ -151,6 +151,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
                      disabled=ss["model"] not in SEQ_MODELS)
     if ss["model"] == "llm":
         _llm.shape_controls(sb)
+        _attention.controls(sb)  # attention kernel, its block, the vocabulary loss's chunks
     elif ss["model"] == "transformer":
         heads = [h for h in range(1, LIMITS["heads"][1] + 1) if int(ss["width"]) % h == 0]
         if ss["heads"] not in heads:  # the width changed: the nearest head count that divides it
@@ -205,7 +206,6 @@ def _render_controls(page: str | None = None) -> RunConfig:
                     f"Estimated memory need: {need}{allowed}. ")
                    + "The link in the address bar restores these settings.")
     return cfg
-
 
 
 def _leave_legacy_page_mode() -> None:

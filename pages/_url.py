@@ -30,7 +30,7 @@ CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dt
                 "objective", "repeats", "target", "step", "microbatches", "compile_only")
 # The llm's own fields: in the address bar (and the configuration) only for model llm.
 LLM_KEYS = ("preset", "vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "param_dtype",
-            "optimizer_dtype")
+            "optimizer_dtype", "attention", "attention_block", "loss_chunks")
 # Never from a link: the user's own block is code (pages/_user_block.py); these are refused with a warning.
 NEVER_KEYS = ("model_module", "input_shape")
 NOT_FROM_A_LINK = ("is your own block, which runs Python code: a link cannot choose it (type it in "
@@ -55,6 +55,8 @@ def _check_one(key: str, raw: str, model: str):
     if key == "batch":
         raw_cfg = {key: raw, "model": "mlp"}
     elif key in ("param_dtype", "optimizer_dtype"):  # the llm's own: checked as an llm's
+        raw_cfg = {key: raw, "model": "llm"}
+    elif key in ("attention", "loss_chunks"):  # the llm's only (other models: full, 1)
         raw_cfg = {key: raw, "model": "llm"}
     elif key in ("seq", "depth") and model == "llm":
         raw_cfg = {key: raw, "model": "llm", "seq": "16"} if key == "depth" else {key: raw, "model": "llm"}

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from remat_lab.config import (
+    CHOICES,
     DTYPES,
     LIMITS,
     OBJECTIVES,
@@ -243,6 +244,14 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                         "parameters and optimizer state donated")
     p.add_argument("--microbatches", type=int_arg("microbatches"), default=d.microbatches,
                    help="accumulate the gradient over this many slices of the batch (must divide it)")
+    p.add_argument("--attention", choices=CHOICES["attention"], default=d.attention,
+                   help="llm: full (seq x seq scores), chunked (blockwise online softmax, plain JAX) "
+                        "or flash (the target's fused kernel: cuDNN, Pallas; else chunked, said so)")
+    p.add_argument("--attention-block", type=int_arg("attention_block"), default=d.attention_block,
+                   metavar="N", help="llm: chunked attention's query and key block, tokens")
+    p.add_argument("--loss-chunks", type=int_arg("loss_chunks"), default=d.loss_chunks, action=Given,
+                   metavar="N", help="llm: the vocabulary loss over N slices of the sequence, one "
+                                     "slice's logits live at a time (presets: 8, gpt2-small 1)")
     p.add_argument("--preset", choices=list(PRESETS), default=None, metavar="NAME",
                    help=f"a published llm shape ({', '.join(PRESETS)}); other flags override it")
     p.add_argument("--compile-only", action="store_true",
@@ -289,7 +298,7 @@ def config_from(args: argparse.Namespace) -> RunConfig:
                   mesh=getattr(args, "mesh", ""), target=getattr(args, "target", "local"),
                   target_devices=getattr(args, "target_devices", 1))
     llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
-           "compile_only")
+           "compile_only", "attention", "attention_block", "loss_chunks")
     values.update({k: getattr(args, k) for k in llm if hasattr(args, k)})
     values.update({k: getattr(args, k) for k in ("param_dtype", "optimizer_dtype")
                    if getattr(args, k, None)})

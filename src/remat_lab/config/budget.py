@@ -47,8 +47,9 @@ def _parameter_count(config: RunConfig) -> int:
 
 def _llm_bytes(config: RunConfig) -> int:
     """The llm's estimate: parameters, gradients, a reference copy and adamw's state; per block
-    the projections, the (B, H, N, N) scores and the MLP of one microbatch; the logits in the
-    dtype with their float32 log-softmax and gradient."""
+    the projections, the attention scores (full: (B, H, N, N); chunked or flash: (B, H, N, block))
+    and the MLP of one microbatch; the logits (one of ``loss_chunks`` slices of the sequence) in
+    the dtype with their float32 log-softmax and gradient."""
     item, pitem = _itemsize(config.dtype), _itemsize(config.param_dtype_used)
     n = _parameter_count(config)
     b = config.batch // config.microbatches
@@ -56,8 +57,9 @@ def _llm_bytes(config: RunConfig) -> int:
     fixed = n * (2 * pitem + item) + optimizer_state_bytes(config) + (n * 4 if config.microbatches > 1 else 0)
     w, hd = config.width, config.head_dim_used
     act = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd + 4 * config.mlp_dim_used) * item
-    act += 3 * b * config.heads * config.seq * config.seq * 4
-    logits = rows * config.vocab * (2 * item + 8)
+    keys = config.seq if config.attention == "full" else min(config.attention_block, config.seq)
+    act += 3 * b * config.heads * config.seq * keys * 4
+    logits = b * -(-config.seq // config.loss_chunks) * config.vocab * (2 * item + 8)
     return 2 * (fixed + config.depth * act + logits) + (1 << 20)
 
 

@@ -49,9 +49,10 @@ POLICY_IDS = (
 DEFAULT_POLICY = "dots_with_no_batch_dims_saveable"
 
 
-# Published decoder shapes, by name: the llm fields they fill, their source and parameter count.
+# Published decoder shapes, by name: the llm fields they fill, their source and parameter count;
+# loss_chunks, the vocabulary loss's slices, is this lab's choice per preset (presets.json's about).
 PRESET_FIELDS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab", "seq",
-                 "tie_embeddings")
+                 "tie_embeddings", "loss_chunks")
 PRESETS: dict[str, dict] = json.loads((Path(__file__).with_name("presets.json")).read_text())["presets"]
 PRESET_NAMES = ("", *PRESETS)  # "" = no preset
 # A preset's (and the CLI's llm training step's) dtypes unless some are given: MaxText's weight_dtype

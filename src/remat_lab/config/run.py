@@ -191,11 +191,16 @@ class RunConfig:
 
     def _check_llm(self) -> None:
         """The decoder LM's shape: heads split into kv_heads groups, an even head size (rotary
-        embedding), two tokens at least (next-token labels); a preset only for the llm."""
+        embedding), two tokens at least (next-token labels); a preset, attention other than full
+        and loss_chunks above 1 only for the llm. A seq that attention_block or loss_chunks does
+        not divide is padded; more chunks than tokens are one token each (llm.py, attention.py)."""
         if self.preset and self.model != "llm":
             raise ConfigError(f"preset {self.preset} is a decoder LM: use model llm (e.g. "
                               f"RunConfig.from_preset({self.preset!r})), or no preset.")
         if self.model != "llm":
+            if (self.attention, self.loss_chunks) != ("full", 1):
+                raise ConfigError(f"attention {self.attention} and loss_chunks {self.loss_chunks} are "
+                                  "the llm's; other models use attention full and loss_chunks 1.")
             return
         if self.seq < 2:
             raise ConfigError("the llm predicts each next token: it needs seq of 2 or more.")

@@ -15,17 +15,23 @@ plus ``embed`` and ``logits`` outside the blocks (no per-block policy reaches th
 in the compute dtype (one matrix product; nothing tiled over the vocabulary), then log-softmax and
 cross-entropy in float32 (the logits upcast inside the loss, as MaxText's
 ``cross_entropy_with_logits`` does). So the step holds the logits in the dtype, their float32
-log-softmax and its gradient: no more than that real implementation. Labels are the inputs shifted
-by one (``labels[:, t] = tokens[:, t + 1]``); the last position has no label and weight 0; the loss
-is the mean over the ``batch * (seq - 1)`` labelled positions. Attention scores are softmaxed in
-float32 and the probabilities cast back to the dtype. Initialisation: embedding and ``lm_head``
+log-softmax and its gradient: no more than that real implementation.
+``chunked_next_token_loss`` (``loss_chunks`` > 1; MaxText's vocabulary tiling is the same idea)
+computes the same sum over slices of the sequence, each slice's final norm, projection and loss
+under ``jax.checkpoint`` in a ``lax.scan``, so only one slice's logits are live (the ``logits``
+name tags each slice's). Labels are the inputs shifted by one (``labels[:, t] = tokens[:, t + 1]``);
+the last position has no label and weight 0; the loss is the mean over the ``batch * (seq - 1)``
+labelled positions. Attention is ``attention.py``'s kernel the caller passes (``full`` by default:
+scores softmaxed in float32, the probabilities cast back to the dtype; ``chunked``, or a target's
+fused ``flash``), always tagged ``context``.
+
+Initialisation: embedding and ``lm_head``
 normal(0.02) (Hugging Face's ``initializer_range``), so the loss at init is close to ``ln(vocab)``;
 projections flax's default (lecun normal); norm scales 1.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import jax
@@ -33,7 +39,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from remat_lab.model.stacks import build_stack, run_stack
+from remat_lab.model.attention import FULL, AttentionFn
+from remat_lab.model.stacks import blocks_of, build_stack, run_stack
+
+BlockFn = Callable[[nnx.Module, jax.Array], jax.Array]
 
 ROPE_THETA = 10000.0  # the rotary base frequency (shapes, memory and FLOPs do not depend on it)
 EMBED_INIT_STD = 0.02
@@ -47,18 +56,6 @@ def rotary(x: jax.Array, theta: float = ROPE_THETA) -> jax.Array:
     sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
-
-
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Grouped-query causal attention: ``q: (B, N, H, K)``, ``k, v: (B, N, G, K)``, G divides H."""
-    b, n, h, d = q.shape
-    g = k.shape[2]
-    q = q.reshape(b, n, g, h // g, d)
-    scores = jnp.einsum("bngrk,bmgk->bgrnm", q, k) / math.sqrt(d)
-    causal = jnp.tril(jnp.ones((n, n), dtype=bool))
-    scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    p = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bgrnm,bmgk->bngrk", p, v).reshape(b, n, h, d)
 
 
 class DecoderBlock(nnx.Module):
@@ -77,6 +74,7 @@ class DecoderBlock(nnx.Module):
         self.wi_0 = nnx.Linear(width, mlp_dim, **kw)
         self.wi_1 = nnx.Linear(width, mlp_dim, **kw)
         self.wo = nnx.Linear(mlp_dim, width, **kw)
+        self.attention: AttentionFn = FULL  # the kernel (attention.py); LLM.__call__ may set another
 
     def __call__(self, x: jax.Array) -> jax.Array:
         with jax.named_scope("attn_norm"):
@@ -88,7 +86,7 @@ class DecoderBlock(nnx.Module):
         with jax.named_scope("v_proj"):
             v = checkpoint_name(self.v_proj(h), "value_proj")
         with jax.named_scope("attn"):
-            context = checkpoint_name(causal_attention(q, k, v), "context")
+            context = checkpoint_name(self.attention(q, k, v), "context")
         with jax.named_scope("o_proj"):
             x = x + checkpoint_name(self.o_proj(context), "out_proj")
         with jax.named_scope("mlp_norm"):
@@ -121,17 +119,29 @@ class LLM(nnx.Module):
             width, vocab, use_bias=False, kernel_init=init, rngs=rngs, dtype=dtype,
             param_dtype=param_dtype)
 
-    def __call__(self, tokens: jax.Array,
-                 block_fn: Callable[[nnx.Module, jax.Array], jax.Array] | None = None) -> jax.Array:
-        """The logits ``(B, N, vocab)`` in the compute dtype; each block through ``block_fn``."""
+    def hidden(self, tokens: jax.Array, block_fn: BlockFn | None = None,
+               attention: AttentionFn | None = None) -> jax.Array:
+        """The last block's output ``(B, N, width)``; each block through ``block_fn``, its
+        attention ``attention`` (a kernel of ``attention.py``; default full)."""
+        if attention is not None:
+            for block in blocks_of(self.layers):
+                block.attention = attention
         with jax.named_scope("embed"):
             h = checkpoint_name(self.embed(tokens), "embed")
-        h = run_stack(self.layers, block_fn or (lambda block, y: block(y)), h)
+        return run_stack(self.layers, block_fn or (lambda block, y: block(y)), h)
+
+    def head(self, h: jax.Array) -> jax.Array:
+        """The final norm and the vocabulary projection: logits ``(..., vocab)`` in the dtype."""
         with jax.named_scope("final_norm"):
             h = self.final_norm(h)
         with jax.named_scope("logits"):
             logits = self.embed.attend(h) if self.lm_head is None else self.lm_head(h)
             return checkpoint_name(logits, "logits")
+
+    def __call__(self, tokens: jax.Array, block_fn: BlockFn | None = None,
+                 attention: AttentionFn | None = None) -> jax.Array:
+        """The logits ``(B, N, vocab)`` in the compute dtype (``hidden``, then ``head``)."""
+        return self.head(self.hidden(tokens, block_fn, attention))
 
 
 def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -145,3 +155,38 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
         picked = jnp.take_along_axis(lf, labels[..., None], axis=-1)[..., 0]
         ce = (lse - picked) * weights
         return jnp.sum(ce) / (tokens.shape[0] * (tokens.shape[1] - 1))
+
+
+def chunked_next_token_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array, tokens: jax.Array,
+                            chunks: int) -> jax.Array:
+    """``next_token_loss(head(h), tokens)`` over ``chunks`` slices of the sequence: a ``lax.scan``
+    whose body (under ``jax.checkpoint``) makes one slice's logits ``(B, ceil(N / chunks), V)``,
+    takes its float32 cross-entropy and adds it up, so the whole logits are never live (the
+    backward pass makes each slice's again). ``h: (B, N, width)`` before the final norm; a
+    sequence that ``chunks`` does not divide is padded at the end with weight 0; ``chunks`` above
+    ``N`` is ``N`` chunks of one token."""
+    b, n, width = h.shape
+    chunks = min(chunks, n)
+    size = -(-n // chunks)
+    pad = size * chunks - n
+    labels = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    weights = (jnp.arange(n + pad) < n - 1).astype(jnp.float32).reshape(chunks, size)
+
+    def split(x: jax.Array) -> jax.Array:  # (B, N, ...) -> (chunks, B, size, ...), zeros appended
+        if pad:  # a concatenation, not jnp.pad: its linearization keeps no padding-value residual
+            x = jnp.concatenate([x, jnp.zeros((b, pad, *x.shape[2:]), x.dtype)], axis=1)
+        return jnp.swapaxes(x.reshape(b, chunks, size, *x.shape[2:]), 0, 1)
+
+    @jax.checkpoint
+    def piece(h_c: jax.Array, labels_c: jax.Array, weights_c: jax.Array) -> jax.Array:
+        lf = head(h_c).astype(jnp.float32)
+        with jax.named_scope("loss"):
+            picked = jnp.take_along_axis(lf, labels_c[..., None], axis=-1)[..., 0]
+            return jnp.sum((jax.nn.logsumexp(lf, axis=-1) - picked) * weights_c)
+
+    def body(total: jax.Array, xs) -> tuple[jax.Array, None]:
+        return total + piece(*xs), None
+
+    with jax.named_scope("loss_chunks"):
+        total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (split(h), split(labels), weights))
+    return total / (b * (n - 1))

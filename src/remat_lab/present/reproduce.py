@@ -35,6 +35,10 @@ def _shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
                   *([f"--param-dtype {cfg.param_dtype}"] if cfg.param_dtype else [])]
     if cfg.optimizer_dtype:  # AdamW's moments, when not the parameters' dtype by default
         parts.append(f"--optimizer-dtype {cfg.optimizer_dtype}")
+    if cfg.model == "llm":  # loss_chunks always (a preset field); the attention's when not default
+        parts.append(f"--loss-chunks {cfg.loss_chunks}")
+        parts += [f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in ("attention", "attention_block")
+                  if getattr(cfg, k) != getattr(RunConfig, k)]
     parts.append(f"--depth {cfg.depth}")
     if cfg.depth > 1:
         parts.append(f"--stack {cfg.stack}")

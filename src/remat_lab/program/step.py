@@ -23,7 +23,8 @@ import optax
 from flax import nnx
 
 from remat_lab.config import LOCAL, RunConfig, mesh_devices
-from remat_lab.model.llm import next_token_loss
+from remat_lab.model.attention import for_config as attention_for
+from remat_lab.model.llm import chunked_next_token_loss, next_token_loss
 from remat_lab.model.models import build_model, llm_options
 from remat_lab.model.policies import build_policy, get_policy
 from remat_lab.model.stacks import run_stack
@@ -158,11 +159,15 @@ def _loss_fn(config: RunConfig, graphdef, treedef, gather: Callable | None = Non
     if config.model == "llm":
         logits_layout = (sharding.activations(config, mesh, vocab=True) if on_mesh
                          else (lambda logits: logits))
+        attention = attention_for(config, mesh, sharding.input_spec(config)[0] if on_mesh else None)
 
         def lm_loss(leaves: list[jax.Array], tokens: jax.Array) -> jax.Array:
-            """Mean next-token cross-entropy, in float32 (``llm.next_token_loss``)."""
+            """Mean next-token cross-entropy, in float32 (``llm.next_token_loss``, or chunked)."""
             model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
-            return next_token_loss(logits_layout(model(tokens, block_fn)), tokens)
+            if config.loss_chunks > 1:  # the logits a slice of the sequence at a time
+                return chunked_next_token_loss(lambda h: logits_layout(model.head(h)), model.hidden(
+                    tokens, block_fn, attention), tokens, config.loss_chunks)
+            return next_token_loss(logits_layout(model(tokens, block_fn, attention)), tokens)
 
         return lm_loss
 
@@ -339,12 +344,16 @@ def _nbytes(tree, per_device: bool = False) -> int:
 def model_report(problem: Problem, per_device: bool = False) -> dict:
     """The run document's ``model``: the parameter count of the built model (its leaves: real or
     abstract), their bytes, their gradients' (one per parameter, in its dtype), the optimizer
-    state's (0 for the gradient step), each at its own dtype (``precision``)."""
+    state's (0 for the gradient step), each at its own dtype (``precision``); the llm's
+    ``attention_used`` (``attention.Attention.describe``)."""
     state, params = problem.opt_state, _nbytes(problem.leaves, per_device)
-    return {"parameters": sum(math.prod(a.shape) for a in problem.leaves),
-            "parameter_bytes": params, "gradient_bytes": params,
-            "optimizer_state_bytes": _nbytes(state, per_device) if state is not None else 0,
-            "precision": precision(problem.config)}
+    report = {"parameters": sum(math.prod(a.shape) for a in problem.leaves),
+              "parameter_bytes": params, "gradient_bytes": params,
+              "optimizer_state_bytes": _nbytes(state, per_device) if state is not None else 0,
+              "precision": precision(problem.config)}
+    if problem.config.model == "llm":  # the kernel that ran, and why flash fell back
+        report["attention_used"] = attention_for(problem.config).describe()
+    return report
 
 
 def device_model_report(problem: Problem) -> dict:
@@ -354,9 +363,11 @@ def device_model_report(problem: Problem) -> dict:
 
 def logits_bytes(config: RunConfig, *, per_device: bool = False) -> int:
     """The llm's logits of one microbatch, ``batch x seq x vocab`` in the compute dtype (0 for the
-    other models); ``per_device``: one device's share (batch over data x fsdp, vocab over tensor)."""
+    other models), with ``loss_chunks`` > 1 one chunk's (``ceil(seq / loss_chunks)`` tokens);
+    ``per_device``: one device's share (batch over data x fsdp, vocab over tensor)."""
     if config.model != "llm":
         return 0
     split = mesh_devices(config.mesh) if per_device else 1
-    return (config.batch // config.microbatches * config.seq * config.vocab
+    tokens = -(-config.seq // config.loss_chunks)
+    return (config.batch // config.microbatches * tokens * config.vocab
             * jnp.dtype(DTYPES[config.dtype]).itemsize // split)
