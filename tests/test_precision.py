@@ -208,3 +208,12 @@ def test_the_app_starts_a_preset_from_the_recipe_and_says_so():
     given.selectbox(key="preset").set_value("gpt2-small").run()
     assert given.radio(key="dtype").value == "bfloat16"
     assert given.selectbox(key="param_dtype").value == "float32"
+
+
+def test_the_estimate_sizes_the_moments_in_the_optimizer_dtype():
+    from remat_lab.config import RunConfig
+    from remat_lab.config.budget import optimizer_state_bytes
+
+    cfg = RunConfig(model="llm", width=64, heads=2, seq=8, vocab=128, depth=2, step="train",
+                    dtype="bfloat16", param_dtype="float32", optimizer_dtype="float32")
+    assert optimizer_state_bytes(cfg.replace(optimizer_dtype="bfloat16")) * 2 == optimizer_state_bytes(cfg)

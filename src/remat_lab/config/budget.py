@@ -30,10 +30,10 @@ def llm_parameters(config: RunConfig) -> int:
 
 
 def optimizer_state_bytes(config: RunConfig) -> int:
-    """adamw's state for ``step="train"``: two moments per parameter in the parameter dtype (0 for
-    the gradient step)."""
+    """adamw's state for ``step="train"``: two moments per parameter in the optimizer's dtype
+    (``optimizer_dtype_used``: the parameters' unless given; 0 for the gradient step)."""
     return 0 if config.step != "train" else 2 * _parameter_count(config) * _itemsize(
-        config.param_dtype_used)
+        config.optimizer_dtype_used)
 
 
 def _parameter_count(config: RunConfig) -> int:
