@@ -89,3 +89,14 @@ def test_a_probe_a_tpu_refuses_for_its_hbm_is_a_batch_that_does_not_fit():
                                                                           "cached": False}
     out = largest_batch(cfg, budget=10 << 30, max_batch=64, measure=curve)
     assert out["max_batch"] == 20 and out["next_batch"] == 21 and out["limited_by"] == "budget"
+
+
+def test_an_llm_advice_names_its_attention_and_precision_in_its_summary():
+    cfg = RunConfig(model="llm", width=64, heads=2, seq=32, vocab=128, depth=2, batch=1,
+                    attention="flash", attention_block=16, step="train", dtype="bfloat16",
+                    param_dtype="float32", optimizer_dtype="float32")
+    doc = advisor.advise(cfg, 64 << 20, policies=["nothing_saveable"], timing=False, max_batch=4)
+    # XLA CPU has neither cuDNN nor a TPU: flash runs as chunked, and the answer says so
+    assert doc["attention"].startswith("chunked (block 16), in place of flash")
+    why = doc["decision"]["why"]
+    assert "Attention: chunked (block 16), in place of flash" in why and "Precision: " in why

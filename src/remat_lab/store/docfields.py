@@ -174,7 +174,7 @@ COMPARE_KEEP = ("schema", "config", "environment", "policies", "rows", "fastest"
 ADVICE_KEEP = ("schema", "kind", "budget_bytes", "budget_source", "config", "policies", "rows",
                "recommended", "near_ties", "reason", "search_s", "notes", "timed", "peak_flops_per_s",
                "peak_source", "method", "environment", "decision", "time_budget_s", "rounds",
-               "stopped_because", "timing", "peak_kind", "precision", "static")
+               "stopped_because", "timing", "peak_kind", "precision", "static", "attention")
 TEXT = 2000  # characters kept of an error message or a configuration value of an error row
 
 

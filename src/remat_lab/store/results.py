@@ -131,7 +131,8 @@ ADVICE = {"kind": str, "budget_bytes": NUM, "config": dict, "environment": ENV, 
           "budget_source": (OPT, str), "method": (OPT, dict), "peak_kind": (OPT, str),
           "decision": (OPT, {"pick": (OPT, str), "why": str, "cannot_show": (OPT, list)}),
           "time_budget_s": (OPT, NUM), "rounds": (OPT, NUM), "stopped_because": (OPT, str),
-          "timing": (OPT, dict), "precision": (OPT, PRECISION), "static": (OPT, STATIC)}
+          "timing": (OPT, dict), "precision": (OPT, PRECISION), "static": (OPT, STATIC),
+          "attention": (OPT, str)}
 ERROR_ROW = {"config": dict, "error": {"kind": str, "message": str}, "environment": (OPT, ENV)}
 
 

@@ -28,6 +28,7 @@ from remat_lab.config import (
     parse_bytes,
 )
 from remat_lab.config.targets import GPU_USABLE_FRACTION, TPU_USABLE_FRACTION
+from remat_lab.model.attention import for_config
 from remat_lab.model.policies import POLICIES
 from remat_lab.program.backend import ExecutionError, device_memory_limit, environment, xla_error
 from remat_lab.program.footprint import crowded_sentence, fit, no_fit_sentence
@@ -300,6 +301,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         "budget_bytes": budget_bytes,
         "budget_source": budget_source,
         "precision": precision(base_cfg),
+        # the llm: the attention kernel its programs compiled with (flash's fallback said)
+        "attention": for_config(base_cfg).describe() if base_cfg.model == "llm" else None,
         "static": static,  # parameters, gradients, optimizer state per device; min_devices if over
         "config": {**{k: v for k, v in base_cfg.as_dict().items() if k not in ("batch", "policy")},
                    **({k: list(v) for k, v in names.items()} if "custom" in chosen else {})},

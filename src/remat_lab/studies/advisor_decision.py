@@ -104,6 +104,8 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
            "rounds": doc.get("rounds"), "stopped_because": doc.get("stopped_because"),
            "why": doc.get("reason", ""), "cannot_show": list(cannot_show)}
     words = precision_sentence(doc.get("precision"))
+    if doc.get("attention"):  # the llm: which kernel the answer was compiled with
+        words = (f"{words}. " if words else "") + f"Attention: {doc['attention']}"
     if best is None:
         out["why"] = " ".join(t.rstrip(".") + "." for t in (out["why"], words) if t)
         return out
