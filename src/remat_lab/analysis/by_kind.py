@@ -29,7 +29,8 @@ from __future__ import annotations
 KINDS = ("parameters", "optimizer_state", "gradients", "activations", "logits", "other")
 METHOD = ("parameters and optimizer_state: their argument bytes; gradients: the parameters' bytes "
           "(the gradient step's outputs, the training step's temporaries); logits: batch x seq x "
-          "vocab in the compute dtype per microbatch (llm); activations: the temporary memory left; "
+          "vocab in the compute dtype per microbatch, one chunk's seq with loss_chunks (llm); "
+          "activations: the temporary memory left; "
           "other: generated code and the rest of the peak")
 METHOD_TIMELINE = ("from the memory timeline's buffers at its peak: parameters: the parameter "
                    "arguments; gradients: the step's outputs; logits: buffers named logits; "
