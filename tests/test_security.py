@@ -213,6 +213,9 @@ ALLOWED_WRITES = {
     "common.py": {"open"},
     # the Advisor's Stop: an empty flag file in the temp directory (server-made name), removed after
     "_advisor_run.py": {"unlink", "touch"},
+    # a TPU target's first libtpu load: the lab's lock file in the temp directory (a fixed name, its
+    # holder's pid written in it) when libtpu is not shared (program/targets.py)
+    "targets.py": {"open"},
 }
 
 
