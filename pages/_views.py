@@ -192,8 +192,10 @@ def advice_view(doc: dict, key: str) -> None:
         st.warning(md(doc["reason"]) + ".")
     for line in lines[1:]:  # what this backend cannot show
         st.caption(md(line))
+    said = set((doc.get("decision") or {}).get("cannot_show") or [])  # each sentence once
     for note in doc.get("notes") or []:
-        st.caption(md(note))
+        if note not in said:
+            st.caption(md(note))
     budget = doc["budget_bytes"]
     left, right = st.columns(2)
     left.plotly_chart(charts.make_advice_peak_figure(tables.advice_probes_frame(doc), budget / tables.MIB),

@@ -100,3 +100,25 @@ def test_an_llm_advice_names_its_attention_and_precision_in_its_summary():
     assert doc["attention"].startswith("chunked (block 16), in place of flash")
     why = doc["decision"]["why"]
     assert "Attention: chunked (block 16), in place of flash" in why and "Precision: " in why
+
+
+def test_on_a_target_one_runner_up_by_the_estimate_per_device_and_each_sentence_once():
+    from remat_lab.cli.advise import format_advice
+
+    rows = [{"policy": p, "max_batch": b, "per_device_batch": b // 8, "devices": 8, "peak_bytes": pk,
+             "examples_per_s_estimate": e, "probes": []}
+            for p, b, pk, e in (("minimal", 8, 40 << 30, 20.5), ("nothing_saveable", 96, 58 << 30, 15.8),
+                                ("save_qkv_proj", 48, 56 << 30, 17.3))]
+    best, ties, reason = advisor._recommend_by_estimate(rows, "h100")
+    assert best == "minimal" and "fits batch 1 per device (8 global) on the h100" in reason
+    note = "Compiled for the h100 without the device: step times are estimates."
+    doc = {"rows": rows, "budget_bytes": 60 << 30, "recommended": best, "reason": reason,
+           "target": {"name": "h100", "device_kind": "H100"}, "timed": False, "notes": [note],
+           "config": {"model": "llm", "width": 4096, "depth": 32, "stack": "scan", "dtype": "bfloat16",
+                      "objective": "value_and_grad", "seq": 8192},
+           "budget_source": "given", "search_s": 1.0}
+    doc["decision"] = advisor.decide(doc, [note])
+    why = doc["decision"]["why"]
+    # the runner-up by the same order the pick was made in: the estimate, not the largest batch
+    assert "Runner-up save_qkv_proj at batch 6 per device (48 global): about 17.3 examples/s" in why
+    assert format_advice(doc).count(note) == 1

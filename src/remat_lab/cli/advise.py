@@ -128,6 +128,7 @@ def format_advice(doc: dict) -> str:
     if doc["timed"] and doc.get("peak_flops_per_s"):
         lines.append(f"MFU / HFU: model (no_remat) / hardware flops per second over the "
                      f"{sig(doc['peak_flops_per_s'] / 1e9)} GFLOP/s peak: {doc['peak_source']}")
-    lines += [f"note: {n}" for n in doc.get("notes", [])]
+    said = set((doc.get("decision") or {}).get("cannot_show") or [])  # each sentence once
+    lines += [f"note: {n}" for n in doc.get("notes", []) if n not in said]
     lines.append(("Recommended: " if doc["recommended"] else "") + doc["reason"] + ".")
     return "\n".join(lines)

@@ -33,7 +33,7 @@ from remat_lab.model.policies import POLICIES
 from remat_lab.program.backend import ExecutionError, device_memory_limit, environment, xla_error
 from remat_lab.program.footprint import crowded_sentence, fit, no_fit_sentence
 from remat_lab.program.optimizer import precision
-from remat_lab.studies.advisor_decision import decide, sig
+from remat_lab.studies.advisor_decision import batch_words, decide, sig
 from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the advisor's public names
     MAX_BATCH,
     PROBE_CACHE_ENTRIES,
@@ -112,7 +112,7 @@ def _recommend_by_estimate(rows: list[dict], target: str) -> tuple[str | None, l
     best = min((r for r in fits if r["examples_per_s_estimate"] >= top * (1 - 1e-9)),
                key=lambda r: (r.get("peak_bytes") or 0, rows.index(r)))
     ties = [r["policy"] for r in fits if r["examples_per_s_estimate"] >= 0.98 * top]
-    why = (f"{best['policy']} fits batch {best['max_batch']} on the {target}; by the roofline "
+    why = (f"{best['policy']} fits batch {batch_words(best)} on the {target}; by the roofline "
            f"estimate (not measured: nothing runs on a target) it processes {sig(top)} examples/s")
     others = [p for p in ties if p != best["policy"]]
     if others:

@@ -72,14 +72,16 @@ def precision_sentence(p: dict | None) -> str:
     return f"Precision: {precision_words(p)}" + (" (the common mixed-precision recipe)" if recipe else "")
 
 
-def _runner_up(rows: list[dict], best: dict, timed: bool) -> dict | None:
-    """The next policy with another program: by examples/s when timed, else by batch."""
+def _runner_up(rows: list[dict], best: dict, timed: bool, estimate: bool = False) -> dict | None:
+    """The next policy with another program: by examples/s when timed, by the estimated examples/s
+    on a target (the order the pick was made in), else by batch."""
     same = {best["policy"], best.get("same_program_as")} - {None}
     rest = [r for r in rows if r["max_batch"] > 0 and r["policy"] not in same
             and r.get("same_program_as") not in same]
-    if timed:
-        rest = [r for r in rest if r.get("examples_per_s")]
-        return max(rest, key=lambda r: r["examples_per_s"], default=None)
+    key = "examples_per_s" if timed else "examples_per_s_estimate" if estimate else None
+    if key is not None:
+        rest = [r for r in rest if r.get(key)]
+        return max(rest, key=lambda r: r[key], default=None)
     return max(rest, key=lambda r: r["max_batch"], default=None)
 
 
@@ -122,7 +124,7 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
         why += (f" (compiled peak {human_bytes(best['peak_bytes'])}, "
                 f"{human_bytes(out['headroom_bytes'])} = {100 * out['headroom_fraction']:.1f} % "
                 f"under the {human_bytes(budget)} budget)")
-    runner = _runner_up(rows, best, timed)
+    runner = _runner_up(rows, best, timed, estimate and bool(best.get("examples_per_s_estimate")))
     if timed:
         out.update(examples_per_s=best["examples_per_s"], examples_per_s_ci=best["examples_per_s_ci"])
         why += f"; it processes {_rate(best)}"
@@ -143,6 +145,9 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
             why += (f". Runner-up {runner['policy']} at batch {batch_words(runner)}: {_rate(runner)}; "
                     + ("the intervals separate" if out["separated"] else
                        "the intervals overlap, a near-tie"))
+        elif runner.get("examples_per_s_estimate") and estimate:
+            why += (f". Runner-up {runner['policy']} at batch {batch_words(runner)}: about "
+                    f"{sig(runner['examples_per_s_estimate'])} examples/s by the same estimate")
         else:
             why += f". Runner-up {runner['policy']} fits batch {batch_words(runner)}"
     stop = doc.get("stopped_because")
