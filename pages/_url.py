@@ -121,6 +121,12 @@ def _fit_together(values: dict, warnings: list[str]) -> None:
                         f"({escape_markdown(err)}) Using `{used}`.")
 
 
+def read_again() -> None:
+    """Make the next run read the address bar again, as on a fresh visit (a page that switches to
+    another with a new link: ``st.switch_page(..., query_params=...)``)."""
+    st.session_state.pop("_url_loaded", None)
+
+
 def read_url_once() -> list[str]:
     """On a session's first run, copy valid URL values into the controls; warn about bad ones."""
     if st.session_state.get("_url_loaded"):

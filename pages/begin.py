@@ -8,7 +8,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _shared  # noqa: E402
+from pages import _shared, _url  # noqa: E402
 from pages._begin_link import start_params  # noqa: E402
 from remat_lab.config import PRESETS, TARGETS, ConfigError  # noqa: E402
 
@@ -44,5 +44,5 @@ except ConfigError as err:
     st.stop()
 for name, (path, question) in ANSWERS.items():
     if st.button(question, key=f"start_{name}", type="primary" if name == "advisor" else "secondary"):
-        st.session_state.pop("_url_loaded", None)  # the sidebar reads the new link, as a fresh visit
+        _url.read_again()  # the sidebar reads the new link, as on a fresh visit
         st.switch_page(path, query_params=params)

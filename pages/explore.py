@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
-from streamlit.errors import StreamlitAPIException  # noqa: E402
+from streamlit.errors import StreamlitPageNotFoundError  # noqa: E402
 
 from pages import _llm_views, _mesh, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
@@ -45,7 +45,7 @@ def short_flops(f: float) -> str:
 
 cfg = _shared.page_start("Explore", "One configuration: how fast, how much memory, and which "
                                     "products the backward pass saves or recomputes.")
-with contextlib.suppress(StreamlitAPIException):  # a page run alone has no Start page to link
+with contextlib.suppress(StreamlitPageNotFoundError):  # a page run alone has no Start page to link
     st.page_link("pages/begin.py", icon=":material/flag:", label="Training a published LLM on GPUs "
                  "or TPUs you rent? Start here: the model and the accelerators, then the policy and batch.")
 ON = {"gpu": "h100", "tpu": "tpu-v5e"}  # one click to the same configuration compiled for each
