@@ -70,6 +70,12 @@ class ByteCache:
             self._bytes += size
             return True
 
+    def discard(self, key: Hashable) -> None:
+        """Drop ``key`` if it is kept (its bytes are freed once nothing else refers to the value)."""
+        with self._lock:
+            if key in self._items:
+                self._bytes -= self._items.pop(key)[1]
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
