@@ -15,6 +15,7 @@ from remat_lab.cli.common import (
     rounds_arg,
 )
 from remat_lab.cli.format import fmt_time, format_table
+from remat_lab.cli.progress import stderr_progress
 from remat_lab.config import human_bytes
 from remat_lab.model.models import SEQ_MODELS
 from remat_lab.model.policies import POLICIES
@@ -42,7 +43,9 @@ def main(args: argparse.Namespace) -> int:
         config = config_from(args)
         if not args.no_cache:
             enable_compilation_cache()
-        result = compare_policies(config, args.policies, rounds=args.rounds, budget=args.memory_budget)
+        with stderr_progress() as say:  # a bar on a terminal, else one line per step
+            result = compare_policies(config, args.policies, rounds=args.rounds,
+                                      budget=args.memory_budget, progress=say)
     record(result, "compare")
     print(json.dumps(result, indent=2) if args.json else format_compare(result))
     return 0

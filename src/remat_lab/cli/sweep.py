@@ -15,6 +15,7 @@ from remat_lab.cli.common import (
     user_block_fields,
 )
 from remat_lab.cli.format import fmt_time
+from remat_lab.cli.progress import StderrProgress
 from remat_lab.config import DTYPES, OBJECTIVES, ConfigError, RunConfig, human_bytes, resolve_budget
 from remat_lab.model.models import MODELS
 from remat_lab.model.policies import DEFAULT_POLICY, POLICIES
@@ -61,12 +62,17 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
 
 
+def _head(c: dict) -> str:
+    """A configuration in a few words: model, width, batch, policy (your block: its input)."""
+    return (f"user {'x'.join(map(str, c.get('input_shape') or ()))} {c.get('policy')}"
+            if c.get("model") == "user" else  # its own input: width and seq are not its sizes
+            f"{c.get('model')} w{c.get('width')} b{c.get('batch')} {c.get('policy')}")
+
+
 def _sweep_line(row: dict) -> str:
     """One finished row as a progress line: the configuration, then its time and peak or its error."""
     c, err = row["config"], row.get("error")
-    head = (f"user {'x'.join(map(str, c.get('input_shape') or ()))} {c.get('policy')}"
-            if c.get("model") == "user" else  # its own input: width and seq are not its sizes
-            f"{c.get('model')} w{c.get('width')} b{c.get('batch')} {c.get('policy')}")
+    head = _head(c)
     if err:
         return f"{head}: {err['kind']}: {err['message'][:160]}"
     st, mem = row.get("step_time_s") or {}, row.get("memory") or {}
@@ -102,6 +108,7 @@ def main(args: argparse.Namespace) -> int:
     from remat_lab.program.backend import enable_compilation_cache, environment
     from remat_lab.studies import sweep
     from remat_lab.studies.experiment import run_experiment
+    from remat_lab.studies.progress import Tracker
 
     with reported(ConfigError):
         base, shape_axes = _base(args)
@@ -137,10 +144,20 @@ def main(args: argparse.Namespace) -> int:
     try:
         with bar:
             task = bar.add_task("sweep", total=todo)
-            # Each configuration compiled and analysed untimed; then each cell (the policies of one
-            # width and batch) timed together, interleaved, with a 95 % interval of each median.
-            run = lambda cfg: run_experiment(cfg, budget=args.memory_budget, timing=False)
-            time_cell = lambda cfgs, docs: sweep.time_interleaved(cfgs, docs, seed=args.seed)
+            # Each step: the bar's text on a terminal, else one plain line on stderr with the
+            # configurations done of planned and the time left (studies/progress).
+            plain = None if console.is_terminal else StderrProgress(console.file)
+            track = Tracker(plain or (lambda m: bar.update(task, description=str(m)[:60])),
+                            planned=todo, unit="configurations", item="configuration", phase="sweep")
+
+            def run(cfg: RunConfig) -> dict:
+                """Compiled and analysed untimed; then each cell (the policies of one width and
+                batch) timed together, interleaved, with a 95 % interval of each median."""
+                track(f"{_head(cfg.as_dict())}: compiling and checking")
+                return run_experiment(cfg, budget=args.memory_budget, timing=False)
+
+            time_cell = lambda cfgs, docs: sweep.time_interleaved(cfgs, docs, seed=args.seed,
+                                                                   progress=lambda m: track(str(m)))
             for outcome in sweep.run_grid(grid, run, skip=skip, environment=environment,
                                           write=lambda row: sweep.append_row(out, row),
                                           time_cell=time_cell):
@@ -150,8 +167,10 @@ def main(args: argparse.Namespace) -> int:
                 failed += bool(outcome.row.get("error"))
                 if not outcome.row.get("error"):
                     record(outcome.row, "sweep")
-                bar.console.print(f"[{done}/{todo}] {_sweep_line(outcome.row)}", markup=False,
-                                  highlight=False)
+                line = f"[{done}/{todo}] {_sweep_line(outcome.row)}"
+                if plain is None:  # kept above the bar (a plain line says it with the counts)
+                    bar.console.print(line, markup=False, highlight=False)
+                track.finished(None, line)
                 bar.advance(task)
                 if stop:
                     raise KeyboardInterrupt

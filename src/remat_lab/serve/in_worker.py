@@ -3,17 +3,21 @@
 ``serve`` is the target of every worker process (``spawn``: it must stay importable by name). It
 turns on the persistent compilation cache, warms up with a tiny untimed run (``WARM``), says
 ``ready``, then answers ``(job_id, kind, payload)`` requests with stages and a value or an error.
+A stage is a line, or a ``studies.progress.Step`` (a line with counts and the finished rows so far),
+sent as it is: the pool hands it to the page's progress unchanged.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 from remat_lab.config import ConfigError, MemoryBudgetError, RunConfig, limits
 from remat_lab.program import targets
 from remat_lab.program.backend import ExecutionError
+from remat_lab.serve import quotas
 from remat_lab.store.history import public_mode
 
 WARM = RunConfig(width=8, batch=1, repeats=1, warmup=0)
@@ -56,11 +60,26 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
         bound = {"max_batch": int(payload["max_batch"])} if payload.get("max_batch") else {}
         if payload.get("time_budget_s"):
             bound["time_budget_s"] = float(payload["time_budget_s"])
-        stop = payload.get("stop_file")  # the page's Stop: a flag file checked between rounds
         return advisor.advise(cfg, int(payload["budget"]), policies=list(payload["policies"]),
                               timing=kind == "advise", progress=progress,
-                              should_stop=(lambda: os.path.exists(stop)) if stop else None, **bound)
+                              should_stop=stopper(kind, payload.get("stop_file")), **bound)
     raise ValueError(f"unknown job kind {kind!r}")
+
+
+def stopper(kind: str, stop_file: str | None) -> Callable[[], str | None] | None:
+    """The advice's ``should_stop`` (checked between timing rounds): ``"stopped"`` once the page's
+    Stop made its flag file, ``"deadline"`` once this kind's deadline (``quotas``; the pool kills the
+    worker at it) is near, so that the finished rounds come back as an answer. None: neither."""
+    limit = quotas.deadline_for(quotas.deadlines(), kind)
+    ends = time.monotonic() + limit - max(5.0, 0.1 * limit) if limit else None
+    if not stop_file and ends is None:
+        return None
+
+    def should_stop() -> str | None:
+        if stop_file and os.path.exists(stop_file):
+            return "stopped"
+        return "deadline" if ends is not None and time.monotonic() > ends else None
+    return should_stop
 
 
 def error_reply(err: BaseException) -> tuple[str, str]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target, mesh_devices
 from remat_lab.program.backend import ExecutionError, device_memory_limit, environment
 from remat_lab.studies.experiment import run_experiment
+from remat_lab.studies.progress import Tracker
 
 METHOD = ("Every policy compiled for every target with the same configuration; named targets are "
           "compiled without the device (nothing runs), local is compiled and checked but not timed. "
@@ -73,10 +74,11 @@ def compare_across_targets(config: RunConfig, policies: list[str], targets: list
     if not policies or not targets:
         raise ConfigError("name at least one policy and one target.")
     run = run or _compile_only
-    say = progress or (lambda text: None)
     devices = mesh_devices(config.mesh)
     pairs = [(t, p, config.replace(policy=p, target=t, target_devices=1 if t == LOCAL else devices))
              for t in targets for p in policies]  # every configuration validated before compiling
+    # Each step also carries the counts and the rows so far (the page's partial table).
+    say = Tracker(progress, planned=len(pairs), unit="compiles", item="compile", phase="compiling")
     rows, failed = [], []
     for i, (target, policy, cfg) in enumerate(pairs, 1):
         say(f"Compiling {policy} for {target} ({i} of {len(pairs)})")
@@ -84,8 +86,10 @@ def compare_across_targets(config: RunConfig, policies: list[str], targets: list
             doc = run(cfg)
         except ExecutionError as err:
             failed.append({"target": target, "policy": policy, "error": str(err)})
+            say.finished({**failed[-1]}, f"{policy} for {target}: failed")
             continue
         rows.append(_row(target, policy, doc))
+        say.finished(rows[-1], f"{policy} for {target}: compiled")
     return {"schema": 1, "kind": "across_targets", "config": config.as_dict(),
             "policies": list(policies), "targets": list(targets), "rows": rows,
             "rankings": rankings(rows),

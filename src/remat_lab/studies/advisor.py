@@ -54,6 +54,7 @@ from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
     TIME_BUDGET_S,
     flop_rates,
     time_rows,
+    tracker,
 )
 
 
@@ -228,7 +229,6 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     ``should_stop``: checked between rounds, finished rounds are kept. ``workers``: policies
     sized at once, in threads (``advisor_sizing``; the answers are the same with 1).
     """
-    say = progress or (lambda message: None)
     chosen = _policy_list(policies, config.model)
     budget_bytes, budget_source = advice_budget(budget, target=config.target)
     on_target = config.target != LOCAL
@@ -241,7 +241,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     # Validated before anything compiles; custom keeps the configuration's per-name choices.
     configs = {p: base_cfg.replace(policy=p, **(names if p == "custom" else {})) for p in chosen}
 
-    t0 = time.perf_counter()
+    t0, say = time.perf_counter(), tracker(progress, chosen, time_budget_s if timing else None)
     # Parameters, gradients and optimizer state per device, from the configuration alone: over
     # the budget nothing fits at any batch, answered before any compile (program/footprint.py).
     static = fit(base_cfg, budget_bytes)

@@ -20,6 +20,7 @@ STOPPED = {
     "time budget": "the time budget ended",
     "max rounds": "the round limit was reached",
     "stopped": "stopped on request",
+    "deadline": "stopped before the server's time limit for a job",
     "one program": "only one program was timed",
     "nothing fits for timing": "no policy fit this process's memory for timing",
 }

@@ -34,6 +34,7 @@ from remat_lab.studies.advisor_search import (
     program_key,
 )
 from remat_lab.studies.probe_cache import ProbeCache
+from remat_lab.studies.progress import Tracker
 
 # Searches at once: a second search lowers (Python) while the first compiles (XLA). On this idle
 # 2-core machine, 17 policies of the bench's transformer, read-only compiles: 56.0 and 59.3 s with
@@ -47,7 +48,9 @@ def size_policies(configs: dict[str, RunConfig], budget: int, *, max_batch: int 
                   key: Callable[[RunConfig], object] | None = None) -> dict[str, dict]:
     """``{policy: largest_batch(...)}`` for every configuration of ``configs`` (one per policy),
     searched in ``workers`` threads (1: one after another, in order). ``measure`` and ``key``
-    (what says two policies lower alike: ``program_key``) are for tests with synthetic curves."""
+    (what says two policies lower alike: ``program_key``) are for tests with synthetic curves.
+    A ``Tracker`` as ``progress`` (``advisor_timing.tracker``) also counts each policy as its search finishes,
+    with its row (the live partial table), and starts the model flops' phase when all are sized."""
     say = progress or (lambda message: None)
     key = key or (lambda cfg: program_key(cfg.replace(batch=batch_unit(cfg))))
     names = list(configs)
@@ -78,22 +81,35 @@ def size_policies(configs: dict[str, RunConfig], budget: int, *, max_batch: int 
         mine.set_result(found)
         with lock:
             last.append(found)
+        if isinstance(say, Tracker):
+            say.finished(_progress_row(p, found), f"{i}/{len(names)} {p}: sized")
         return found
 
     if workers <= 1:
-        return {p: search(i, p) for i, p in enumerate(names, 1)}
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="advise") as pool:
-        # The first alone: the rest start from its answer and intercept, two at a time.
-        first = pool.submit(search, 1, names[0])
-        first.result()
-        futures = {names[0]: first, **{p: pool.submit(search, i, p)
-                                       for i, p in enumerate(names[1:], 2)}}
-        try:
-            return {p: f.result() for p, f in futures.items()}
-        except BaseException:
-            for f in futures.values():
-                f.cancel()
-            raise
+        out = {p: search(i, p) for i, p in enumerate(names, 1)}
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="advise") as pool:
+            # The first alone: the rest start from its answer and intercept, two at a time.
+            first = pool.submit(search, 1, names[0])
+            first.result()
+            futures = {names[0]: first, **{p: pool.submit(search, i, p)
+                                           for i, p in enumerate(names[1:], 2)}}
+            try:
+                out = {p: f.result() for p, f in futures.items()}
+            except BaseException:
+                for f in futures.values():
+                    f.cancel()
+                raise
+    if isinstance(say, Tracker):
+        say.phase("model flops")
+    return out
+
+
+def _progress_row(policy: str, found: dict) -> dict:
+    """A sized policy's row of the live progress: ``largest_batch``'s answer without its probes."""
+    return {"policy": policy, **{k: found.get(k) for k in (
+        "max_batch", "per_device_batch", "peak_bytes", "next_batch", "next_peak_bytes", "compiles",
+        "limited_by")}}
 
 
 

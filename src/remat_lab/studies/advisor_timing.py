@@ -11,7 +11,8 @@ race (``_run_rounds``): from ``MIN_ROUNDS`` on, a policy whose interval of examp
 below the leader's leaves it, close ones get more rounds; it ends when one is left
 (``"separated"``), when the time budget has less than one more round left (so the timed phase
 keeps the budget plus at most one call of each policy still racing), at ``MAX_ROUNDS``, or when
-``should_stop()`` says stop (checked between rounds; finished rounds are kept). MFU and HFU are stated against
+``should_stop()`` says stop (checked between rounds; finished rounds are kept; a string it returns
+is the reason recorded, e.g. ``"deadline"``, else ``"stopped"``). MFU and HFU are stated against
 ``analysis.roofline.stated_peak``: a vendor figure where the device is known, else this machine's
 calibrated best matmul rate, named as such. A fraction over 1 is a calibration error and is
 reported, never capped.
@@ -35,6 +36,7 @@ from remat_lab.program.step import abstract_problem, build_problem, make_step
 from remat_lab.program.timing import MIN_WARMUP_S, time_executable, timing_slot
 from remat_lab.studies.advisor_search import Progress
 from remat_lab.studies.compare import median_interval
+from remat_lab.studies.progress import Step, Tracker
 
 TIME_BUDGET_S = 8.0  # the engine's default for the timing phase (the CLI's --time-budget: 60 s)
 MIN_ROUNDS = 3  # an interval needs rounds: the time budget never stops timing before this many
@@ -45,6 +47,14 @@ PROCESS_OVERHEAD = COMPILE_WORKSPACE  # the memory model's allowance for XLA and
 CONTAINER_MARGIN = 64 << 20  # left free under a container's limit (as the worker pool leaves)
 SLOW_CALL_S = 0.5  # a round of calls this slow names each policy as it runs
 CHEAP_SHARE = 0.1  # rounds up to MIN_ROUNDS run past the budget while they cost this share of it
+
+
+def tracker(progress: Progress | None, policies: list[str], timing_s: float | None) -> Tracker:
+    """The advice's live progress (``studies/progress``): the policies sized (``advisor_sizing``
+    counts them, with their rows), the model flops, then the timing (its steps carry their own
+    counts: programs compiled, rounds, the time budget left)."""
+    return Tracker(progress, planned=len(policies), unit="policies sized", item="policy",
+                   phase="sizing", after=f"then up to {timing_s:.0f} s of timing" if timing_s else "")
 
 
 def allowance(server_budget: str | int | None = None) -> tuple[int, str]:
@@ -172,8 +182,8 @@ def _run_rounds(executables: dict[str, tuple], batches: dict[str, int], *, warmu
     while True:
         left = deadline - clock()
         per_round = sum(float(np.median(samples[n])) for n in racing) if done else 0.0
-        if should_stop is not None and should_stop():
-            return samples, "stopped", out
+        if should_stop is not None and (why := should_stop()):
+            return samples, why if isinstance(why, str) else "stopped", out
         if done >= MAX_ROUNDS:
             return samples, "max rounds", out
         # an interval needs MIN_ROUNDS: rounds this cheap (a tenth of the budget) still run
@@ -183,7 +193,8 @@ def _run_rounds(executables: dict[str, tuple], batches: dict[str, int], *, warmu
         cap = MAX_ROUNDS if not done else min(MAX_ROUNDS, done + int(max(left, 0) / max(per_round, 1e-9)))
         head = (f"timing round {done + 1} of ≤{cap} · {len(racing)} of {len(names)} policies still "
                 f"racing · ~{max(left, 0):.0f} s left")
-        say(head)
+        say(Step(head, done=done, planned=cap, unit="timing rounds", item="round", at_most=True,
+                 left_s=max(left, 0.0), left_why="of the time budget"))
         for k, i in enumerate(rng.permutation(len(racing)), 1):
             compiled, args = executables[racing[i]]
             if per_round / len(racing) >= SLOW_CALL_S:
@@ -223,7 +234,9 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
         if should_stop is not None and should_stop():
             break
         r = by_policy[p]
-        say(f"compiling {p} at batch {r['max_batch']} for timing ({i} of {len(chosen)})")
+        say(Step(f"compiling {p} at batch {r['max_batch']} for timing ({i} of {len(chosen)})", done=i - 1,
+                 planned=len(chosen), unit="programs compiled for timing", item="program",
+                 left_s=max(deadline - time.perf_counter(), 0.0), left_why="of the time budget"))
         problem = build_problem(configs[p].replace(batch=r["max_batch"]))
         try:
             compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
@@ -232,7 +245,8 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
             continue
         executables[p] = (compiled, problem.args)
     if not executables:
-        summary["stopped_because"] = ("stopped" if should_stop is not None and should_stop() else
+        why = should_stop() if should_stop is not None else None
+        summary["stopped_because"] = ((why if isinstance(why, str) else "stopped") if why else
                                       "nothing fits for timing")
         return summary
     batches = {p: by_policy[p]["max_batch"] for p in executables}

@@ -15,6 +15,7 @@ from remat_lab.program.backend import ExecutionError, device_memory_limit, envir
 from remat_lab.program.step import build_problem, make_step
 from remat_lab.program.timing import MIN_WARMUP_S, time_executable, timing_slot
 from remat_lab.studies.experiment import run_experiment
+from remat_lab.studies.progress import Tracker
 
 BASELINE = "no_remat"
 CALLS_PER_ROUND = 2
@@ -206,8 +207,9 @@ def _same_program(order: list[str], prints: dict[str, str]) -> dict[str, str | N
 
 
 def interleaved(executables: dict[str, tuple], *, rounds: int, calls: int, warmup: int,
-                 seed: int) -> dict[str, np.ndarray]:
-    """Seconds per call, ``(rounds, calls)`` per policy, timed round-robin in a shuffled order."""
+                 seed: int, progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Seconds per call, ``(rounds, calls)`` per policy, timed round-robin in a shuffled order;
+    ``progress(r)`` after each round ``r`` (from 1)."""
     clock = time.perf_counter
     for compiled, args in executables.values():  # each warmed up on its own first ...
         time_executable(compiled, args, warmup=warmup, repeats=0, min_warmup_s=MIN_WARMUP_S)
@@ -226,6 +228,8 @@ def interleaved(executables: dict[str, tuple], *, rounds: int, calls: int, warmu
                 t0 = clock()
                 jax.block_until_ready(compiled(*args))
                 row[c] = clock() - t0
+        if progress is not None:
+            progress(r + 1)
     return out
 
 
@@ -262,8 +266,10 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
     compile or run is listed in ``failed``, and ``ExecutionError`` is raised only when every
     policy fails.
     """
-    say = progress or (lambda message: None)
     chosen = _policy_list(policies)
+    # Each step also carries the counts and the policies compiled so far (the pages' partial table).
+    say = Tracker(progress, planned=len(chosen), unit="policies compiled and checked", item="policy",
+                  phase="compiling", after="then the timing rounds")
     configs = {p: config.replace(policy=p) for p in chosen}  # validated before anything runs
     rounds = config.repeats if rounds is None else rounds
     if not (isinstance(rounds, int) and 1 <= rounds <= 1000):
@@ -286,19 +292,25 @@ def compare_policies(config: RunConfig, policies: Sequence[str] | None = None, *
             compiled, args = _compile(configs[p])
         except ExecutionError as err:
             failed.append({"policy": p, "error": str(err)})
+            say.finished({"policy": p, "error": str(err)}, f"{step}: failed")
             continue
         doc = {k: v for k, v in doc.items() if k != "texts"}
         docs[p], executables[p] = doc, (compiled, args)
         prints[p] = hlo.fingerprint(compiled.as_text())
+        say.finished({"policy": p, "peak_bytes": (doc.get("memory") or {}).get("peak_bytes"),
+                      "compile_s": (doc.get("compile") or {}).get("compile_s"),
+                      "grad_ok": (doc.get("gradient_check") or {}).get("ok")}, f"{step}: compiled")
     if not executables:
         raise ExecutionError("XLA failed for every policy: " + failed[0]["error"])
 
     with timing_slot(lambda stage: say("waiting: another run is timing (one timing at a time)")):
-        say(f"timing {len(executables)} policies interleaved: {rounds} rounds of "
-            f"{calls_per_round} calls each")
+        say.phase("timing", planned=rounds, unit="timing rounds", item="round")
+        head = f"timing {len(executables)} policies interleaved: {rounds} rounds of {calls_per_round} calls"
+        say(head)
         try:
             times = interleaved(executables, rounds=rounds, calls=calls_per_round,
-                                 warmup=config.warmup, seed=seed)
+                                 warmup=config.warmup, seed=seed,
+                                 progress=lambda r: say.finished(None, f"{head}: round {r} done"))
         except Exception as err:
             raise xla_error("running", err) from err
 

@@ -228,11 +228,16 @@ def time_interleaved(configs: list[RunConfig], docs: list[dict], *, calls: int |
     calls = compare.CALLS_PER_ROUND if calls is None else calls
     rounds, warmup = configs[0].repeats, configs[0].warmup
     executables = {str(i): compare._compile(cfg) for i, cfg in enumerate(configs)}
+    from remat_lab.studies.progress import Tracker
+
     with timing_slot(lambda stage: say("waiting: another run is timing (one timing at a time)")):
-        say(f"timing {len(configs)} configurations interleaved: {rounds} rounds of {calls} calls")
+        head = f"timing {len(configs)} configurations interleaved: {rounds} rounds of {calls} calls"
+        # each round's step carries the rounds done and planned (studies/progress)
+        track = Tracker(say, planned=rounds, unit="timing rounds", item="round", phase="timing")
+        track(head)
         try:
-            times = compare.interleaved(executables, rounds=rounds, calls=calls, warmup=warmup,
-                                        seed=seed)
+            times = compare.interleaved(executables, rounds=rounds, calls=calls, warmup=warmup, seed=seed,
+                                        progress=lambda r: track.finished(None, f"{head}: round {r} done"))
         except Exception as err:
             raise xla_error("running", err) from err
     for i, doc in enumerate(docs):
