@@ -8,7 +8,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _views  # noqa: E402
+from pages import _uploads, _views  # noqa: E402
 from remat_lab.config import human_bytes  # noqa: E402
 from remat_lab.present import tables  # noqa: E402
 from remat_lab.serve.safe_text import escape_markdown, strip_paths  # noqa: E402
@@ -28,32 +28,28 @@ st.caption("Files written elsewhere — `python -m remat_lab run --json`, `sweep
            "--json`, `advise --json`, or this app's JSON downloads — shown with the same charts and "
            "tables, without computing anything. Each view names the machine that measured it, so "
            "numbers from different machines are never mixed.")
-files = st.file_uploader("Results files (.json, .jsonl)", type=["json", "jsonl"],
-                         accept_multiple_files=True, key="results_files",
-                         max_upload_size=CAP,
-                         help=f"Up to {uploads.MAX_FILES} files and {CAP} MB in all. Only read as "
-                              "JSON: nothing in a file is executed.")
-st.caption(f"Limits: up to {uploads.MAX_FILES} files and {CAP} MB per upload (10⁶ bytes each, as "
-           "the browser counts), all files together; "
-           f"{results.MAX_KEPT:,} rows kept per file; the first {results.MAX_PROBLEMS} problems of a "
-           f"file listed, then a count; the charts and tables draw the first {ROWS} rows of a sweep "
-           f"(the CSV download has them all) and the first {uploads.MAX_VIEWS} views.")
-if not files:
-    st.info("Upload one or more results files to see them here.", icon=":material/upload_file:")
+_uploads.bound()
+for name, why in _uploads.refusals():
+    st.error(f"**{esc(name)}**: {why}")
+f = st.file_uploader("Results file (.json, .jsonl)", type=["json", "jsonl"], key=_uploads.uploader_key(),
+                     max_upload_size=CAP,
+                     help=f"One file at a time, up to {CAP} MB; up to {uploads.MAX_FILES} stay open. "
+                          "Only read as JSON: nothing in a file is executed.")
+st.caption(f"Limits: one file at a time, up to {CAP} MB (10⁶ bytes each, as the browser counts); the "
+           f"last {uploads.MAX_FILES} files you open stay open; {results.MAX_KEPT:,} rows kept per file; "
+           f"the first {results.MAX_PROBLEMS} problems of a file listed, then a count; the charts and "
+           f"tables draw the first {ROWS} rows of a sweep (the CSV download has them all) and the "
+           f"first {uploads.MAX_VIEWS} views. The server keeps a file's bytes only until it is read.")
+if f is not None:
+    _uploads.receive(f)  # parsed, its bytes let go, and the page run again with an empty uploader
+loaded, gone = _uploads.opened()
+if gone:
+    st.info(f"No longer kept by the server, upload again to see: {esc(', '.join(gone))}.",
+            icon=":material/history:")
+if not loaded:
+    st.info("Upload a results file to see it here.", icon=":material/upload_file:")
     st.stop()
-
-# A rerun (any click) finds each file's parse in the cache by the digest kept for its upload.
-known = st.session_state.get("results_digests", {})
-digests, loaded = {}, []
-for f, left in zip(files, uploads.over_total([f.size for f in files])):
-    if left:
-        st.error(f"**{esc(f.name)}**: not read: one upload may hold {uploads.MAX_FILES} files and "
-                 f"{CAP} MiB in all. Open it on its own.")
-        continue
-    item = uploads.open_upload(f.name, f, sha=known.get(f.file_id))
-    digests[f.file_id] = item.sha256
-    loaded.append(item)
-st.session_state["results_digests"] = digests
+st.button("Close these files", key="results_close", on_click=_uploads.close_all)
 for item in loaded:
     if item.problems:
         more = item.bad - len(item.problems)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from remat_lab.config import RunConfig
-from remat_lab.store import docstream, results, uploads
+from remat_lab.store import docstream, results, upload_budget, uploads
 from remat_lab.store.bytecache import ByteCache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,9 +217,89 @@ def test_an_over_long_line_and_a_memory_shortage_stop_with_a_sentence():
     assert stopped.count == 0 and "too little memory" in stopped.stopped and "/" not in stopped.stopped
 
 
-def test_the_files_of_one_upload_have_a_total_cap():
-    assert uploads.over_total([10 * MIB, 9 * MIB, 2 * MIB, MIB]) == [False, False, True, False]
-    assert uploads.over_total([1] * (uploads.MAX_FILES + 1))[-1]
+def _manager(budget, ended=None):
+    pytest.importorskip("streamlit")
+    from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
+
+    return upload_budget.bound_manager(MemoryUploadedFileManager("/upload"), budget, ended)
+
+
+def _rec(file_id: str, nbytes: int, name: str = "r.jsonl"):
+    from streamlit.runtime.uploaded_file_manager import UploadedFileRec
+
+    return UploadedFileRec(file_id=file_id, name=name, type="application/json", data=b"x" * nbytes)
+
+
+def test_a_second_concurrent_upload_over_the_server_budget_is_refused_with_a_sentence():
+    budget = upload_budget.UploadBudget(per_session=10 * MIB, total=15 * MIB)
+    ended = []
+    mgr = _manager(budget, ended.append)
+    assert upload_budget.bound_manager(mgr, budget) is mgr  # bound once
+    mgr.add_file("A", _rec("a1", 8 * MIB))
+    mgr.add_file("B", _rec("b1", 8 * MIB, "b.jsonl"))  # A's 8 MiB are still being read: 16 > 15
+    assert budget.in_flight() == 8 * MIB and mgr.get_files("B", ["b1"]) == []  # B's bytes not kept
+    ((name, why),) = budget.take_refusals("B")
+    assert name == "b.jsonl" and why.startswith("not read now: this server is reading other visitors' "
+                                                "uploads (8.0 MiB of the 15.0 MiB it reads at once)")
+    assert budget.take_refusals("B") == []  # said once
+    mgr.add_file("A", _rec("a2", MIB))  # one file at a time per session
+    assert "one file at a time" in budget.take_refusals("A")[0][1] and budget.held("A") == 8 * MIB
+    mgr.add_file("C", _rec("c1", 11 * MIB))
+    assert "over the 10.0 MiB a file may have" in budget.take_refusals("C")[0][1]
+    mgr.remove_file("A", "a1")  # A's file parsed: its bytes go back
+    assert budget.in_flight() == 0 and mgr._total_bytes == 0
+    mgr.add_file("B", _rec("b1", 8 * MIB))  # now it fits
+    assert budget.held("B") == 8 * MIB and len(mgr.get_files("B", ["b1"])) == 1
+    mgr.remove_session_files("B")  # the session ended
+    assert budget.in_flight() == 0 and ended == ["B"]
+
+
+def test_the_open_parses_of_a_session_leave_the_cache_when_it_ends():
+    cache = ByteCache(MIB)
+    opened = uploads.Opened(cache, most=2)
+    for key in [("s1", "a"), ("s2", "b"), ("s3", "c")]:
+        cache.put(key, {"parse": key})
+    assert opened.add("A", ("s1", "a")) == [] and opened.add("B", ("s1", "a")) == []
+    opened.add("A", ("s2", "b"))
+    assert opened.add("A", ("s3", "c")) == [("s1", "a")]  # the oldest closed; B still has it open
+    assert ("s1", "a") in cache and opened.keys("A") == [("s2", "b"), ("s3", "c")]
+    opened.end("A")
+    assert ("s2", "b") not in cache and ("s3", "c") not in cache and ("s1", "a") in cache
+    opened.end("B")
+    assert len(cache) == 0 and cache.nbytes == 0
+
+
+def test_the_page_lets_go_of_an_uploaded_files_bytes_once_it_is_parsed(monkeypatch):
+    pytest.importorskip("streamlit")
+    from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
+    from streamlit.testing.v1 import AppTest
+
+    managers, removed = [], []
+    original = MemoryUploadedFileManager.remove_file
+
+    def spy(self, session_id, file_id):
+        managers.append(self)
+        removed.append(file_id)
+        original(self, session_id, file_id)
+
+    monkeypatch.setattr(MemoryUploadedFileManager, "remove_file", spy)
+    at = AppTest.from_file(str(ROOT / "pages/results.py"), default_timeout=120).run()
+    assert at.file_uploader(key="results_files").accept_multiple_files is False  # one file at a time
+    data = lines(run_row(0), run_row(1))
+    at.file_uploader(key="results_files").set_value(("one.jsonl", data, "text/plain"))
+    at.run()
+    assert not at.exception, at.exception
+    assert removed and all(m._total_bytes == 0 and not any(m.file_storage.values()) for m in managers)
+    assert upload_budget.BUDGET.in_flight() == 0
+    (widget,) = at.file_uploader
+    assert widget.key == "results_files_1" and widget.value is None  # a fresh, empty uploader
+    assert any("Sweep: 2 configurations" in h.value for h in at.subheader)
+    at.file_uploader(key="results_files_1").set_value(("two.jsonl", lines(run_row(2)), "text/plain"))
+    at.run()
+    assert any("Run: dots_saveable" in h.value for h in at.subheader)  # both files open
+    assert any("Sweep: 2 configurations" in h.value for h in at.subheader)
+    at.button(key="results_close").click().run()
+    assert not at.subheader and "Upload a results file" in at.info[0].value
 
 
 def test_the_page_draws_the_first_rows_of_a_big_sweep_in_seconds():
@@ -228,7 +308,7 @@ def test_the_page_draws_the_first_rows_of_a_big_sweep_in_seconds():
 
     data = lines(*(run_row(i) for i in range(4024)))
     at = AppTest.from_file(str(ROOT / "pages/results.py"), default_timeout=300).run()
-    at.file_uploader(key="results_files").set_value([("sweep.jsonl", data, "application/json")])
+    at.file_uploader(key="results_files").set_value(("sweep.jsonl", data, "application/json"))
     t0 = time.perf_counter()
     at.run()
     took = time.perf_counter() - t0
@@ -251,7 +331,7 @@ def test_the_page_names_a_bad_row_without_markdown_from_the_file():
     bad["memory"]["peak_bytes"] = -1
     evil = "[click](https://evil.example) /home/someone/secret.json"
     at = AppTest.from_file(str(ROOT / "pages/results.py"), default_timeout=120).run()
-    at.file_uploader(key="results_files").set_value([(f"{evil}.jsonl", lines(run_row(1), bad), "text/plain")])
+    at.file_uploader(key="results_files").set_value((f"{evil}.jsonl", lines(run_row(1), bad), "text/plain"))
     at.run()
     assert not at.exception
     (warning,) = at.warning

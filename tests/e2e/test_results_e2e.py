@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from conftest import ROOT, start_server
-from streamlit_driver import INIT_JS, assert_no_error, assert_no_exception, open_app, rerun_after
+from streamlit_driver import INIT_JS, assert_no_error, assert_no_exception, open_app, rerun_after, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -55,8 +55,12 @@ def lab(made, artifacts, browser):
 
 
 def _upload(page, *paths) -> None:
-    field = page.get_by_test_id("stFileUploader").locator("input[type=file]")
-    rerun_after(page, lambda: field.set_input_files([str(p) for p in paths]))
+    """Each file in turn (the page takes one at a time): read, then an empty uploader again."""
+    for path in paths:
+        field = page.get_by_test_id("stFileUploader").locator("input[type=file]")
+        rerun_after(page, lambda: field.set_input_files(str(path)))  # noqa: B023 - called at once
+        page.get_by_test_id("stFileUploader").get_by_text(path.name).wait_for(state="detached")
+        wait_idle(page)
 
 
 def _chart_titles(page) -> list[str]:

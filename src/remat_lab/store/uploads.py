@@ -4,19 +4,24 @@ The Open results page reruns on every widget click; ``open_upload`` answers a re
 (with the digest the page kept, without reading the file at all; with new bytes, after hashing them
 in chunks), and parses (``results.load``, a stream) only bytes it has not seen. The limits of an
 upload and of what is drawn are here so that the page states them and the tests check them.
+``Opened`` keeps which parses each session has open (one file is uploaded at a time; a session keeps
+up to ``MAX_FILES`` open): a parse leaves the cache when the last session holding it ends, so the
+server's memory returns after its visitors leave. What an upload holds before its parse ends is
+bounded in ``upload_budget``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections.abc import Hashable
 from typing import BinaryIO
 
 from remat_lab.store import results
 from remat_lab.store.bytecache import ByteCache, deep_size
 
 MIB = 1 << 20
-MAX_FILES = 5  # files read from one upload; the others are named and left out
-MAX_TOTAL_BYTES = results.MAX_BYTES  # the files of one upload together (each is also at most this)
+MAX_FILES = 5  # files a session has open at once (uploaded one at a time; the oldest closed first)
 CACHE_BYTES = 96 * MIB  # parses kept for reruns, all sessions together
 MAX_ROWS_DRAWN = 500  # sweep rows (and error rows) drawn in one view (its heatmap labels are set at once)
 MAX_VIEWS = 8  # views (a file and machine's sweep, a comparison, an advice) drawn per upload
@@ -61,12 +66,44 @@ def open_upload(name: str, f: BinaryIO, *, sha: str | None = None, cache: ByteCa
     return loaded
 
 
-def over_total(sizes: list[int]) -> list[bool]:
-    """For each file of an upload in order: whether it is left out (past ``MAX_FILES``, or its bytes
-    would take the upload past ``MAX_TOTAL_BYTES``)."""
-    out, total = [], 0
-    for i, size in enumerate(sizes):
-        left = i >= MAX_FILES or (total + size > MAX_TOTAL_BYTES and size <= results.MAX_BYTES)
-        out.append(left)
-        total += 0 if left else size
-    return out
+Key = tuple[str, str]  # (sha256 of the bytes, file name): a parse in the cache
+
+
+class Opened:
+    """The parses each session has open, in the order opened (at most ``most``); thread-safe.
+
+    ``end(session)`` (the session's end) drops from ``cache`` every parse no other session has open.
+    """
+
+    def __init__(self, cache: ByteCache = CACHE, most: int = MAX_FILES) -> None:
+        self.cache, self.most = cache, most
+        self._open: dict[Hashable, list[Key]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session: Hashable, key: Key) -> list[Key]:
+        """Open ``key`` for ``session`` (last; again: moved last); the keys closed to stay at ``most``."""
+        with self._lock:
+            keys = [k for k in self._open.get(session, []) if k != key] + [key]
+            self._open[session], closed = keys[-self.most:], keys[:-self.most]
+        self._drop_unheld(closed)
+        return closed
+
+    def keys(self, session: Hashable) -> list[Key]:
+        with self._lock:
+            return list(self._open.get(session, []))
+
+    def end(self, session: Hashable) -> None:
+        """Close every parse ``session`` has open (it ended, or closed them all)."""
+        with self._lock:
+            keys = self._open.pop(session, [])
+        self._drop_unheld(keys)
+
+    def _drop_unheld(self, keys: list[Key]) -> None:
+        with self._lock:
+            held = {k for ks in self._open.values() for k in ks}
+        for key in keys:
+            if key not in held:
+                self.cache.discard(key)
+
+
+OPENED = Opened()
