@@ -62,6 +62,7 @@ LIMITS = {
     "warmup": (0, 100),
     "seed": (0, 2**31 - 1),
     "target_devices": (1, MAX_TARGET_DEVICES),
+    "remat_layers": (0, 128),  # the first N of the depth blocks remat'd, the rest saved whole; 0 = all
 }
 # The llm's own ranges (published shapes: 32 blocks, 8192 tokens and more); the others keep LIMITS.
 LLM_LIMITS = {"seq": (1, 32768), "depth": (1, 128)}
@@ -141,6 +142,7 @@ class RunConfig:
     compile_only: bool = False  # abstract parameters, state and input: compiled, never allocated
     model_module: str = ""  # model "user": the factory of the user's block (config/userblock.py)
     input_shape: tuple[int, ...] = ()  # derived for built-in models; the user block's, batch first
+    remat_layers: int = 0  # the first N of the depth blocks remat'd, the rest saved whole; 0 = all
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunConfig:
@@ -179,6 +181,9 @@ class RunConfig:
         if self.model == "transformer" and self.width % self.heads:
             raise ConfigError(f"width {self.width} is not divisible by heads {self.heads}; the "
                               "transformer splits width into heads of equal size.")
+        if self.remat_layers > self.depth:
+            raise ConfigError(f"remat_layers {self.remat_layers} is more than the depth {self.depth}; "
+                              f"remat from 1 to {self.depth} of the blocks (0 = all of them).")
         self._check_llm()
         self._check_step()
         self._check_names()

@@ -27,7 +27,7 @@ from remat_lab.model.attention import for_config as attention_for
 from remat_lab.model.llm import chunked_next_token_loss, next_token_loss
 from remat_lab.model.models import build_model, llm_options
 from remat_lab.model.policies import build_policy, get_policy
-from remat_lab.model.stacks import run_stack
+from remat_lab.model.stacks import Partial, run_stack
 from remat_lab.program import mesh as sharding
 from remat_lab.program import targets
 from remat_lab.program.optimizer import (  # noqa: F401 - re-exported: the step's optimizer
@@ -63,7 +63,8 @@ def _block_fn(config: RunConfig, gather: Callable | None = None, constrain: Call
               ) -> Callable[[nnx.Module, jax.Array], jax.Array]:
     """How one block is called: directly (no_remat) or through ``nnx.remat(policy=...)``.
     ``gather``: on a mesh with fsdp, lays the block's parameters out for use inside the remat;
-    ``constrain``: the llm's activations on a mesh, batch over data x fsdp (``mesh.activations``)."""
+    ``constrain``: the llm's activations on a mesh, batch over data x fsdp (``mesh.activations``).
+    ``config.remat_layers`` below the depth: only that many blocks remat'd (``stacks.Partial``)."""
     policy = get_policy(config.policy)
 
     def call(block: nnx.Module, x: jax.Array) -> jax.Array:
@@ -73,7 +74,10 @@ def _block_fn(config: RunConfig, gather: Callable | None = None, constrain: Call
 
     if not policy.remat:
         return call
-    return nnx.remat(call, policy=build_policy(config))
+    remat = nnx.remat(call, policy=build_policy(config))
+    if 0 < config.remat_layers < config.depth:  # the rest of the stack saved whole
+        return Partial(remat, call, config.remat_layers)
+    return remat
 
 
 def _path_name(path) -> str:

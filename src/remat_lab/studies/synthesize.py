@@ -1,0 +1,302 @@
+"""The policy synthesizer: the per-name save / offload / recompute plan that fits a budget, least recomputing.
+
+Measure each name's costs with compiled probes (``synthesize_costs``), fit the additive model and
+solve it exactly (``synthesize_solve``), then compile the best candidates and refine where the model
+was wrong: the answer is always a compiled program's figures. The named policies are sized by the
+same compiles (the Advisor's ``size_policies``); if no plan beats the best of them, that policy is
+the answer, said so. The document is ``synthesize --json``'s, kind ``"synthesis"``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target
+from remat_lab.model.policies import POLICIES, get_policy
+from remat_lab.program.backend import environment
+from remat_lab.program.footprint import fit
+from remat_lab.studies.advisor import advice_budget
+from remat_lab.studies.advisor_search import MAX_BATCH, batch_unit, largest_batch, probe
+from remat_lab.studies.advisor_sizing import model_flops_at, size_policies
+from remat_lab.studies.synthesize_costs import (
+    Meter,
+    Stopped,
+    choice_names,
+    host_memory,
+    measure,
+    plan_config,
+    planned_compiles,
+)
+from remat_lab.studies.synthesize_solve import Model, Plan, min_recompute, solve
+from remat_lab.studies.synthesize_text import METHOD, command, custom_flags, jax_code, maxtext_yaml
+
+GOALS = ("max-batch", "min-recompute")
+ROUNDS = 2  # solve, compile; once more with the budget moved by the model's error
+TOP = 3  # candidates compiled per round
+
+
+def named_policies(config: RunConfig) -> list[str]:
+    """JAX's named policies, and MaxText's recipes where the model has their names."""
+    groups = ("jax", "maxtext") if config.model in ("transformer", "llm") else ("jax",)
+    return [p for p, spec in POLICIES.items() if spec.group in groups]
+
+
+def _key(row: dict, goal: str) -> tuple:
+    """A compiled row's objective, smaller is better (no fit is worst)."""
+    if not row.get("fits", True) or not row.get("max_batch", 1):
+        return (1, 0, 0, 0, 0)
+    flops = row.get("recomputed_flops")
+    flops = float("inf") if flops is None else flops
+    batch = -row["max_batch"] if goal == "max-batch" else 0
+    return (0, batch, flops, row.get("offloaded_bytes") or 0.0, row.get("peak_bytes") or 0)
+
+
+class _Run:
+    """One synthesis: the meter, the no_remat flops by batch, the compiled candidates."""
+
+    def __init__(self, base: RunConfig, budget: int, meter: Meter, max_batch: int):
+        self.base, self.budget, self.meter, self.max_batch = base, budget, meter, max_batch
+        self.unit = batch_unit(base)
+        self.candidates: list[dict] = []
+        self.compiled: set[Plan] = set()
+        self.flops: dict[int, float | None] = {}  # no_remat's, by per-device batch
+
+    def model_flops(self, b: int) -> float | None:
+        if b not in self.flops:
+            self.flops[b] = self.meter.plan(Plan((), (), 0), b)["flops"]
+        return self.flops[b]
+
+    def prefill(self, batches: set[int]) -> None:
+        """No_remat's flops at these per-device batches: compiled, or read on the line through its
+        compiled counts where they lie on one (the Advisor's ``model_flops_at``)."""
+        found, _ = model_flops_at(self.base, {b * self.unit for b in batches if b > 0})
+        self.flops.update({k // self.unit: v for k, v in found.items()})
+
+    def recomputed(self, flops: float | None, b: int) -> float | None:
+        base = self.model_flops(b)
+        return None if flops is None or base is None else max(flops - base, 0.0)
+
+    def probe(self, cfg: RunConfig) -> dict:
+        if self.meter.should_stop():
+            raise Stopped("candidate")
+        found = probe(cfg)
+        self.meter.compiles += not found["cached"]
+        return found
+
+    def compile_max(self, plan: Plan, model: Model, predicted_b: int) -> dict:
+        """``plan``'s exact largest batch (``largest_batch``, from the model's prediction)."""
+        cfg = plan_config(self.base, plan, 1)
+        found = largest_batch(cfg, self.budget, guess=max(predicted_b, 1) * self.unit,
+                              max_batch=self.max_batch, measure=self.probe,
+                              progress=lambda m: self.meter.say(f"candidate {m}"))
+        b = found["max_batch"] // self.unit
+        at = b or max(predicted_b, 1)
+        figures = self.meter.plan(plan, at)
+        row = self._row(plan, model, at, figures)
+        row.update(max_batch=found["max_batch"], per_device_batch=found["per_device_batch"],
+                   predicted_max_batch=predicted_b * self.unit, fits=b > 0, probes=found["probes"])
+        return row
+
+    def compile_at(self, plan: Plan, model: Model, b: int) -> dict:
+        """``plan`` compiled at per-device batch ``b``: does it fit, what does it recompute."""
+        row = self._row(plan, model, b, self.meter.plan(plan, b))
+        row.update(max_batch=b * self.unit, per_device_batch=b * self.base.microbatches,
+                   fits=row["peak_bytes"] <= self.budget)
+        return row
+
+    def _row(self, plan: Plan, model: Model, b: int, figures: dict) -> dict:
+        predicted = model.predict(plan, b)
+        error = figures["peak_bytes"] - predicted["peak_bytes"]
+        self.compiled.add(plan)
+        row = {"plan": plan.as_dict(model.names), "batch": b * self.unit,
+               "predicted_peak_bytes": int(predicted["peak_bytes"]), "peak_bytes": figures["peak_bytes"],
+               "error_bytes": int(error), "error_share": error / figures["peak_bytes"],
+               "predicted_recomputed_flops": predicted["recomputed_flops"],
+               "recomputed_flops": self.recomputed(figures["flops"], b),
+               "offloaded_bytes": figures["host_bytes"], "custom": custom_flags(plan, self.base.depth)}
+        self.candidates.append(row)
+        return row
+
+
+def _named_rows(run: _Run, policies: Sequence[str], goal: str, b: int | None,
+                workers: int) -> tuple[list, int]:
+    """Each named policy on the same goal, compiled: ``(rows, compiles)``."""
+    base, unit = run.base, run.unit
+    configs = {p: base.replace(policy=p, batch=unit) for p in policies}
+    rows, compiles = [], 0
+    if goal == "max-batch":
+        sized = size_policies(configs, run.budget, max_batch=run.max_batch, workers=workers,
+                              progress=lambda m: run.meter.say(f"named {m}"))
+        run.prefill({f["max_batch"] // unit for f in sized.values()})
+        for p in policies:
+            found = sized[p]
+            compiles += found["compiles"]
+            pb = found["max_batch"] // unit
+            flops = None
+            if pb:
+                at = configs[p].replace(batch=found["max_batch"])
+                flops = run.recomputed(run.meter.figures(at, f"{p} at its largest batch")["flops"], pb)
+            rows.append({"policy": p, "max_batch": found["max_batch"],
+                         "per_device_batch": found["per_device_batch"], "peak_bytes": found["peak_bytes"],
+                         "recomputed_flops": flops, "offloaded_bytes": None, "fits": pb > 0})
+        return rows, compiles
+    for p in policies:
+        if run.meter.should_stop():
+            raise Stopped("named")
+        before = run.meter.compiles
+        got = run.meter.figures(configs[p].replace(batch=b * unit), f"{p} at batch {b * unit}")
+        compiles += run.meter.compiles - before
+        run.meter.compiles = before
+        rows.append({"policy": p, "max_batch": b * unit, "per_device_batch": b * base.microbatches,
+                     "peak_bytes": got["peak_bytes"], "recomputed_flops": run.recomputed(got["flops"], b),
+                     "offloaded_bytes": got["host_bytes"], "fits": got["peak_bytes"] <= run.budget})
+    return rows, compiles
+
+
+def _search(run: _Run, model: Model, goal: str, b: int | None, named_b: int = 0) -> None:
+    """Solve, compile the best candidates, move the budget by the model's error, again; for
+    max-batch, then the fewest recomputed flops at the largest batch anything compiled fits
+    (``named_b``: the best named policy's, per device)."""
+    budget = float(run.budget)
+    for _ in range(ROUNDS):
+        solved = solve(model, budget, goal, b, top=TOP)
+        fresh = [c for c in solved["candidates"] if c["plan"] not in run.compiled]
+        if not fresh:
+            break
+        rows = [run.compile_max(c["plan"], model, solved["batch"]) if goal == "max-batch"
+                else run.compile_at(c["plan"], model, b) for c in fresh]
+        errors = [r["error_bytes"] for r in rows]
+        if goal == "max-batch":
+            if max(r["max_batch"] for r in rows) >= solved["batch"] * run.unit:
+                break  # the model's batch is reached: no plan is predicted to fit more
+        elif any(r["fits"] for r in rows):
+            break
+        budget -= max(errors) if max(errors) > 0 else min(errors)
+    if goal != "max-batch":
+        return
+    top_b = max([c["max_batch"] // run.unit for c in run.candidates if c.get("fits")] + [named_b])
+    if top_b <= 0:
+        return
+    for c in min_recompute(model, budget, top_b, TOP):
+        if c["plan"] not in run.compiled:
+            run.compile_max(c["plan"], model, top_b)
+
+
+def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str = "max-batch",
+               batch: int | None = None, max_batch: int = MAX_BATCH,
+               policies: Sequence[str] | None = None, progress: Callable[[str], None] | None = None,
+               should_stop: Callable[[], bool] | None = None, workers: int = 2) -> dict:
+    """The synthesis document (module docstring). ``config`` gives the model (its batch and policy
+    are ignored); ``budget`` as the Advisor's (default: the device's or target's usable memory);
+    ``goal`` max-batch, or min-recompute at the global ``batch``; ``policies``: the named policies
+    to beat (default ``named_policies``); ``should_stop``: asked before every compile."""
+    t0 = time.perf_counter()
+    if goal not in GOALS:
+        raise ConfigError(f"unknown goal {str(goal)[:40]!r}; choose one of: {', '.join(GOALS)}.")
+    budget_bytes, budget_source = advice_budget(budget, target=config.target)
+    base = config.replace(policy="no_remat", batch=batch_unit(config), remat_layers=0, repeats=1,
+                          warmup=0)
+    unit = batch_unit(base)
+    b = None
+    if goal == "min-recompute":
+        if not batch or batch % unit:
+            raise ConfigError(f"goal min-recompute needs --batch, a multiple of {unit} (data x fsdp "
+                              "x microbatches: one example per device and microbatch).")
+        b = batch // unit
+    names = choice_names(base)
+    offload, offload_why = host_memory(base)
+    partial = base.depth > 1
+    chosen = list(policies) if policies else named_policies(base)
+    for p in chosen:
+        get_policy(p)
+    k = len(names)
+    meter = Meter(base, progress, should_stop, planned=planned_compiles(k, offload) + 6)
+    run = _Run(base, budget_bytes, meter, max_batch)
+    notes = [offload_why]
+    static = fit(base, budget_bytes)
+    model = probes = None
+    stopped = None
+    named, named_compiles = [], 0
+    try:
+        if not static["fits"]:
+            notes.append("the parameters, gradients and optimizer state alone exceed the budget: "
+                         "no plan fits at any batch")
+        else:
+            if names:
+                model, probes = measure(meter, names, offload, partial, budget_bytes, b)
+            else:
+                notes.append("the model has no checkpoint names: the space has no per-name choice, "
+                             "so the answer is the best named policy")
+            named, named_compiles = _named_rows(run, chosen, goal, b, workers)
+            if model is not None:
+                named_b = max((r["max_batch"] // unit for r in named if r["fits"]), default=0)
+                _search(run, model, goal, b, named_b)
+    except Stopped as err:
+        stopped = f"stopped before compiling {err}"
+    doc = _document(run, base, config, model, probes, named, goal, b, budget_bytes, budget_source,
+                    offload, notes, static)
+    doc.update(compiles=meter.compiles, named_compiles=named_compiles,
+               compile_limit=3 * k + 12, wall_s=time.perf_counter() - t0, stopped_because=stopped)
+    return doc
+
+
+def _document(run: _Run, base: RunConfig, config: RunConfig, model: Model | None, probes, named: list,
+              goal: str, b: int | None, budget: int, budget_source: str, offload: bool, notes: list,
+              static: dict) -> dict:
+    names = model.names if model else ()
+    fits = [c for c in run.candidates if c.get("fits")]
+    best = min(fits, key=lambda r: _key(r, goal), default=None)
+    best_named = min((r for r in named if r["fits"]), key=lambda r: _key(r, goal), default=None)
+    beats = best is not None and (best_named is None or _key(best, goal) <= _key(best_named, goal))
+    answer = best if beats else best_named
+    if best is not None and not beats:
+        notes.append(f"no synthesized plan beats {best_named['policy']} on this goal (same compiles): "
+                     "the answer is that named policy")
+    plan = Plan(tuple(best["plan"]["save"]), tuple(best["plan"]["offload"]),
+                best["plan"]["remat_layers"]) if best else None
+    vs = {}
+    if best is not None and best_named is not None:
+        theirs, ours = best_named.get("recomputed_flops"), best.get("recomputed_flops")
+        vs = {"policy": best_named["policy"], "max_batch": best_named["max_batch"],
+              "batch_gain": best["max_batch"] - best_named["max_batch"],
+              "recomputed_flops": theirs,
+              "recompute_saved_share": (1 - ours / theirs) if theirs and ours is not None else None}
+    at = (answer or {}).get("max_batch") or 0
+    host_bw = get_target(base.target).host_bandwidth_bytes_per_s if base.target != LOCAL else None
+    offloaded = (answer or {}).get("offloaded_bytes")
+    return {
+        "schema": 1, "kind": "synthesis", "goal": goal,
+        "config": {k: v for k, v in config.as_dict().items()
+                   if k not in ("batch", "policy", "save_names", "offload_names", "remat_layers")},
+        "budget_bytes": budget, "budget_source": budget_source, "static": static,
+        "names": list(names), "offload": {"allowed": offload, "why": notes[0]},
+        "answer": ("plan" if beats else best_named["policy"]) if answer else None,
+        "plan": plan.as_dict(names) if plan else None,
+        "max_batch": at, "per_device_batch": (answer or {}).get("per_device_batch") or 0,
+        "peak_bytes": (answer or {}).get("peak_bytes"),
+        "recomputed_flops": (answer or {}).get("recomputed_flops"),
+        "model_flops": run.model_flops(at // run.unit) if at and model else None,
+        "offloaded_bytes": offloaded,
+        "offload_s": 2 * offloaded / host_bw if offloaded and host_bw else None,
+        "named": named, "best_named": vs or None,
+        "candidates": run.candidates, "probes": probes or [],
+        "costs": _costs(model) if model else None,
+        "custom": custom_flags(plan, base.depth) if plan else None,
+        "code": jax_code(plan) if plan else None,
+        "maxtext_yaml": maxtext_yaml(plan, names, base.depth) if plan else None,
+        "command": command(config, budget, goal, b * run.unit if b else None),
+        "notes": notes, "method": METHOD, "environment": environment(),
+        **({"target": get_target(base.target).as_dict()} if base.target != LOCAL else {}),
+    }
+
+
+def _costs(model: Model) -> dict:
+    """The fitted model as data: per name and choice, bytes and flops per example (per device)."""
+    return {"intercept_full": model.intercept_full, "slope_full": model.slope_full,
+            "intercept_base": model.intercept_base, "slope_base": model.slope_base,
+            "recompute_per_example": model.recompute, "layers": model.layers,
+            "names": [{"name": n, "choice": c, "bytes_per_example": model.bytes[(n, c)],
+                       "flops_spared_per_example": model.flops[(n, c)],
+                       "host_bytes_per_example": model.host[(n, c)]}
+                      for n in model.names for c in ("save", "offload") if (n, c) in model.bytes]}

@@ -1,0 +1,155 @@
+"""The synthesizer's costs: what saving, offloading or recomputing each checkpoint name costs, compiled.
+
+Every figure is a compiled program's (``advisor_search.probe``: compile-only, per device), never an
+estimate: no_remat and "every name recomputed" (policy ``custom`` with no names, every layer
+remat'd) are compiled at per-device batches 1 and 2 (each one's peak line: bytes at batch 0 and
+bytes per example); each name saved alone (and, where the target has a host memory space,
+offloaded alone) is compiled at one batch, its bytes per example the difference from the
+recompute-everything slope, each measured at the batch the answer will be near (the goal's batch,
+or the largest batch recompute-everything fits by its line) so the names' interactions with XLA's
+schedule there are in the figures. Flops are the programs' as the policies wrote them (``xla_free``: a
+probe XLA's own rematerialization pass rewrote is compiled again with its limit lifted), so the
+recomputed flops of a program are its flops less no_remat's at the same batch: 2k + 6 compiles for
+k names with offload, k + 6 without.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+
+from remat_lab.config import LOCAL, ConfigError, RunConfig
+from remat_lab.model.models import block_names
+from remat_lab.studies.advisor_search import batch_unit, probe
+from remat_lab.studies.advisor_sizing import xla_free
+from remat_lab.studies.synthesize_solve import MAX_NAMES, Model, Plan
+
+# The llm's names outside the per-block remat (the embedding, the vocabulary projection): a policy
+# cannot move them, so they are not choices.
+OUTSIDE_THE_BLOCK = ("embed", "logits")
+LO, HI = 1, 2  # the per-device batches probed
+
+
+class Stopped(Exception):
+    """The caller's ``should_stop`` said so: what was compiled is kept."""
+
+
+def host_memory(config: RunConfig) -> tuple[bool, str]:
+    """``(offload possible, why)``: a named target (a GPU's or TPU's pinned host memory) or a local
+    GPU/TPU has a host memory space the compiled program can place values in; XLA CPU has none."""
+    if config.target != LOCAL:
+        return True, f"the {config.target} has pinned host memory: offload is a choice"
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return False, ("XLA CPU has no separate host memory space: offload is not a choice here "
+                       "(an offloaded name would stay on the device); compile for a named target "
+                       "(--target h100, tpu-v5e, ...) to include it")
+    return True, f"the local {backend} has pinned host memory: offload is a choice"
+
+
+def choice_names(config: RunConfig) -> tuple[str, ...]:
+    """The checkpoint names a plan chooses for: the block's (the llm's inside its blocks)."""
+    names = tuple(n for n in block_names(config) if n not in OUTSIDE_THE_BLOCK)
+    if len(names) > MAX_NAMES:
+        raise ConfigError(f"the block has {len(names)} checkpoint names; the synthesizer solves "
+                          f"exactly for at most {MAX_NAMES}.")
+    return names
+
+
+def plan_config(base: RunConfig, plan: Plan, batch: int) -> RunConfig:
+    """The configuration of ``plan`` at per-device ``batch``: policy custom with its names and
+    remat'd layer count (no_remat when none is remat'd)."""
+    b = batch * batch_unit(base)
+    if plan.remat_layers == 0:
+        return base.replace(policy="no_remat", batch=b, remat_layers=0)
+    return base.replace(policy="custom", save_names=plan.save, offload_names=plan.offload, batch=b,
+                        remat_layers=0 if plan.remat_layers >= base.depth else plan.remat_layers)
+
+
+class Meter:
+    """Compiled figures of plans, counted: ``compiles`` is the probes that were not already
+    compiled in this process, plus XLA's-pass-free recompiles; ``should_stop`` is asked before each."""
+
+    def __init__(self, base: RunConfig, progress: Callable[[str], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None, planned: int = 0):
+        self.base, self.compiles, self.planned = base, 0, planned
+        self.say = progress or (lambda message: None)
+        self.should_stop = should_stop or (lambda: False)
+
+    def figures(self, config: RunConfig, what: str) -> dict:
+        """``{"peak_bytes", "flops", "host_bytes"}`` of ``config``'s compiled program."""
+        if self.should_stop():
+            raise Stopped(what)
+        self.say(f"compile {self.compiles + 1}/{max(self.planned, self.compiles + 1)}: {what}")
+        found = probe(config)
+        self.compiles += not found["cached"]
+        free = xla_free(config) if found.get("flops") is not None else {"flops": None}
+        self.compiles += bool((found.get("xla_remat") or {}).get("applied"))
+        traffic = found.get("traffic") or {}
+        return {"peak_bytes": found["peak_bytes"],
+                "flops": free["flops"] if free["flops"] is not None else found.get("flops"),
+                "host_bytes": traffic.get("to_host_bytes") or 0.0}
+
+    def plan(self, plan: Plan, batch: int) -> dict:
+        return self.figures(plan_config(self.base, plan, batch), _words(plan, batch))
+
+
+def _words(plan: Plan, batch: int) -> str:
+    parts = [f"save {','.join(plan.save)}" if plan.save else "",
+             f"offload {','.join(plan.offload)}" if plan.offload else ""]
+    what = "; ".join(p for p in parts if p) or "every name recomputed"
+    if plan.remat_layers == 0:
+        return f"no_remat, batch {batch} per device"
+    return f"{what}, {plan.remat_layers} layers remat'd, batch {batch} per device"
+
+
+def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, budget: int,
+            at: int | None = None) -> tuple[Model, list[dict]]:
+    """The cost model of ``meter.base`` over ``names`` from compiled probes, and the probes
+    (``{"what", "batch", "peak_bytes", "flops", "host_bytes"}``, per device). The names are probed
+    at per-device batch ``at`` (default: the largest recompute-everything fits in ``budget`` by its
+    line, at least 2)."""
+    depth = meter.base.depth
+    rows: list[dict] = []
+
+    def fig(plan: Plan, b: int, what: str) -> dict:
+        out = meter.plan(plan, b)
+        rows.append({"what": what, "batch": b, **out})
+        return out
+
+    full = [fig(Plan((), (), 0), b, "no_remat") for b in (LO, HI)]
+    base = [fig(Plan((), (), depth), b, "every name recomputed") for b in (LO, HI)]
+
+    def line(pair: list[dict]) -> tuple[float, float]:
+        slope = (pair[1]["peak_bytes"] - pair[0]["peak_bytes"]) / (HI - LO)
+        return pair[0]["peak_bytes"] - slope * LO, slope
+
+    (a_full, s_full), (a_base, s_base) = line(full), line(base)
+    hi = at or (int((budget - a_base) // s_base) if s_base > 0 else HI)
+    hi = min(max(hi, HI), 4096)
+    if hi != HI:
+        base.append(fig(Plan((), (), depth), hi, "every name recomputed"))
+        full.append(fig(Plan((), (), 0), hi, "no_remat"))
+    if base[-1]["flops"] is None or full[-1]["flops"] is None:
+        raise ConfigError("this backend's compiled programs give no flop count, so recomputation "
+                          "cannot be measured here.")
+    recompute = max(base[-1]["flops"] - full[-1]["flops"], 0.0) / hi
+    sizes, spared, host = {}, {}, {}
+    for n in names:
+        for choice in ("save", "offload") if offload else ("save",):
+            plan = Plan((n,), (), depth) if choice == "save" else Plan((), (n,), depth)
+            got = fig(plan, hi, f"{choice} {n}")
+            sizes[(n, choice)] = (got["peak_bytes"] - base[-1]["peak_bytes"]) / hi
+            spared[(n, choice)] = max(base[-1]["flops"] - (got["flops"] or base[-1]["flops"]), 0.0) / hi
+            host[(n, choice)] = got["host_bytes"] / hi
+    counts = tuple(range(depth + 1)) if partial else (0, depth)
+    model = Model(names=names, layers=depth, layer_counts=counts, intercept_full=a_full,
+                  slope_full=s_full, intercept_base=a_base, slope_base=s_base, recompute=recompute,
+                  bytes=sizes, flops=spared, host=host, offload=offload)
+    return model, rows
+
+
+def planned_compiles(k: int, offload: bool) -> int:
+    """The measurement's compiles for ``k`` names (before the candidates')."""
+    return 6 + k * (2 if offload else 1)

@@ -1,0 +1,100 @@
+"""The synthesized plan as text: paste-ready JAX code, the custom flags, MaxText's custom YAML, the method."""
+
+from __future__ import annotations
+
+from remat_lab.config import RunConfig
+from remat_lab.studies.synthesize_solve import Plan
+
+
+def _quoted(names) -> str:
+    return ", ".join(f'"{n}"' for n in names)
+
+
+def jax_code(plan: Plan) -> str:
+    """The policy call to paste (``jax.checkpoint``/``nnx.remat``'s ``policy=``)."""
+    return ("jax.checkpoint_policies.save_and_offload_only_these_names(\n"
+            f"    names_which_can_be_saved=[{_quoted(plan.save)}],\n"
+            f"    names_which_can_be_offloaded=[{_quoted(plan.offload)}],\n"
+            '    offload_src="device", offload_dst="pinned_host")')
+
+
+def custom_flags(plan: Plan, depth: int) -> str:
+    """The ``run``/``advise`` flags of ``plan`` (policy custom; no_remat when no layer is remat'd)."""
+    if plan.remat_layers == 0:
+        return "--policy no_remat"
+    out = "--policy custom"
+    if plan.save:
+        out += f" --save-names {','.join(plan.save)}"
+    if plan.offload:
+        out += f" --offload-names {','.join(plan.offload)}"
+    if plan.remat_layers < depth:
+        out += f" --remat-layers {plan.remat_layers}"
+    return out
+
+
+def maxtext_yaml(plan: Plan, names: tuple[str, ...], depth: int) -> str:
+    """MaxText's ``remat_policy: custom`` lines: each tensor ``device``, ``offload`` or ``remat``
+    (the block input stays on the device, as ``nnx.remat`` keeps it)."""
+    lines = ["remat_policy: 'custom'", "decoder_layer_input: 'device'"]
+    for n in names:
+        where = "device" if n in plan.save else "offload" if n in plan.offload else "remat"
+        lines.append(f"{n}: '{where}'")
+    if 0 < plan.remat_layers < depth:
+        lines.append(f"# only the first {plan.remat_layers} of {depth} layers remat'd: MaxText has no "
+                     "per-layer count; the rest are saved whole (two scans)")
+    return "\n".join(lines)
+
+
+def command(config: RunConfig, budget: int, goal: str, batch: int | None) -> str:
+    """The ``synthesize`` command line that gives the same document."""
+    c = config
+    parts = ["python -m remat_lab synthesize"]
+    if c.preset:
+        parts.append(f"--preset {c.preset}")
+    else:
+        parts.append(f"--model {c.model} --width {c.width} --depth {c.depth}")
+        if c.model in ("seq_mixer", "transformer", "llm"):
+            parts.append(f"--seq {c.seq}")
+        if c.model in ("transformer", "llm"):
+            parts.append(f"--heads {c.heads}")
+    parts.append(f"--stack {c.stack} --dtype {c.dtype}")
+    if c.step != "grad":
+        parts.append(f"--step {c.step}")
+    if c.microbatches > 1:
+        parts.append(f"--microbatches {c.microbatches}")
+    if c.target != "local":
+        parts.append(f"--target {c.target} --target-devices {c.target_devices}")
+    if c.mesh:
+        parts.append(f"--mesh {c.mesh}")
+    parts.append(f"--budget {budget} --goal {goal}")
+    if goal == "min-recompute" and batch:
+        parts.append(f"--batch {batch}")
+    return " ".join(parts + ["--json"])
+
+
+METHOD = {
+    "measure": "compiled probes (compile-only, XLA's compiled peak per device): no_remat and "
+               "'every name recomputed' at per-device batches 1 and 2 (their peak lines), each name "
+               "saved alone (and offloaded alone where the target has host memory) at batch 2; a "
+               "name's bytes per example = its program's peak less recompute-everything's, over the "
+               "batch; recomputed flops = a program's flops less no_remat's at the same batch, both "
+               "as the policy wrote them (a probe XLA's own rematerialization rewrote is compiled "
+               "again with its limit lifted)",
+    "model": "additive: peak = intercept + batch x slope, the slope the recompute-everything slope "
+             "plus each saved or offloaded name's bytes per example; r of L layers remat'd "
+             "interpolates intercept and slope between that and no_remat's by r / L, and scales "
+             "the recomputed flops and offloaded bytes by r / L",
+    "solve": "exact over the model: meet in the middle (the names split in two halves, each half's "
+             "3^(k/2) choices listed, one sorted by bytes with a running best, every choice of the "
+             "other paired with the best that fits beside it by binary search), for every remat'd "
+             "layer count; 2 x 3^(k/2) half-plans instead of 3^k plans, so k = 16 stays under a "
+             "second. Ties: fewer recomputed flops, fewer offloaded bytes, smaller peak",
+    "compile": "the best candidates compiled: max-batch by the lab's exact batch search (the batch "
+               "that fits and the next that does not, both compiled), min-recompute at the batch; "
+               "where the model was wrong the budget it solves against is lowered by its largest "
+               "under-prediction and the new best compiled too. The answer is always a compiled "
+               "program's figures, never the model's",
+    "named": "every named policy (JAX's, and MaxText's recipes where the model has their names) "
+             "searched by the same exact batch search on the same budget (the Advisor's sizing); "
+             "if none of the synthesized plans beats the best of them, that policy is the answer",
+}
