@@ -38,6 +38,7 @@ def controls(sb) -> None:
         return
     ss.setdefault(MODULE_KEY, "")
     ss.setdefault(SHAPE_KEY, "")  # empty: the module's own example_input_shape (as the CLI)
+    _prefill(ss)
     sb.text_input("Your block (local only)", key=MODULE_KEY,
                   placeholder="path/to/file.py:make_block",
                   help="Your own NNX block instead of the model above: a factory make_block(rngs) -> "
@@ -47,7 +48,24 @@ def controls(sb) -> None:
     if ss[MODULE_KEY].strip():
         sb.text_input("Its input shape B,N,D (batch first)", key=SHAPE_KEY,
                       placeholder="the module's example_input_shape",
-                      help="Empty: the example_input_shape your module defines, as the CLI uses.")
+                      help="Filled in from the example_input_shape your module defines (as the CLI "
+                           "uses it); change it to run another batch or shape.")
+
+
+def _prefill(ss) -> None:
+    """The shape box filled in from the typed module's ``example_input_shape`` (before the box is
+    drawn this run), unless the user typed a shape of their own: a box still holding what an earlier
+    module filled in follows the new module."""
+    spec = str(ss.get(MODULE_KEY) or "").strip()
+    filled = ss.get("_user_shape_filled")  # (module, text) of the last fill-in
+    if not spec or (ss[SHAPE_KEY] and (not filled or ss[SHAPE_KEY] != filled[1] or filled[0] == spec)):
+        return
+    try:
+        shape = example_input_shape(spec)
+    except (ConfigError, UserCodeError):  # ``apply`` shows why it cannot be loaded
+        shape = None
+    text = ",".join(map(str, shape)) if shape else ""
+    ss[SHAPE_KEY], ss["_user_shape_filled"] = text, (spec, text)
 
 
 def _user_config(ss, cfg: RunConfig, names: dict | None = None) -> RunConfig:

@@ -61,6 +61,11 @@ def test_the_fixture_dissects_and_saves_exactly_the_chosen_name(run):
     assert doc["totals"]["residual_bytes_by_name"] == {"up_proj": 2 * per_layer}  # depth 2, scanned
     named = [r for r in doc["residuals"] if r.get("name")]
     assert [r["name"] for r in named] == ["up_proj"] and named[0]["bytes"] == 2 * per_layer
+    assert named[0]["layer"] == "up_proj"  # the block's own tag, not "other"
+    # Its two products carry its tags (read independently from its jaxpr): each is attributed to
+    # its tag, never to "other".
+    assert [d["layer"] for d in doc["dots"]] == [n for n in _jaxpr_names() if n.endswith("_proj")]
+    assert doc["totals"]["residual_bytes_by_layer"]["up_proj"] == 2 * per_layer
     assert doc["gradient_check"]["ok"] is True  # against the same block without remat
     assert doc["gradient_check"]["independent"] is False
     assert doc["model"]["parameters"] == 2 * 2 * (64 * 128)  # two blocks of up and down kernels
@@ -216,13 +221,33 @@ def _shape_script():
     st.write(f"MODEL={cfg.model} SHAPE={','.join(map(str, cfg.input_shape))} BATCH={cfg.batch}")
 
 
-def test_the_sidebar_takes_the_module_s_example_input_shape_when_none_is_typed():
+def test_the_sidebar_fills_in_the_module_s_example_input_shape():
     at = AppTest.from_function(_shape_script, default_timeout=120)
     at.session_state["user_module"] = f"{FIXTURE}:make_block"  # example_input_shape = (4, 16, 64)
     at.run()
     assert not at.exception and not at.error
-    assert at.session_state["user_shape"] == ""  # nothing typed: the module's own shape is used
+    box = next(t for t in at.sidebar.text_input if t.key == "user_shape")
+    assert box.value == "4,16,64"  # shown in the box, as the CLI would use it
     assert "MODEL=user SHAPE=4,16,64 BATCH=4" in " ".join(m.value for m in at.markdown)
+    box.set_value("2,16,64").run()  # a shape of the user's own is kept
+    assert not at.exception and not at.error
+    assert "MODEL=user SHAPE=2,16,64 BATCH=2" in " ".join(m.value for m in at.markdown)
+    box.set_value("").run()  # emptied: the module's own again
+    assert next(t for t in at.sidebar.text_input if t.key == "user_shape").value == "4,16,64"
+
+
+def test_a_wrong_input_shape_is_said_as_such_with_both_shapes():
+    """A block that takes its example shape, given another: the shape is wrong, not the user's code."""
+    with pytest.raises(ConfigError, match=r"does not take an input of shape \(2, 8, 32\): its module's "
+                                          r"example_input_shape is \(4, 16, 64\)"):
+        build_problem(user(input_shape=(2, 8, 32), batch=2))
+    at = AppTest.from_function(_shape_script, default_timeout=120)
+    at.session_state["user_module"] = f"{FIXTURE}:make_block"
+    at.session_state["user_shape"] = "2,8,32"
+    at.run()
+    said = " ".join(e.value for e in at.error)
+    assert "does not take an input of shape (2, 8, 32)" in said and "(4, 16, 64)" in said, said
+    assert "your block raised" not in said  # not blamed on their code
 
 
 # ---------------------------------------------------------------- swept: batches x policies

@@ -45,7 +45,7 @@ from remat_lab.analysis.jaxprs import (
     verdict,
     walk,
 )
-from remat_lab.analysis.layers import layer_of, layer_of_path
+from remat_lab.analysis.layers import layer_of, layer_of_path, named_layer
 from remat_lab.analysis.notes import dot_note, mesh_note, name_notes, program_notes
 from remat_lab.analysis.products import attribute, compare_compiled, jaxpr_product_key
 from remat_lab.model.policies import build_policy, get_policy
@@ -145,8 +145,9 @@ def dissect(problem: Problem, compiled_text: str, *,
             "index": i, "shape": list(aval.shape), "dtype": str(aval.dtype),
             "bytes": nbytes(aval), "memory_kind": mem_kind,
             "memory_kind_in_compiled": mem_kind if host_in_compiled else "device",
-            "role": role, "kind": kind, "layer": layer, "layers": n_layers, "source": source,
+            "role": role, "kind": kind, "layers": n_layers, "source": source,
             "name": tag.eqn.params["name"] if tag is not None else None,
+            "layer": named_layer(layer, tag.eqn.params["name"] if tag is not None else None),
         })
 
     # Recomputed dots in the backward pass (under JAX's rematted_computation scope).
@@ -184,6 +185,7 @@ def dissect(problem: Problem, compiled_text: str, *,
     if baseline is not None and not sharded:
         attribute(dots, keys, compiled["excess_by_key"])
     for row in dots:
+        row["layer"] = named_layer(row["layer"], row.get("name"))  # a user block's by its tags
         row["note"] = dot_note(row, cfg, compiled, baseline is not None, sharded)
 
     totals = _totals(residuals, dots, compiled)

@@ -2,7 +2,9 @@
 
 The models run every layer in a ``jax.named_scope`` and every block in ``block{i}`` (``model/``), so
 jaxpr name stacks, HLO ``op_name`` metadata and parameter paths all name their layer. The jaxpr
-dissection, the memory timeline and the tables use these two readers and no others.
+dissection, the memory timeline and the tables use these readers and no others. A user's own block
+has no scope the readers know: its products and the values it keeps are named by their
+``checkpoint_name`` tags instead (``named_layer``).
 """
 
 from __future__ import annotations
@@ -33,3 +35,10 @@ def layer_of_path(path: str, depth: int) -> str:
         return "input" if path == "x" else "other"
     block, layer = m.groups()
     return f"{block}.{layer}" if depth > 1 and block is not None else layer
+
+
+def named_layer(layer: str, name: str | None) -> str:
+    """``layer`` as ``layer_of`` named it, or, where no scope names it (``'other'``, ``'1.other'``:
+    a user's block, the llm's logits), its ``checkpoint_name`` tag in its place (``'1.up_proj'``)."""
+    block, dot, last = layer.rpartition(".")
+    return f"{block}{dot}{name}" if last == "other" and name else layer

@@ -190,7 +190,11 @@ def _traced(spec: str, stamp: int, shape: tuple[int, ...], dtype) -> tuple[tuple
         except Exception as err:
             raise theirs(f"calling your block on an input of shape {shape}", err, source.file) from None
 
-    closed = jax.make_jaxpr(forward)(jax.ShapeDtypeStruct(shape, dtype))
+    try:
+        closed = jax.make_jaxpr(forward)(jax.ShapeDtypeStruct(shape, dtype))
+    except UserCodeError as err:
+        _refuse_other_shape(spec, shape, dtype, err)
+        raise
     out = closed.out_avals
     if len(out) != 1:
         raise UserCodeError(f"your block returned {len(out)} arrays; the lab sums one output array "
@@ -198,6 +202,23 @@ def _traced(spec: str, stamp: int, shape: tuple[int, ...], dtype) -> tuple[tuple
     found: dict = {}
     _names(closed.jaxpr, found)
     return tuple(found), (tuple(out[0].shape), str(out[0].dtype))
+
+
+def _refuse_other_shape(spec: str, shape: tuple[int, ...], dtype, err: UserCodeError) -> None:
+    """A ``ConfigError`` naming both shapes when the block failed on ``shape`` but takes its module's
+    ``example_input_shape``: the input's shape is wrong, not the user's code."""
+    example = example_input_shape(spec)
+    if not example or tuple(example) == shape or "while calling your block on" not in str(err):
+        return
+    try:
+        _traced(spec, source_of(spec).stamp, tuple(example), dtype)
+    except (ConfigError, UserCodeError):
+        return  # it fails on its own example too: the code's error, as raised
+    said = str(err).partition("\n")[0].removeprefix("your block raised ")
+    raise ConfigError(f"your block does not take an input of shape {shape}: its module's "
+                      f"example_input_shape is {tuple(example)}, which it takes. Give a shape like that "
+                      "one (the batch first; the other axes as the block needs) or leave the input "
+                      f"shape empty to use it. (On {shape} it raised {said[:300]})") from None
 
 
 def block_names(config, dtype) -> tuple[str, ...]:
