@@ -1,4 +1,4 @@
-"""Headless runs: ``python -m remat_lab run|explain|compare|advise|sweep|history|policies`` (and ``bench``).
+"""Headless runs: ``python -m remat_lab run|explain|compare|advise|synthesize|sweep|history|policies|bench``.
 
 Bad input exits with status 2 and one line on stderr; an XLA failure exits with status 1.
 """
@@ -8,7 +8,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from remat_lab.cli import advise, bench, calibrate, compare, history, policies, run, sweep, targets
+from remat_lab.cli import (
+    advise,
+    bench,
+    calibrate,
+    compare,
+    history,
+    policies,
+    run,
+    sweep,
+    synthesize,
+    targets,
+)
 from remat_lab.cli.common import Failure, Parser, setup_devices
 from remat_lab.cli.common import config_from as _config_from
 
@@ -17,7 +28,8 @@ __all__ = ["_config_from", "build_parser", "main"]
 # Each subcommand's runner: args in, exit status out. The subcommands in NO_DEVICES start no JAX.
 COMMANDS = {"run": run.main, "explain": run.main, "compare": compare.main, "calibrate": calibrate.main,
             "policies": policies.main, "advise": advise.main, "sweep": sweep.main,
-            "history": history.main, "bench": bench.main, "targets": targets.main}
+            "history": history.main, "bench": bench.main, "targets": targets.main,
+            "synthesize": synthesize.main}
 NO_DEVICES = ("policies", "history", "targets")
 
 
@@ -25,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand's flags, in the order ``--help`` lists them."""
     parser = Parser(prog="python -m remat_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for module in (run, compare, calibrate, policies, advise, sweep, history, bench, targets):
+    for module in (run, compare, calibrate, policies, advise, synthesize, sweep, history, bench, targets):
         module.add_parsers(sub)
     return parser
 

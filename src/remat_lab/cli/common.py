@@ -207,6 +207,8 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
                    help="policy custom: checkpoint names saved on the device (see `policies --model`)")
     p.add_argument("--offload-names", type=names_arg, default=(), metavar="A,B",
                    help="policy custom: checkpoint names offloaded to pinned host memory")
+    p.add_argument("--remat-layers", type=int_arg("remat_layers"), default=d.remat_layers, metavar="N",
+                   help="remat only the first N of the depth blocks, the rest saved whole (default 0: all)")
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective)
     add_llm_args(p)
     add_mesh_args(p)
@@ -298,7 +300,7 @@ def config_from(args: argparse.Namespace) -> RunConfig:
                   mesh=getattr(args, "mesh", ""), target=getattr(args, "target", "local"),
                   target_devices=getattr(args, "target_devices", 1))
     llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
-           "compile_only", "attention", "attention_block", "loss_chunks")
+           "compile_only", "attention", "attention_block", "loss_chunks", "remat_layers")
     values.update({k: getattr(args, k) for k in llm if hasattr(args, k)})
     values.update({k: getattr(args, k) for k in ("param_dtype", "optimizer_dtype")
                    if getattr(args, k, None)})

@@ -178,6 +178,9 @@ def _search(run: _Run, model: Model, goal: str, b: int | None, named_b: int = 0)
     top_b = max([c["max_batch"] // run.unit for c in run.candidates if c.get("fits")] + [named_b])
     if top_b <= 0:
         return
+    errors = sorted(c["error_bytes"] for c in run.candidates)
+    if errors:  # the model's typical error on what was compiled: its budget moved by it
+        budget = run.budget - errors[len(errors) // 2]
     for c in min_recompute(model, budget, top_b, TOP):
         if c["plan"] not in run.compiled:
             run.compile_max(c["plan"], model, top_b)

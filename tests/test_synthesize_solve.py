@@ -1,0 +1,95 @@
+"""The synthesizer's exact solver against brute force on synthetic additive costs (no compiles)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from remat_lab.studies.synthesize_solve import MAX_NAMES, Model, Plan, best_under, brute_force, solve
+
+
+def _model(seed: int, k: int, layers: int = 4, offload: bool = True) -> Model:
+    rng = random.Random(seed)
+    names = tuple(f"n{i}" for i in range(k))
+    sizes, flops, host = {}, {}, {}
+    for n in names:
+        b = rng.randint(1, 40) * 1000.0
+        f = rng.randint(1, 90) * 1e6
+        sizes[(n, "save")], flops[(n, "save")], host[(n, "save")] = b, f, 0.0
+        # offloading: a little device staging, the same flops spared, the bytes moved to the host
+        sizes[(n, "offload")] = rng.randint(0, 3) * 100.0
+        flops[(n, "offload")], host[(n, "offload")] = f, b
+    return Model(names=names, layers=layers, layer_counts=tuple(range(layers + 1)),
+                 intercept_full=2e6, slope_full=3e5, intercept_base=2e6, slope_base=5e4,
+                 recompute=sum(flops[(n, "save")] for n in names) + 5e7, bytes=sizes, flops=flops,
+                 host=host, offload=offload)
+
+
+def _objective(found: dict) -> tuple:
+    p = found["predicted"]
+    return p["recomputed_flops"], p["offloaded_bytes"], p["peak_bytes"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("offload", [True, False])
+def test_min_recompute_is_the_brute_force_optimum(seed, offload):
+    model = _model(seed, k=5, offload=offload)
+    rng = random.Random(100 + seed)
+    batch = rng.randint(1, 12)
+    budget = model.intercept_full + batch * rng.uniform(0.1, 1.2) * model.slope_full
+    got = solve(model, budget, "min-recompute", batch)["candidates"]
+    want = brute_force(model, budget, batch)
+    if want is None:
+        assert got == []
+        return
+    assert got, "the solver found nothing where brute force found a plan"
+    # the same objective (a different plan only where two plans tie exactly)
+    for g, w in zip(_objective(got[0]), _objective(want), strict=True):
+        assert g == pytest.approx(w, rel=1e-9, abs=1e-6)
+    assert got[0]["predicted"]["peak_bytes"] <= budget + 1e-6
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_max_batch_is_the_largest_any_plan_fits_then_the_fewest_recomputed(seed):
+    model = _model(seed, k=4, layers=3)
+    budget = model.intercept_full + random.Random(seed).uniform(2, 30) * model.slope_base
+    solved = solve(model, budget, "max-batch")
+    import itertools
+
+    from remat_lab.studies.synthesize_solve import _plan
+    largest = 0
+    for r in model.layer_counts:
+        for picks in itertools.product(model.choices(), repeat=len(model.names)):
+            largest = max(largest, model.largest_batch(_plan(model.names, picks, r), budget))
+    assert solved["batch"] == largest
+    want = brute_force(model, budget, largest)
+    assert _objective(solved["candidates"][0]) == pytest.approx(_objective(want))
+
+
+def test_best_under_pairs_the_halves_exactly():
+    model = _model(3, k=7)
+    cap = 60000.0
+    found = best_under(model, cap)
+    best = brute_force(Model(**{**model.__dict__, "layer_counts": (model.layers,),
+                                "intercept_full": 0.0, "intercept_base": 0.0, "slope_full": 0.0,
+                                "slope_base": 0.0}), cap, 1)
+    assert found[1] == pytest.approx(sum(model.flops[(n, "save")] for n in best["plan"].save)
+                                     + sum(model.flops[(n, "offload")] for n in best["plan"].offload))
+    assert found[0] <= cap
+
+
+def test_sixteen_names_solve_quickly_and_seventeen_are_refused():
+    model = _model(1, k=MAX_NAMES, layers=2)
+    solved = solve(model, 4e6, "max-batch")
+    assert solved["batch"] > 0 and solved["candidates"]
+    plan = solved["candidates"][0]["plan"]
+    assert isinstance(plan, Plan) and not set(plan.save) & set(plan.offload)
+    with pytest.raises(ValueError, match="at most 16"):
+        solve(_model(1, k=MAX_NAMES + 1), 4e6, "max-batch")
+
+
+def test_without_host_memory_nothing_is_offloaded():
+    model = _model(5, k=6, offload=False)
+    solved = solve(model, 3e6, "max-batch")
+    assert all(not c["plan"].offload for c in solved["candidates"])
