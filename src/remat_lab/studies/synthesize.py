@@ -63,8 +63,9 @@ class _Run:
         self.flops: dict[int, float | None] = {}  # no_remat's, by per-device batch
 
     def model_flops(self, b: int) -> float | None:
+        """no_remat's flops at per-device batch ``b`` as it wrote them (XLA's pass left out)."""
         if b not in self.flops:
-            self.flops[b] = self.meter.plan(Plan((), (), 0), b)["flops"]
+            self.flops[b] = self.meter.plan(Plan((), (), 0), b)["written_flops"]
         return self.flops[b]
 
     def prefill(self, batches: set[int]) -> None:
@@ -114,7 +115,8 @@ class _Run:
                "error_bytes": int(error), "error_share": error / figures["peak_bytes"],
                "predicted_recomputed_flops": predicted["recomputed_flops"],
                "recomputed_flops": self.recomputed(figures["flops"], b),
-               "offloaded_bytes": figures["host_bytes"], "custom": custom_flags(plan, self.base.depth)}
+               "offloaded_bytes": figures["host_bytes"], "xla_remat": figures["xla_remat"],
+               "custom": custom_flags(plan, self.base.depth)}
         self.candidates.append(row)
         return row
 

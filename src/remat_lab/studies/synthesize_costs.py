@@ -9,8 +9,9 @@ recompute-everything slope, each measured at the batch the answer will be near (
 or the largest batch recompute-everything fits by its line) so the names' interactions with XLA's
 schedule there are in the figures. Flops are the programs' as the policies wrote them (``xla_free``: a
 probe XLA's own rematerialization pass rewrote is compiled again with its limit lifted), so the
-recomputed flops of a program are its flops less no_remat's at the same batch: 2k + 6 compiles for
-k names with offload, k + 6 without.
+recomputed flops of a program are its flops less no_remat's at the same batch (the model is fitted to
+the programs as written; a candidate's answer is its compiled program's, XLA's recomputation in):
+2k + 6 compiles for k names with offload, k + 6 without.
 """
 
 from __future__ import annotations
@@ -78,18 +79,24 @@ class Meter:
         self.should_stop = should_stop or (lambda: False)
 
     def figures(self, config: RunConfig, what: str) -> dict:
-        """``{"peak_bytes", "flops", "host_bytes"}`` of ``config``'s compiled program."""
+        """``{"peak_bytes", "flops", "host_bytes", "written_peak_bytes", "written_flops",
+        "xla_remat"}`` of ``config``'s compiled program: ``peak_bytes`` and ``flops`` the compiled
+        program's (XLA's own rematerialization included), ``written_*`` the program as the policy
+        wrote it (where XLA's pass rewrote it: compiled again with its limit lifted)."""
         if self.should_stop():
             raise Stopped(what)
         self.say(f"compile {self.compiles + 1}/{max(self.planned, self.compiles + 1)}: {what}")
         found = probe(config)
         self.compiles += not found["cached"]
-        free = xla_free(config) if found.get("flops") is not None else {"flops": None}
-        self.compiles += bool((found.get("xla_remat") or {}).get("applied"))
+        applied = bool((found.get("xla_remat") or {}).get("applied"))
+        free = xla_free(config) if found.get("flops") is not None else {"flops": None, "xla_remat": {}}
+        self.compiles += applied
         traffic = found.get("traffic") or {}
-        return {"peak_bytes": found["peak_bytes"],
-                "flops": free["flops"] if free["flops"] is not None else found.get("flops"),
-                "host_bytes": traffic.get("to_host_bytes") or 0.0}
+        written = (free.get("xla_remat") or {}).get("from_bytes") if applied else None
+        return {"peak_bytes": found["peak_bytes"], "flops": found.get("flops"),
+                "written_peak_bytes": written or found["peak_bytes"],
+                "written_flops": free["flops"] if free["flops"] is not None else found.get("flops"),
+                "host_bytes": traffic.get("to_host_bytes") or 0.0, "xla_remat": applied}
 
     def plan(self, plan: Plan, batch: int) -> dict:
         return self.figures(plan_config(self.base, plan, batch), _words(plan, batch))
@@ -114,8 +121,10 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
     rows: list[dict] = []
 
     def fig(plan: Plan, b: int, what: str) -> dict:
-        out = meter.plan(plan, b)
-        rows.append({"what": what, "batch": b, **out})
+        got = meter.plan(plan, b)
+        out = {"peak_bytes": got["written_peak_bytes"], "flops": got["written_flops"],
+               "host_bytes": got["host_bytes"]}
+        rows.append({"what": what, "batch": b, **out, "xla_remat": got["xla_remat"]})
         return out
 
     full = [fig(Plan((), (), 0), b, "no_remat") for b in (LO, HI)]

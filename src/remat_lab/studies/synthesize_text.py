@@ -79,7 +79,8 @@ METHOD = {
                "name's bytes per example = its program's peak less recompute-everything's, over the "
                "batch; recomputed flops = a program's flops less no_remat's at the same batch, both "
                "as the policy wrote them (a probe XLA's own rematerialization rewrote is compiled "
-               "again with its limit lifted)",
+               "again with its limit lifted, and the model fitted to that); a candidate's and a "
+               "named policy's figures are their compiled programs', XLA's recomputation in",
     "model": "additive: peak = intercept + batch x slope, the slope the recompute-everything slope "
              "plus each saved or offloaded name's bytes per example; r of L layers remat'd "
              "interpolates intercept and slope between that and no_remat's by r / L, and scales "
