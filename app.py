@@ -26,9 +26,9 @@ st.set_page_config(page_title="Remat Lab", page_icon=":material/autorenew:", lay
 from pages import _mesh  # noqa: E402
 
 _mesh.start_devices()  # $REMAT_LAB_HOST_DEVICES, before anything starts JAX
-from pages import _running, _sidebar, _uploads  # noqa: E402  (pages/__init__ imports the engine once)
+from pages import _running, _sidebar, _uploads, _visitor  # noqa: E402  (pages/__init__ imports the engine)
 
-_running.pool()  # start (and warm) the worker pool with the server's first session
+_visitor.watch(_running.pool())  # start (and warm) the worker pool; it stops jobs of ended sessions
 _uploads.bound()  # uploads under the byte budget before any page is shown (store/upload_budget.py)
 EXPLORE = st.Page("pages/explore.py", title="Explore", icon=":material/science:", url_path="start",
                   default=True)  # served at "/": Streamlit ignores a default page's url_path

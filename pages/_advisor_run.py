@@ -63,7 +63,8 @@ def run(kind: str, cache: ByteCache, key: tuple, payload: dict, say, need: int) 
                 cache.put(key, value)
 
         job = _running.pool().submit(kind, {**payload, "stop_file": str(flag)}, key=key, need=need,
-                                     on_done=keep)
+                                     on_done=keep,
+                                     session=_running._session_id())
         st.session_state[HOLD] = (pool_key, job)
     value = _running.cached_call(kind, cache, key, {**payload, "stop_file": str(flag)}, say, need=need)
     release()

@@ -7,7 +7,7 @@ import time
 
 import streamlit as st
 
-from pages import _record
+from pages import _record, _visitor
 from pages._sidebar import _device_limit, describe, over_budget
 from remat_lab.config import (
     ConfigError,
@@ -72,15 +72,11 @@ def _session_alive():
     return lambda: runtime.is_active_session(session)
 
 
-def _session_id() -> str | None:
-    """This browser session's id: the worker queue's lane (its jobs are served in turn with other
-    sessions', and its newer request replaces its still-queued one). None outside a script run."""
-    try:
-        from streamlit.runtime.scriptrunner import get_script_run_ctx
-    except ImportError:  # pragma: no cover - a Streamlit without it
-        return None
-    ctx = get_script_run_ctx()
-    return ctx.session_id if ctx is not None else None
+def _session_id():
+    """This browser session and its visitor (``_visitor.lane``): the worker queue's lane is the
+    visitor's (its jobs are served in turn with other visitors', a few at a time, all its tabs
+    together), and the session's newer request replaces its still-queued one. None outside a run."""
+    return _visitor.lane()
 
 
 def cached_call(kind: str, cache: ByteCache, key: tuple, payload: dict, progress=None,
@@ -202,6 +198,8 @@ def show_error(err: Exception) -> None:
                  "(for example a smaller width, batch, seq or depth); the app keeps serving.")
     elif isinstance(err, worker.TimeLimit):
         st.error(f"**Stopped.** {text}\n\nThe app keeps serving; a new worker is starting.")
+    elif isinstance(err, worker.Busy):  # the per-visitor cap: a sentence, not a failure
+        st.warning(text, icon=":material/hourglass_top:")
     elif isinstance(err, worker.Superseded):
         st.info("This request was replaced by a newer one from this page (one queued job per visitor).")
     elif isinstance(err, worker.WorkerLost):

@@ -49,7 +49,8 @@ def test_a_killed_worker_gives_a_clear_message_and_the_next_run_succeeds(pool):
     job = pool.submit("run", {"config": SLOW.as_dict()}, key=SLOW)
     _wait_for_stage(job, "timing")
     os.kill(_pid(pool), signal.SIGKILL)
-    with pytest.raises(WorkerLost, match=r"ran out of memory in the worker \(limit [\d.]+ [KMG]iB\)"):
+    # Killed by the test, not by the kernel's out-of-memory killer: said so (test_worker_deaths.py)
+    with pytest.raises(WorkerLost, match=r"stopped from outside the app \(SIGKILL|killed \(SIGKILL\)"):
         job.wait()
     assert pool.deaths == 1
     started = time.monotonic()

@@ -79,7 +79,8 @@ def test_a_killed_worker_costs_only_its_run(page, server, shots):
     wait_idle(page)
     error = page.get_by_test_id("stAlertContentError").first
     error.wait_for(timeout=30_000)
-    assert "ran out of memory in the worker (limit" in error.inner_text(), error.inner_text()
+    said = error.inner_text()  # killed by the test, not by the out-of-memory killer: said so
+    assert "stopped from outside the app (SIGKILL" in said or "cannot tell which" in said, said
     assert_no_exception(page)
     shots(page, "worker-lost")
     started = time.monotonic()

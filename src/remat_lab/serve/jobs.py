@@ -2,8 +2,8 @@
 
 A caller ``wait``s on a ``Job`` (its stages come back as they happen); when every caller has left,
 the job is abandoned. ``WorkerLost`` (and its ``TimeLimit``: stopped at the kind's deadline),
-``Abandoned`` (and its ``Superseded``: replaced by the same session's newer request) are the
-errors that only a worker pool gives.
+``Abandoned`` (and its ``Superseded``: replaced by the same session's newer request) and ``Busy``
+(refused: its visitor has enough jobs in flight) are the errors that only a worker pool gives.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ class TimeLimit(WorkerLost):
 
 class Superseded(Abandoned):
     """The job was still queued when the same session asked for another; the newer one replaced it."""
+
+
+class Busy(ExecutionError):
+    """Not queued: its visitor already has as many jobs queued or running as one may (``quotas``)."""
 
 
 class Job:

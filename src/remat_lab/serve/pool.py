@@ -1,20 +1,22 @@
 """The server's side of the process boundary: recyclable worker processes fed from one fair job queue.
 
 A ``Pool`` (no Streamlit) owns ``size`` worker processes (``spawn``: JAX is not fork-safe), each
-fed by one dispatcher thread from a job queue served round-robin by session (``fairqueue``); equal
-jobs in flight are one ``Job``. A session has at most one queued job: a newer request replaces
-its queued one (``Superseded``). A job past its kind's deadline (``quotas``) has its worker killed
-and replaced (``TimeLimit``). A dead worker fails only its job (``WorkerLost``) and is replaced; a
-job nobody waits for is stopped (``Abandoned``); a worker is recycled after ``max_runs`` jobs or
-above ``max_rss``; a job's estimate must fit under the memory limit first; timed kinds hold one
-lock (one timing at a time). ``shared_pool`` is the process's pool.
+fed by one dispatcher thread from a job queue served round-robin by visitor (``fairqueue``, lanes
+from ``visitors``: the client's address, else the session); equal jobs in flight are one ``Job``.
+A session has at most one queued job: a newer request replaces its queued one (``Superseded``); a
+visitor has at most ``visitor_cap`` jobs queued or running, all its tabs together (``Busy``). A job
+past its kind's deadline (``quotas``) has its worker killed and replaced (``TimeLimit``). A dead
+worker fails only its job (``WorkerLost``, its cause told by ``deaths``) and is replaced; a job
+nobody waits for, or whose sessions have all ended (``session_alive``), is stopped
+(``Abandoned``); a worker is recycled after ``max_runs`` jobs or above ``max_rss``; a job's
+estimate must fit under the memory limit first; timed kinds hold one lock (one timing at a time).
+``shared_pool`` is the process's pool.
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -24,10 +26,10 @@ from typing import Any
 
 from remat_lab.config import ConfigError, MemoryBudgetError, human_bytes, limits
 from remat_lab.program.backend import ExecutionError
-from remat_lab.serve import quotas
+from remat_lab.serve import deaths, quotas, visitors
 from remat_lab.serve.fairqueue import FairQueue
 from remat_lab.serve.in_worker import execute, serve
-from remat_lab.serve.jobs import Abandoned, Job, Superseded, TimeLimit, WorkerLost
+from remat_lab.serve.jobs import Abandoned, Busy, Job, Superseded, TimeLimit, WorkerLost
 
 TIMED = ("run", "compare", "advise", "sweep_time")
 MARGIN = 64 << 20  # left free under the limit, for the server's own page work
@@ -95,12 +97,15 @@ class Pool:
     """``size`` worker processes behind one fair job queue (``size=0``: in the caller's thread).
 
     ``deadlines``: seconds per job kind over ``quotas.deadlines()`` (None for a kind: no deadline);
-    a pool of size 0 has none (nothing to kill).
+    a pool of size 0 has none (nothing to kill). ``visitor_cap``: jobs one lane may have queued or
+    running (default ``quotas.visitor_cap()``; 0: none). ``session_alive(session_id)``, when set,
+    tells whether a browser session is still there: a job whose sessions are all gone is stopped.
     """
 
     def __init__(self, size: int = 1, *, max_runs: int = 40, max_rss: int | None = None,
                  margin: int = MARGIN, env: dict | None = None, start_timeout: float = 120.0,
-                 limit: int | None = None, deadlines: Mapping[str, float | None] | None = None) -> None:
+                 limit: int | None = None, deadlines: Mapping[str, float | None] | None = None,
+                 visitor_cap: int | None = -1) -> None:
         self.size, self.max_runs, self.margin = size, max_runs, margin
         self.limit = limit or limits.memory_limit()
         # Recycle above half the limit by default: a worker that big cannot take the next large job.
@@ -108,6 +113,9 @@ class Pool:
         self.env, self.start_timeout = dict(env or {}), start_timeout
         self.timing_lock = threading.Lock()
         self.deadlines = quotas.deadlines(deadlines)
+        self.visitor_cap = quotas.visitor_cap() if visitor_cap == -1 else visitor_cap
+        self.session_alive: Callable[[Hashable], bool] | None = None
+        self._lane_jobs: dict[Hashable, set[Job]] = {}  # lane -> the jobs it started, not yet done
         self._jobs = FairQueue()
         self._queued: dict[Hashable, Job] = {}  # session -> its one queued job
         self._in_flight: dict[Any, Job] = {}
@@ -131,19 +139,27 @@ class Pool:
         ``need``: the job's estimated bytes (checked against the limit before it runs);
         ``on_done``: called with the value when the job succeeds, whoever still waits;
         ``progress``: for a pool of size 0, called with each stage as the job runs here;
-        ``session``: who asks (the queue's lane). A session's still-queued job is replaced by its
-        newer request: the older one ends with ``Superseded`` unless another session shares it.
+        ``session``: who asks (a ``visitors.Lane`` or a plain key; its lane in the queue). A
+        session's still-queued job is replaced by its newer request: the older one ends with
+        ``Superseded`` unless another session shares it. A new job of a lane that has
+        ``visitor_cap`` jobs in flight is not queued: it comes back finished with ``Busy``.
         """
         key = (kind, key) if key is not None else None
-        replaced = None
+        replaced, lane = None, visitors.lane_of(session)
         with self._lock:
             job = self._in_flight.get(key) if key is not None else None
             fresh = job is None or job.done.is_set()
+            if fresh and self._over_cap(lane, session):
+                job = Job(kind, payload, need)
+                job.finish(error=Busy(quotas.busy_message(self.visitor_cap)))
+                return job
             if fresh:
                 job = Job(kind, payload, need, on_done)
                 job.key = key
                 if key is not None:
                     self._in_flight[key] = job
+                if self.size and lane is not None:
+                    self._lane_jobs.setdefault(lane, set()).add(job)
             with job._lock:
                 job.waiters += 1
             job.sessions.add(session)
@@ -156,7 +172,7 @@ class Pool:
             if fresh and self.size:
                 if len(self._jobs) or any(self._busy):
                     job.stage("waiting")
-                self._jobs.put(job, session)
+                self._jobs.put(job, lane)
         if replaced is not None:
             replaced.finish(error=Superseded("replaced by a newer request of the same session"))
             self._forget(replaced)
@@ -172,9 +188,27 @@ class Pool:
         if not self._jobs.discard(old):  # already running: it finishes for whoever still waits
             return None
         if old.sessions:  # shared with another session: queued again in that one's lane
-            self._jobs.put(old, next(iter(old.sessions)))
+            self._jobs.put(old, visitors.lane_of(next(iter(old.sessions))))
             return None
         return old
+
+    def _over_cap(self, lane: Hashable, session: Hashable) -> bool:
+        """Whether ``lane`` has ``visitor_cap`` jobs in flight besides ``session``'s queued one (a
+        new request replaces that); under ``_lock``. Forgets lanes with nothing in flight."""
+        for name in [n for n, jobs in self._lane_jobs.items() if all(j.done.is_set() for j in jobs)]:
+            del self._lane_jobs[name]
+        if not self.size or not self.visitor_cap or lane is None:
+            return False
+        live = {j for j in self._lane_jobs.get(lane, ()) if not j.done.is_set()}
+        live.discard(self._queued.get(session))
+        return len(live) >= self.visitor_cap
+
+    def _gone(self, job: Job) -> bool:
+        """Whether every browser session that asked for ``job`` has ended (``session_alive``)."""
+        alive, sessions = self.session_alive, list(job.sessions)
+        if alive is None or not sessions or None in sessions:
+            return False
+        return not any(alive(visitors.session_of(s)) for s in sessions)
 
     def call(self, kind: str, payload: dict, *, key: Any = None, need: int = 0,
              progress: Callable[[str], None] | None = None, alive: Callable[[], bool] | None = None,
@@ -267,7 +301,7 @@ class Pool:
                 self._forget(job)
 
     def _run(self, i: int, job: Job) -> None:
-        if job.abandoned():
+        if job.abandoned() or self._gone(job):
             job.finish(error=Abandoned("nobody waits for this run any more"))
             return
         lock = self.timing_lock if job.kind in TIMED else None
@@ -295,6 +329,7 @@ class Pool:
     def _exchange(self, i: int, w: _Worker, job: Job) -> None:
         limit = quotas.deadline_for(self.deadlines, job.kind)
         ends = time.monotonic() + limit if limit else None
+        oom = deaths.oom_kills()  # the kernel's OOM kills so far: did it kill the worker, or someone?
         w.requests.put((job.id, job.kind, job.payload))
         while True:
             if ends is not None and time.monotonic() > ends:
@@ -310,9 +345,9 @@ class Pool:
                     code = w.process.exitcode
                     self.deaths += 1
                     self._replace(i, kill=True)
-                    job.finish(error=WorkerLost(self._death_message(code)))
+                    job.finish(error=WorkerLost(deaths.message(code, self.limit, oom, deaths.oom_kills())))
                     return
-                if job.abandoned():
+                if job.abandoned() or self._gone(job):
                     self._replace(i, kill=True)
                     job.finish(error=Abandoned("every session that asked for this run left; stopped"))
                     return
@@ -341,14 +376,6 @@ class Pool:
             self._ensure(i)
         except WorkerLost:  # closed meanwhile, or it did not start: the next job tries again
             pass
-
-    def _death_message(self, code: int | None) -> str:
-        if code == -signal.SIGKILL:
-            return (f"This configuration ran out of memory in the worker (limit "
-                    f"{human_bytes(self.limit)}): the worker process was killed; a new one is "
-                    "starting. Lower width, batch, seq or depth.")
-        return (f"The worker process died while running this configuration (exit code {code}); "
-                "a new one is starting. Try a smaller or different configuration.")
 
 
 _SHARED: dict[str, Pool] = {}

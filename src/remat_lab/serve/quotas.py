@@ -9,7 +9,9 @@ server, ``REMAT_LAB_PUBLIC=0``).
 The clock starts when the worker receives the job: waiting in the queue, for the timing lock or for
 a worker to start does not count.
 
-Public servers (``store.history.public_mode``) also bound what one click may queue: a Sweep click
+Public servers (``store.history.public_mode``) also bound what one visitor may queue: at most
+``PUBLIC_VISITOR_MAX_JOBS`` jobs queued or running at once, all its tabs together (``visitor_cap``;
+``visitors`` says who a visitor is), and what one click may queue: a Sweep click
 runs at most ``PUBLIC_SWEEP_MAX_RUNS`` configurations (Resume runs the next ones), and the Advisor
 is bounded by ``PUBLIC_ADVISOR_*`` (policies, searched batches, budget).
 """
@@ -59,6 +61,7 @@ _WHAT = {
     "advise": ("an advice", "try fewer policies, a smaller model or turning timing off"),
 }
 
+PUBLIC_VISITOR_MAX_JOBS = 2  # one visitor's jobs queued or running at once, all its tabs together
 PUBLIC_SWEEP_MAX_RUNS = 48  # one click: ~48 x 5 s = 4 min of worker time, not 1.6 h
 PUBLIC_ADVISOR_MAX_POLICIES = 8  # JAX's 7 policies and one more; the issue's advice had 17
 PUBLIC_ADVISOR_MAX_BATCH = 4096  # the search's ceiling: at most 2*log2(4096)+3 = 27 probes per policy
@@ -74,7 +77,7 @@ def deadlines(overrides: Mapping[str, float] | None = None, env: Mapping[str, st
     table: dict[str, float | None] = {**DEADLINES_S, "default": DEFAULT_DEADLINE_S}
     env = os.environ if env is None else env
     text = env.get(DEADLINE_ENV, "").strip().lower()
-    if not text and env.get(PUBLIC_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+    if not text and private(env):
         text = "off"  # a private instance: its owner's jobs run to the end unless told otherwise
     if text in ("0", "off", "none", "no"):
         table = dict.fromkeys(table)
@@ -90,6 +93,24 @@ def deadlines(overrides: Mapping[str, float] | None = None, env: Mapping[str, st
     return table
 
 
+def private(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this is a private instance (``$REMAT_LAB_PUBLIC=0``): its owner is the only visitor."""
+    env = os.environ if env is None else env
+    return env.get(PUBLIC_ENV, "").strip().lower() in ("0", "false", "no", "off")
+
+
+def visitor_cap(env: Mapping[str, str] | None = None) -> int | None:
+    """Jobs one visitor may have queued or running at once (None: no cap, a private instance)."""
+    return None if private(env) else PUBLIC_VISITOR_MAX_JOBS
+
+
+def busy_message(cap: int) -> str:
+    """The visitor's sentence for a job refused by the per-visitor cap."""
+    return (f"Not started: you already have {cap} job{'' if cap == 1 else 's'} running or waiting on "
+            "this shared server (from this tab or your others), the most one visitor may have. Try "
+            "again when one of them has finished.")
+
+
 def deadline_for(table: Mapping[str, float | None], kind: str) -> float | None:
     """The deadline of ``kind`` in ``table`` (its ``"default"`` for a kind it does not name)."""
     return table[kind] if kind in table else table.get("default")
@@ -100,7 +121,7 @@ def stopped_message(kind: str, seconds: float) -> str:
     what, hint = _WHAT.get(kind, ("this job", "try a smaller request"))
     shown = f"{seconds:.0f}" if seconds >= 10 else f"{seconds:.1f}"
     text = f"Stopped after {shown} s, this server's limit for {what}; {hint}."
-    if os.environ.get(PUBLIC_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+    if private():
         # the owner of a private instance set it: name the setting (never shown to web visitors)
         text += f" ${DEADLINE_ENV} sets the limits (0 or off: none)."
     return text
