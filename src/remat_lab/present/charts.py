@@ -33,6 +33,7 @@ from remat_lab.present.study_charts import (
     make_relative_heatmap_figure,
     make_sweep_figure,
 )
+from remat_lab.present.synth_charts import make_synthesis_figure
 from remat_lab.present.target_charts import make_targets_peak_figure
 from remat_lab.present.timeline_charts import make_timeline_figure, make_timeline_overlay_figure
 
@@ -46,5 +47,5 @@ __all__ = [
     "make_pareto_figure", "make_relative_heatmap_figure", "make_residuals_figure",
     "make_roofline_figure", "make_step_time_figure", "make_sweep_figure", "make_time_bars_figure",
     "make_timeline_figure", "make_timeline_overlay_figure", "make_memory_by_kind_figure",
-    "make_targets_peak_figure",
+    "make_targets_peak_figure", "make_synthesis_figure",
 ]

@@ -63,6 +63,14 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
         return advisor.advise(cfg, int(payload["budget"]), policies=list(payload["policies"]),
                               timing=kind == "advise", progress=progress,
                               should_stop=stopper(kind, payload.get("stop_file")), **bound)
+    if kind == "synthesize":  # the policy synthesizer: compile-only, Stop and deadline between compiles
+        from remat_lab.studies.synthesize import synthesize
+
+        return synthesize(cfg, int(payload["budget"]), goal=str(payload["goal"]),
+                          batch=int(payload["batch"]) if payload.get("batch") else None,
+                          policies=list(payload["policies"]) if payload.get("policies") else None,
+                          max_batch=int(payload.get("max_batch") or 65536), progress=progress,
+                          should_stop=stopper(kind, payload.get("stop_file")))
     raise ValueError(f"unknown job kind {kind!r}")
 
 

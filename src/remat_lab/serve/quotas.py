@@ -45,6 +45,8 @@ DEADLINES_S: dict[str, float] = {
     "advise_sizes": 120.0,
     # The probes, then each policy compiled at its largest batch and timed (~8 s in all).
     "advise": 180.0,
+    # The synthesizer: 2k + 6 probes, its candidates' searches and the named policies' (as advise_sizes).
+    "synthesize": 300.0,
 }
 DEFAULT_DEADLINE_S = 120.0  # a kind not in the table
 
@@ -59,6 +61,7 @@ _WHAT = {
     "sweep_time": ("timing a sweep cell", "try fewer policies or a smaller model"),
     "advise_sizes": ("an advice", "try fewer policies or a smaller model"),
     "advise": ("an advice", "try fewer policies, a smaller model or turning timing off"),
+    "synthesize": ("a synthesis", "try fewer named policies or a smaller model"),
 }
 
 PUBLIC_VISITOR_MAX_JOBS = 2  # one visitor's jobs queued or running at once, all its tabs together

@@ -29,7 +29,14 @@ from remat_lab.studies.synthesize_costs import (
     planned_compiles,
 )
 from remat_lab.studies.synthesize_solve import Model, Plan, min_recompute, solve
-from remat_lab.studies.synthesize_text import METHOD, command, custom_flags, jax_code, maxtext_yaml
+from remat_lab.studies.synthesize_text import (
+    METHOD,
+    command,
+    custom_flags,
+    jax_code,
+    maxtext_yaml,
+    run_command,
+)
 
 GOALS = ("max-batch", "min-recompute")
 ROUNDS = 2  # solve, compile; once more with the budget moved by the model's error
@@ -291,6 +298,7 @@ def _document(run: _Run, base: RunConfig, config: RunConfig, model: Model | None
         "code": jax_code(plan) if plan else None,
         "maxtext_yaml": maxtext_yaml(plan, names, base.depth) if plan else None,
         "command": command(config, budget, goal, b * run.unit if b else None),
+        "run_command": run_command(base, plan, at or run.unit) if plan else None,
         "notes": notes, "method": METHOD, "environment": environment(),
         **({"target": get_target(base.target).as_dict()} if base.target != LOCAL else {}),
     }

@@ -47,8 +47,22 @@ def maxtext_yaml(plan: Plan, names: tuple[str, ...], depth: int) -> str:
 
 def command(config: RunConfig, budget: int, goal: str, batch: int | None) -> str:
     """The ``synthesize`` command line that gives the same document."""
+    parts = _model_flags(config, "synthesize")
+    parts.append(f"--budget {budget} --goal {goal}")
+    if goal == "min-recompute" and batch:
+        parts.append(f"--batch {batch}")
+    return " ".join(parts + ["--json"])
+
+
+def run_command(config: RunConfig, plan: Plan, batch: int) -> str:
+    """The ``run`` command line that compiles ``plan`` at the global ``batch`` (compile-only)."""
+    return " ".join([*_model_flags(config, "run"), custom_flags(plan, config.depth),
+                     f"--batch {batch} --compile-only --json"])
+
+
+def _model_flags(config: RunConfig, sub: str) -> list[str]:
     c = config
-    parts = ["python -m remat_lab synthesize"]
+    parts = [f"python -m remat_lab {sub}"]
     if c.preset:
         parts.append(f"--preset {c.preset}")
     else:
@@ -66,10 +80,9 @@ def command(config: RunConfig, budget: int, goal: str, batch: int | None) -> str
         parts.append(f"--target {c.target} --target-devices {c.target_devices}")
     if c.mesh:
         parts.append(f"--mesh {c.mesh}")
-    parts.append(f"--budget {budget} --goal {goal}")
-    if goal == "min-recompute" and batch:
-        parts.append(f"--batch {batch}")
-    return " ".join(parts + ["--json"])
+    if c.model == "llm" and (c.attention, c.loss_chunks) != ("full", 1):
+        parts.append(f"--attention {c.attention} --loss-chunks {c.loss_chunks}")
+    return parts
 
 
 METHOD = {
