@@ -59,13 +59,16 @@ def run(kind: str, cache: ByteCache, key: tuple, payload: dict, say, need: int) 
         flag.unlink(missing_ok=True)  # a new job: an old Stop does not apply
 
         def keep(value: dict) -> None:  # a stopped advice is shown, not cached
-            if value.get("stopped_because") != "stopped":
+            if value.get("stopped_because") not in ("stopped", "deadline"):
                 cache.put(key, value)
 
         job = _running.pool().submit(kind, {**payload, "stop_file": str(flag)}, key=key, need=need,
-                                     on_done=keep,
+                                     on_done=keep, progress=say,  # say: a pool of size 0 runs it here
                                      session=_running._session_id())
         st.session_state[HOLD] = (pool_key, job)
+        if job.done.is_set() and job.error is not None:  # ran here and failed: not once more
+            release()
+            raise job.error
     value = _running.cached_call(kind, cache, key, {**payload, "stop_file": str(flag)}, say, need=need)
     release()
     flag.unlink(missing_ok=True)

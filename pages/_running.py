@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 
 import streamlit as st
@@ -11,7 +10,6 @@ from pages import _record, _visitor
 from pages._sidebar import _device_limit, describe, over_budget
 from remat_lab.config import (
     ConfigError,
-    MemoryBudgetError,
     RunConfig,
     check_budget,
     estimate_bytes,
@@ -91,8 +89,12 @@ def cached_call(kind: str, cache: ByteCache, key: tuple, payload: dict, progress
     def keep(value):
         cache.put(key, clean(value) if clean else value)
 
+    alive, tick = _session_alive(), getattr(progress, "tick", None)
+    if tick is not None:  # the pool asks ``alive`` ~4 times a second while it waits: the clock ticks
+        gone = alive
+        alive = lambda: (tick(), gone is None or gone())[1]  # noqa: E731
     value = pool().call(kind, payload, key=key, need=need, progress=progress,
-                        alive=_session_alive(), on_done=keep, session=_session_id())
+                        alive=alive, on_done=keep, session=_session_id())
     found = cache.get(key)  # None when larger than the whole cache: shown, not kept
     return found if found is not None else (clean(value) if clean else value)
 
@@ -120,15 +122,22 @@ _cached_untimed = _CachedKind("untimed")  # compiled, checked and dissected, not
 
 
 def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = False,
-               timed: bool = True) -> dict:
+               timed: bool = True, say=None) -> dict:
     """One cached run, naming each stage in ``status``; raises ConfigError / ExecutionError.
 
     ``keep_texts=True`` (the Inspect page) returns the jaxpr and HLO texts and skips the timing:
     reading programs should not wait for, or take, the timing lock. ``timed=False`` (the Sweep,
     whose cells time their policies together afterwards) skips the timing, without the texts.
+    ``say`` (a page's ``_progress.Live``): the stages go to it instead, and its clock ticks.
     """
     def progress(stage: str) -> None:
-        status.update(label=f"{prefix}{STAGE_TEXT.get(stage, stage)}…", state="running")
+        text = f"{prefix}{STAGE_TEXT.get(stage, stage)}"
+        if say is not None:
+            say(text)
+        else:
+            status.update(label=f"{text}…", state="running")
+
+    progress.tick = getattr(say, "tick", None)
 
     # The budget is checked before the cache too: lowering it refuses cached configurations as well.
     check_budget(cfg, resolve_budget(None, _device_limit()))
@@ -189,11 +198,10 @@ def run_one(cfg: RunConfig, keep_texts: bool = True, button_key: str = "run_now"
 
 
 def show_error(err: Exception) -> None:
-    """ConfigError / ExecutionError as a red box with what to change (user values escaped, paths cut)."""
-    text = safe_text.escape_markdown(safe_text.strip_paths(str(err)))
+    """ConfigError / ExecutionError as a red box with what to change (user values escaped, paths cut;
+    on a public server no flag or environment variable the engine's advice names)."""
+    text = safe_text.escape_markdown(safe_text.strip_paths(safe_text.for_visitor(str(err))))
     if isinstance(err, ConfigError):
-        if isinstance(err, MemoryBudgetError):  # the engine's advice names a CLI flag: not for the web
-            text = re.sub(r" \\\(or raise the budget with .*?\\\)", "", text)
         st.error(f"**This configuration cannot run.** {text}\n\nChange the settings in the sidebar "
                  "(for example a smaller width, batch, seq or depth); the app keeps serving.")
     elif isinstance(err, worker.TimeLimit):

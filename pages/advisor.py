@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _advisor_run, _page_state, _running, _shared, _sidebar, _views  # noqa: E402
+from pages import _advisor_run, _page_state, _progress, _running, _shared, _sidebar, _views  # noqa: E402
 from remat_lab.config import LOCAL, ConfigError, RunConfig, human_bytes, parse_bytes, parse_mesh  # noqa: E402
 from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
@@ -166,12 +166,15 @@ else:
                   on_click=_advisor_run.request_stop,
                   args=(_job_key(model, budget, list(chosen), timing, max_batch, time_budget),))
     st.session_state["_advisor_running"] = key
-    with st.status(f"Advising on {len(chosen)} policies…", expanded=False) as status:
-        say = lambda message: status.update(label=f"{message}…", state="running")  # noqa: E731
+    # Live: elapsed, policies sized of planned, time left, and each policy's row as it is sized.
+    status, live = _progress.running(f"Advising on {len(chosen)} policies…", _progress.ADVICE,
+                                     words=lambda m: _running.STAGE_TEXT.get(m, m),
+                                     title="Policies sized so far")
+    with status:
         try:
-            doc = _advise(model, budget, list(chosen), timing, say, max_batch, time_budget)
+            doc = _advise(model, budget, list(chosen), timing, live, max_batch, time_budget)
         except (ConfigError, ExecutionError) as err:
-            status.update(label="The advisor failed", state="error")
+            status.update(label="The advisor stopped" if live.rows else "The advisor failed", state="error")
             doc, error = None, err
         else:
             error = None
@@ -180,13 +183,16 @@ else:
                           state="complete")
     st.session_state.pop("_advisor_running", None)
     if error is not None:
-        _running.show_error(error)
+        _progress.stopped_with_rows(live, error, len(chosen))
         st.stop()
+    live.clear()
     st.session_state["_advisor_done"] = key
     st.session_state["_advisor_doc"] = (key, doc)
 
 # ---------------------------------------------------------------- the decision first (advice_view)
-if timing and not doc["timed"]:
+if doc.get("stopped_because") == "deadline":  # timing ended early: the rounds finished are the answer
+    st.warning(_progress.deadline_note("advise" if timing else "advise_sizes", public))
+elif timing and not doc["timed"] and doc.get("stopped_because") != "stopped":
     t = doc.get("timing") or {}
     st.info(f"Sizes only: no policy was timed ({_views.md(str(doc.get('stopped_because')))}); this "
             f"server could allocate {human_bytes(t.get('allowance_bytes') or 0)} for timing "

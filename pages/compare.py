@@ -10,7 +10,8 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _mesh, _page_state, _peak_diff, _record, _running, _shared, _sidebar  # noqa: E402
+from pages import _mesh, _page_state, _peak_diff, _progress, _record, _running, _shared, _sidebar  # noqa: E402
+from pages._layout import chart_row  # noqa: E402
 from remat_lab.config import (  # noqa: E402
     LIMITS,
     ConfigError,
@@ -97,12 +98,11 @@ if not (_running.is_quick(timed) or clicked or st.session_state.get("_compare_do
             "**Run comparison**.")
     st.stop()
 
-with st.status(f"Comparing {len(chosen)} policies…", expanded=False) as status:
-    def say(message: str) -> None:
-        status.update(label=f"{_running.STAGE_TEXT.get(message, message)}…", state="running")
-
+status, live = _progress.running(f"Comparing {len(chosen)} policies…", _progress.COMPARE,  # live rows
+                                 words=lambda m: _running.STAGE_TEXT.get(m, m), title="Compiled so far")
+with status:
     try:
-        result = _compare(cfg, chosen, say)
+        result = _compare(cfg, chosen, live)
     except (ConfigError, ExecutionError) as err:
         status.update(label="Comparison failed", state="error")
         result, error = None, err
@@ -113,8 +113,9 @@ with st.status(f"Comparing {len(chosen)} policies…", expanded=False) as status
                             f"{_sidebar.describe(cfg).split(', ')[0]}, {m['rounds']} interleaved rounds "
                             f"of {m['calls_per_round']} calls each", state="complete")
 if error is not None:
-    _running.show_error(error)
+    _progress.stopped_with_rows(live, error, len(chosen))
     st.stop()
+live.clear()
 st.session_state["_compare_done"] = key
 _record.record(result, kind="compare")  # the run history (History page); once per session
 if result["failed"]:
@@ -152,16 +153,16 @@ peak_text = "" if "smallest peak" in pareto else f"Smallest peak memory: {smalle
 st.info(f"{reason} {same_text}{peak_text}{pareto}")
 
 # ---------------------------------------------------------------- charts
-left, right = st.columns(2)
-left.plotly_chart(charts.make_time_bars_figure(frame), width="stretch")
-left.caption(f"Bars: the 95 % bootstrap interval of each median ({m['rounds']} rounds resampled). "
+# Side by side on a wide page, stacked at 1024 px (a horizontal bar per policy needs the room).
+time_cell, memory_cell, pareto_cell, samples_cell = chart_row("compare_charts", 4, min_px=420)
+time_cell.plotly_chart(charts.make_time_bars_figure(frame), width="stretch")
+time_cell.caption(f"Bars: the 95 % bootstrap interval of each median ({m['rounds']} rounds resampled). "
              "Two policies are told apart only when their intervals do not overlap.")
 memory_docs = [{"config": {"policy": r["policy"]}, "memory": r} for r in rows if r["peak_bytes"] is not None]
-right.plotly_chart(charts.make_memory_figure(tables.memory_frame(memory_docs)), width="stretch")
-left, right = st.columns(2)
+memory_cell.plotly_chart(charts.make_memory_figure(tables.memory_frame(memory_docs)), width="stretch")
 front = frame["pareto"].astype(bool)
-left.plotly_chart(charts.make_pareto_figure(frame, front), width="stretch")
-left.caption(
+pareto_cell.plotly_chart(charts.make_pareto_figure(frame, front), width="stretch")
+pareto_cell.caption(
     "Each point is a compiled program at its peak memory and median step time (policies that compile "
     "to the same program share one point, named by all of them); the vertical bar is the 95 % "
     "interval of the median. "
@@ -173,8 +174,8 @@ left.caption(
 samples = pd.DataFrame([{"policy": r["policy"], "run": i, "ms": s * 1e3}
                         for r in rows for i, s in enumerate(r["samples_s"], 1)],
                        columns=["policy", "run", "ms"])
-right.plotly_chart(charts.make_step_time_figure(samples), width="stretch")
-right.caption("Every timed call, in the order they ran for each policy (rounds interleave policies "
+samples_cell.plotly_chart(charts.make_step_time_figure(samples), width="stretch")
+samples_cell.caption("Every timed call, in the order they ran for each policy (rounds interleave policies "
               "in a shuffled order).")
 
 

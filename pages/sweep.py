@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _page_state, _record, _running, _shared, _sidebar, _views  # noqa: E402
+from pages import _page_state, _progress, _record, _running, _shared, _sidebar, _views  # noqa: E402
 from remat_lab.config import LIMITS, RunConfig, estimate_bytes, estimate_process_bytes, human_bytes  # noqa: E402
 from remat_lab.config.catalog import USER_MODEL  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
@@ -123,35 +123,38 @@ if b.button("Clear results", key="sweep_clear"):
     st.rerun()
 
 
-def _time_cell(cfgs: list[RunConfig], docs: list[dict], status) -> None:
+def _time_cell(cfgs: list[RunConfig], docs: list[dict], say) -> None:
     """One cell's policies timed together in the worker, interleaved, each median with its 95 %
     interval written into its row (``sweep.time_interleaved``); ExecutionError when it fails."""
-    status.update(label=f"w{cfgs[0].width} b{cfgs[0].batch}: timing {len(cfgs)} "
-                        f"polic{'y' if len(cfgs) == 1 else 'ies'} interleaved…", state="running")
+    say(f"w{cfgs[0].width} b{cfgs[0].batch}: timing {len(cfgs)} "
+        f"polic{'y' if len(cfgs) == 1 else 'ies'} interleaved")
     need = estimate_process_bytes(cfgs[0]) + (len(cfgs) - 1) * estimate_bytes(cfgs[0])
     payload = {"config": cfgs[0].as_dict(), "configs": [c.as_dict() for c in cfgs],
                "flops": [d.get("flops") for d in docs]}
-    timed = _running.pool().call("sweep_time", payload, need=need)
+    timed = _running.pool().call("sweep_time", payload, need=need, progress=lambda m: say(str(m)))
     for doc, fields in zip(docs, timed):
         doc.update(fields)
 
 
 if start:
-    bar = st.progress(done / len(grid), text=f"{done} of {len(grid)} runs done")
     t0 = time.perf_counter()
-    with st.status(f"Sweeping {len(batch)} configurations…", expanded=False) as status:
+    # Live: elapsed, configurations done of planned, time left, and each row as its cell is timed.
+    status, live = _progress.running(f"Sweeping {len(batch)} configurations…", _progress.SWEEP,
+                                     title="Finished in this click")
+    track = _progress.Counted(live, planned=len(batch), unit="configurations", item="configuration")
+    with status:
         # Untimed here: each cell's policies are timed together afterwards (as the CLI's sweep).
         run = lambda c: _running.run_config(c, status, prefix=f"w{c.width} b{c.batch} {c.policy}: ",
-                                            timed=False)
-        time_cell = lambda cfgs, docs: _time_cell(cfgs, docs, status)
+                                            timed=False, say=track)
+        time_cell = lambda cfgs, docs: _time_cell(cfgs, docs, track)
         outcomes = sweep.run_grid([c.as_dict() for c in batch], run, time_cell=time_cell)
-        for i, outcome in enumerate(outcomes, 1):
+        for outcome in outcomes:
             rows[sweep.config_key(outcome.row["config"])] = outcome.row  # kept if interrupted
             if "error" not in outcome.row:
                 _record.record(outcome.row, kind="sweep")
-            spent = time.perf_counter() - t0
-            bar.progress((done + i) / len(grid), text=f"{done + i} of {len(grid)} runs done · about "
-                                                      f"{spent / i * (len(batch) - i):.0f} s left")
+            c = outcome.row["config"]
+            track.finished(_progress.sweep_row(outcome.row),
+                           f"w{c['width']} b{c['batch']} {c['policy']}: done")
         status.update(label=f"Done: sweep of {len(grid)} configurations", state="complete")
     ss["sweep_note"] = (f"Swept {len(batch)} configurations in {time.perf_counter() - t0:.1f} s."
                         + (f" {len(todo) - len(batch)} left: click **Resume sweep** for the next ones."

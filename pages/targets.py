@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _page_state, _running, _shared, _sidebar  # noqa: E402
+from pages import _page_state, _progress, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, TARGET_NAMES, ConfigError, RunConfig  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import charts, tables  # noqa: E402
@@ -66,24 +66,28 @@ if not (clicked or ss.get("_targets_done") == key):
             "or Explore on the same target, is quick.")
     st.stop()
 
-with st.status(f"Compiling {len(policies)} policies for {len(chosen)} targets…", expanded=False) as status:
-    def say(text: str) -> None:
-        status.update(label=f"{text}…", state="running")
-
+# Live: elapsed, compiles done of planned, time left, and each pair's row as it is compiled.
+status, live = _progress.running(f"Compiling {len(policies)} policies for {len(chosen)} targets…",
+                                 _progress.TARGETS, title="Compiled so far")
+with status:
     def run(c: RunConfig) -> dict:
         """One pair through the app's worker pool and result caches: compile-only on a named target
         ("run" never times there), untimed on local ("programs": compiled and checked)."""
         return _running.run_config(c, status, prefix=f"{c.policy} on {c.target}: ",
-                                   keep_texts=c.target == LOCAL)
+                                   keep_texts=c.target == LOCAL, say=live)
 
     try:
-        doc = compare_across_targets(base, list(policies), list(chosen), progress=say, run=run)
+        doc, error = compare_across_targets(base, list(policies), list(chosen), progress=live, run=run), None
     except (ConfigError, ExecutionError) as err:
         status.update(label="Compiling failed", state="error")
-        _running.show_error(err)
-        st.stop()
-    status.update(label=f"Done: {len(doc['rows'])} compiles of {_sidebar.describe(base).split(', ')[0]}",
-                  state="complete")
+        error = err
+    else:
+        status.update(label=f"Done: {len(doc['rows'])} compiles of "
+                            f"{_sidebar.describe(base).split(', ')[0]}", state="complete")
+if error is not None:  # the pairs compiled before it stay in the live table
+    _progress.stopped_with_rows(live, error, len(policies) * len(chosen), "compiles")
+    st.stop()
+live.clear()
 ss["_targets_done"] = key
 for f in doc["failed"]:
     st.error(f"XLA failed for **{f['policy']}** on **{f['target']}**: "

@@ -65,8 +65,8 @@ class Step(str):
         ``elapsed=False`` leaves the elapsed time out (a line that says it already)."""
         since = max((time.time() if now is None else now) - self.at, 0.0)
         parts = [f"{duration(self.elapsed_s + since)} elapsed"] if elapsed else []
-        if self.planned is not None and self.done is not None:
-            parts.append(f"{self.done} of {'≤' if self.at_most else ''}{self.planned} {self.unit}".rstrip())
+        if self.counts():
+            parts.append(self.counts())
         eta = self.eta_s(since)
         if eta is not None and self.left_s is not None:
             parts.append(f"{duration(eta)} left{' ' + self.left_why if self.left_why else ''}")
@@ -79,6 +79,12 @@ class Step(str):
         if self.after:
             parts.append(self.after)
         return " · ".join(parts)
+
+    def counts(self) -> str:
+        """``2 of 7 policies sized`` (``""`` without a plan)."""
+        if self.planned is None or self.done is None:
+            return ""
+        return f"{self.done} of {'≤' if self.at_most else ''}{self.planned} {self.unit}".rstrip()
 
     def fraction(self) -> float | None:
         """How much of the phase is done, 0 to 1 (None without a plan)."""
