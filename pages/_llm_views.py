@@ -52,8 +52,9 @@ def model_section(cfg: RunConfig, result: dict) -> None:
     st.plotly_chart(charts.make_memory_by_kind_figure(frame), width="stretch")
     by_kind = mem.get("by_kind") or {}
     whole = " of the whole training step (AdamW update included)" if cfg.step == "train" else ""
-    st.caption(f"XLA's compiled peak{whole}, {human_bytes(mem['peak_bytes'])}, split by kind. How: "
-               f"{escape_markdown(by_kind.get('method', ''))}.")
+    source = mem.get("by_kind_source") or "size split (fallback)"
+    st.caption(f"XLA's compiled peak{whole}, {human_bytes(mem['peak_bytes'])}, split by kind "
+               f"({escape_markdown(source)}). How: {escape_markdown(by_kind.get('method', ''))}.")
 
 
 def _explore(**config) -> str:

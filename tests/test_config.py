@@ -133,7 +133,7 @@ def test_cli_json_document(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["config"]["width"] == 64 and doc["config"]["policy"] == "dots_with_no_batch_dims_saveable"
-    assert set(doc["compile"]) == {"lower_s", "compile_s", "timeline_s", "xla_remat"}
+    assert set(doc["compile"]) == {"lower_s", "compile_s", "timeline_s", "xla_remat", "log"}
     assert doc["compile"]["xla_remat"]["applied"] is False  # XLA CPU has no such pass
     assert {"source", "instructions", "points", "by_phase", "peak_index", "peak_live_bytes", "at_peak",
             "phases_from", "note"} == set(doc["memory_timeline"])
@@ -142,7 +142,7 @@ def test_cli_json_document(tmp_path, monkeypatch):
         "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
         "host_argument_bytes", "host_output_bytes", "host_alias_bytes", "host_temp_bytes",
         "host_generated_code_bytes", "peak_bytes", "xla_peak_memory_bytes",
-        "by_kind"}  # issue 23's contract: what fills the memory at the peak
+        "by_kind", "by_kind_source"}  # issue 23's contract: what fills the memory at the peak
     assert {"parameters", "optimizer_state", "gradients", "activations", "logits", "other",
             "method"} == set(doc["memory"]["by_kind"])
     assert {"reference", "independent", "loss_err", "grad_max_abs_err", "grad_max_rel_err", "rtol", "atol",

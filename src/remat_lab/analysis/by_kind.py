@@ -8,7 +8,7 @@ Two methods, named in the result's ``method``:
   checkpoint name is ``logits``, activations the other buffers with a source (a layer or a name),
   ``other`` the rest of ``memory.peak_bytes``: the input, buffers with no source, constants, the
   gaps XLA's packing of the temporary memory leaves, generated code.
-* **size** (the training step, whose timeline is the gradient step's; no timeline): by size from
+* **size** (the fallback: no dump of the program, or one this reader cannot read): by size from
   what is known exactly (the parameters' and the optimizer state's bytes, both arguments of the
   step; the gradients, one per parameter in its dtype; the logits of a language model, batch x seq
   x vocab in the compute dtype, per microbatch) against XLA's compiled figures: activations are the
@@ -16,15 +16,22 @@ Two methods, named in the result's ``method``:
   dtype (mixed precision: float32 master weights and gradients, the moments in the optimizer's
   dtype, bfloat16 activations), which ``method`` names when the model report gives ``precision``.
 
-On a TPU (a memory report with ``peak_source``, ``analysis/costs.py``) the kinds are by size: the
-timeline counts every buffer, also those libtpu keeps in the chip's on-chip VMEM, which take no
-HBM (every temporary of a width-1024 mlp at batch 4096 on four v5e chips, fsdp=4), while the peak
-is HBM.
+* **buffers** (the training step, from its own compile's dump: ``by_kind_buffers``): the
+  parameters' and the optimizer state's argument allocations, and the buffers live at its peak
+  (gradients, activations, logits) read from XLA's buffer assignment; on a TPU its HBM's only.
+  The size split is the fallback where no dump was written, and says so (``source``).
+
+On a TPU (a memory report with ``peak_source``, ``analysis/costs.py``) the gradient step's kinds
+are by size: the timeline counts every buffer, also those libtpu keeps in the chip's on-chip VMEM,
+which take no HBM (every temporary of a width-1024 mlp at batch 4096 on four v5e chips, fsdp=4),
+while the peak is HBM.
 
 A kind is never negative: an estimate larger than the memory it is taken from is cut to it.
 """
 
 from __future__ import annotations
+
+from remat_lab.analysis import by_kind_buffers
 
 KINDS = ("parameters", "optimizer_state", "gradients", "activations", "logits", "other")
 METHOD = ("parameters and optimizer_state: their argument bytes; gradients: the parameters' bytes "
@@ -61,14 +68,18 @@ def _from_timeline(memory: dict, model: dict, timeline: dict) -> dict | None:
 
 
 def memory_by_kind(memory: dict | None, model: dict, *, train: bool, logits_bytes: int = 0,
-                   timeline: dict | None = None) -> dict:
+                   timeline: dict | None = None, buffers: dict | None = None) -> dict:
     """``{kind: bytes}`` summing to ``memory["peak_bytes"]``, plus ``method``; {} without memory.
 
-    ``timeline``: the memory timeline of the same program as ``memory`` (not the training step's);
-    with it the kinds come from its buffers at the peak, else by size.
+    ``timeline``: the memory timeline of the same program as ``memory`` (the gradient step's);
+    ``buffers``: ``by_kind_buffers.kinds_from_buffers`` of the same program as ``memory`` (the
+    training step's). With either the kinds come from the buffers at the peak, else by size
+    (``source`` says which).
     """
     if not memory or memory.get("peak_bytes") is None:
         return {}
+    if buffers is not None:
+        return {**{k: int(buffers[k]) for k in KINDS}, "method": by_kind_buffers.METHOD}
     hbm_only = memory.get("peak_source") is not None  # TPU: the timeline holds VMEM buffers too
     if timeline and timeline.get("at_peak") and not train and not hbm_only:
         found = _from_timeline(memory, model, timeline)
@@ -90,3 +101,12 @@ def memory_by_kind(memory: dict | None, model: dict, *, train: bool, logits_byte
                                + (f"optimizer state {p['optimizer']}, " if train else "")
                                + f"activations and logits {p['compute']}")
     return {**kinds, "method": METHOD + dtypes}
+
+
+def source(kinds: dict) -> str | None:
+    """``"buffers"`` where ``kinds`` (``memory_by_kind``'s) were read from the program's buffers,
+    ``"size split (fallback)"`` where split by size; None for no kinds."""
+    if not kinds:
+        return None
+    read = kinds.get("method") in (METHOD_TIMELINE, by_kind_buffers.METHOD)
+    return by_kind_buffers.SOURCE if read else by_kind_buffers.FALLBACK

@@ -174,7 +174,7 @@ COMPARE_KEEP = ("schema", "config", "environment", "policies", "rows", "fastest"
 ADVICE_KEEP = ("schema", "kind", "budget_bytes", "budget_source", "config", "policies", "rows",
                "recommended", "near_ties", "reason", "search_s", "notes", "timed", "peak_flops_per_s",
                "peak_source", "method", "environment", "decision", "time_budget_s", "rounds",
-               "stopped_because", "timing", "peak_kind", "precision", "static", "attention")
+               "stopped_because", "timing", "peak_kind", "precision", "static", "attention", "log")
 TEXT = 2000  # characters kept of an error message or a configuration value of an error row
 
 
@@ -213,7 +213,8 @@ def compact(kind: str, doc: dict, detailed: bool = False) -> dict:
     if step is not None:
         out["step_time_s"] = pick(step, (*STEP_KEEP, "samples") if detailed else STEP_KEEP)
     for key, keep in (("memory", MEMORY_KEEP), ("totals", TOTALS_KEEP), ("hlo", HLO_KEEP),
-                      ("compile", ("compile_s",)), ("gradient_check", ("ok",))):
+                      ("compile", ("compile_s", "log") if detailed else ("compile_s",)),
+                      ("gradient_check", ("ok",))):
         if doc.get(key) is not None:
             out[key] = pick(doc[key], keep)
     if doc.get("flops") is not None:

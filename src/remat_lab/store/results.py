@@ -94,13 +94,17 @@ def _check(doc: dict, spec: dict, path: str = "") -> None:
 ENV = {"backend": str, "device_kind": str, "device_count": int, "jax": str}
 STEP = {"median": NUM, "p25": NUM, "p75": NUM, "min": NUM, "max": NUM, "repeats": int, "warmup": int,
         "samples": (OPT, list), "ci_low": (OPT, NUM), "ci_high": (OPT, NUM)}  # ci: sweeps, interleaved
-MEMORY = {f"{p}_bytes": NUM for p in ("argument", "output", "alias", "temp", "generated_code", "peak")}
+MEMORY = {**{f"{p}_bytes": NUM for p in ("argument", "output", "alias", "temp", "generated_code", "peak")},
+          "by_kind": (OPT, dict), "by_kind_source": (OPT, str)}
+# XLA's and JAX's log lines and warnings, summarized (program/native_log.Captured.document)
+LOG = {"lines": int, "xla_remat_lines": list, "xla_lines": list, "warnings": list,
+       "warnings_total": int, "shown_with": (OPT, str)}
 TOTALS = {**{k: NUM for k in ("residual_bytes", "activation_residual_bytes", "parameter_residual_bytes",
                               "dots_saved", "dots_recomputed")}, "recompute_flops": (OPT, NUM)}
 HLO = {"dot_count": (OPT, NUM), "excess_dots_vs_no_remat": (OPT, NUM),
        "excess_flops_vs_no_remat": (OPT, NUM), "identical_to": (OPT, str)}
 RUN = {"config": dict, "environment": ENV, "step_time_s": (OPT, STEP), "memory": (OPT, MEMORY),
-       "totals": (OPT, TOTALS), "hlo": (OPT, HLO), "compile": (OPT, {"compile_s": NUM}),
+       "totals": (OPT, TOTALS), "hlo": (OPT, HLO), "compile": (OPT, {"compile_s": NUM, "log": (OPT, LOG)}),
        "gradient_check": (OPT, {"ok": bool}), "dots": (OPT, list), "residuals": (OPT, list),
        "memory_timeline": (OPT, dict), "notes": (OPT, list), "flops": (OPT, NUM)}
 COMPARE_ROW = {"policy": str, "median_s": NUM, "ci_low_s": NUM, "ci_high_s": NUM, "samples_s": list,
@@ -121,7 +125,8 @@ ADVICE_ROW = {"policy": str, "max_batch": int, "peak_bytes": (OPT, NUM), "next_b
               "xla_recompute_overhead": (OPT, NUM), "xla_remat_note": (OPT, str),
               "limited_by": (OPT, str), "race": (OPT, str),
               "not_timed": (OPT, str), "reason": (OPT, str),
-              "same_program_as": (OPT, str), "per_device_batch": (OPT, int), "devices": (OPT, int)}
+              "same_program_as": (OPT, str), "per_device_batch": (OPT, int), "devices": (OPT, int),
+              "by_kind": (OPT, dict), "by_kind_source": (OPT, str)}
 PRECISION = {"params": str, "compute": str, "optimizer": str}
 # An advice's static bytes per device (parameters, gradients, optimizer state; program/footprint.py)
 STATIC = {"static_bytes_per_device": NUM, "fits": bool, "min_devices": (OPT, int)}
@@ -132,7 +137,7 @@ ADVICE = {"kind": str, "budget_bytes": NUM, "config": dict, "environment": ENV, 
           "decision": (OPT, {"pick": (OPT, str), "why": str, "cannot_show": (OPT, list)}),
           "time_budget_s": (OPT, NUM), "rounds": (OPT, NUM), "stopped_because": (OPT, str),
           "timing": (OPT, dict), "precision": (OPT, PRECISION), "static": (OPT, STATIC),
-          "attention": (OPT, str)}
+          "attention": (OPT, str), "log": (OPT, LOG)}
 ERROR_ROW = {"config": dict, "error": {"kind": str, "message": str}, "environment": (OPT, ENV)}
 
 
@@ -207,7 +212,18 @@ def _kind(doc) -> str:
     for key in ("dots", "residuals"):
         if not all(isinstance(r, dict) for r in doc.get(key) or []):
             raise Invalid(f"{key} must be a list of objects")
+    _log((doc.get("compile") or {}).get("log"), "compile.log")
+    kinds = (doc.get("memory") or {}).get("by_kind") or {}
+    if not all(_is(v, NUM) for k, v in kinds.items() if k != "method"):
+        raise Invalid("memory.by_kind must hold numbers (and its method)")
     return "run"
+
+
+def _log(log: dict | None, where: str) -> None:
+    """A log summary's lists hold text only (the app shows them as code, never as Markdown)."""
+    for key in ("xla_remat_lines", "xla_lines", "warnings"):
+        if not all(isinstance(v, str) for v in (log or {}).get(key) or []):
+            raise Invalid(f"{where}.{key} must be a list of text")
 
 
 def _advice(doc: dict) -> str:
@@ -239,6 +255,7 @@ def _advice(doc: dict) -> str:
             _finite(row.get(key), f"rows[{i}].{key}")
     if not all(isinstance(n, str) for n in doc.get("notes") or []):
         raise Invalid("notes must be a list of strings")
+    _log(doc.get("log"), "log")
     return "advice"
 
 

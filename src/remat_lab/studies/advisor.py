@@ -32,6 +32,7 @@ from remat_lab.model.attention import for_config
 from remat_lab.model.policies import POLICIES
 from remat_lab.program.backend import ExecutionError, device_memory_limit, environment, xla_error
 from remat_lab.program.footprint import crowded_sentence, fit, no_fit_sentence
+from remat_lab.program.native_log import logged
 from remat_lab.program.optimizer import precision
 from remat_lab.studies.advisor_decision import batch_words, decide, sig
 from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the advisor's public names
@@ -212,6 +213,7 @@ def _names(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
+@logged("log")  # XLA's and JAX's log lines and warnings: summarized in the document
 def advise(config: RunConfig, budget: str | int | None = None, *,
            policies: Sequence[str] | None = None, timing: bool = True,
            time_budget_s: float = TIME_BUDGET_S, max_batch: int = MAX_BATCH,
@@ -298,8 +300,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         "schema": 1,  # the results schema (see results.py)
         "kind": "advice",
         "decision": None,  # filled below from the rest (advisor_decision.decide)
-        "budget_bytes": budget_bytes,
-        "budget_source": budget_source,
+        "budget_bytes": budget_bytes, "budget_source": budget_source,
         "precision": precision(base_cfg),
         # the llm: the attention kernel its programs compiled with (flash's fallback said)
         "attention": for_config(base_cfg).describe() if base_cfg.model == "llm" else None,

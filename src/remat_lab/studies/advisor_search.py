@@ -23,7 +23,11 @@ from collections.abc import Callable
 
 from remat_lab.analysis import hlo
 from remat_lab.analysis.by_kind import memory_by_kind
+from remat_lab.analysis.by_kind import source as by_kind_source
+from remat_lab.analysis.by_kind_buffers import SOURCE as BUFFERS
+from remat_lab.analysis.by_kind_buffers import compile_with_dump, read_kinds
 from remat_lab.analysis.costs import memory_report, program_flops
+from remat_lab.analysis.timeline import compile_dumped
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized
 from remat_lab.config import (
@@ -37,6 +41,7 @@ from remat_lab.config import (
     mesh_devices,
     parse_mesh,
 )
+from remat_lab.model.models import block_names
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.backend import needed_bytes, out_of_memory, xla_error
 from remat_lab.program.step import (
@@ -112,13 +117,19 @@ def compile_abstract(config: RunConfig, unlimited: bool = False):
         raise xla_error("compiling" + " with XLA's remat limit lifted" * unlimited, err) from err
 
 
-def _compiled_figures(lowered, on_target: bool = True) -> dict:
+def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None = None) -> dict:
     """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint,
-    whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text) and,
+    whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text),
     compiled for a named target (``on_target``), what the step-time estimate reads (``traffic``:
-    locally steps are timed, not estimated)."""
+    locally steps are timed, not estimated) and, for ``train`` (a training step's configuration),
+    its memory by kind read from its own buffers (``buffers``: None after a persistent-cache hit,
+    which dumps nothing)."""
+    dump = None
     try:
-        compiled = compile_for_analysis(lowered)
+        if train is None:
+            compiled = compile_for_analysis(lowered)
+        else:
+            compiled, dump = compile_dumped(lowered, read_only=True)
     except Exception as err:
         if out_of_memory(err):  # a TPU's compile refuses a program over its HBM: it does not fit
             return _over_the_device(err)
@@ -135,7 +146,13 @@ def _compiled_figures(lowered, on_target: bool = True) -> dict:
     return {"peak_bytes": int(memory["peak_bytes"]), "memory": {k: memory.get(k) for k in parts},
             "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text),
             "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat},
-            "traffic": traffic_of(text) if on_target else None}  # analysis/estimate.py reads it
+            "traffic": traffic_of(text) if on_target else None,  # analysis/estimate.py reads it
+            "buffers": _buffers(train, dump, memory)}
+
+
+def _buffers(config: RunConfig | None, dump, memory: dict) -> dict | None:
+    """The training step's kinds from its buffers (``by_kind_buffers.read_kinds``), or None."""
+    return config and read_kinds(dump, memory, depth=config.depth, names=block_names(config))
 
 
 def _over_the_device(err: Exception) -> dict:
@@ -145,7 +162,7 @@ def _over_the_device(err: Exception) -> dict:
     parts = dict.fromkeys(("argument_bytes", "output_bytes", "alias_bytes", "generated_code_bytes"), 0)
     return {"peak_bytes": need, "memory": {"peak_bytes": need, "temp_bytes": need, **parts},
             "flops": None, "bytes_accessed": None, "fingerprint": f"over the device: {err}"[:240],
-            "xla_remat": {"applied": False, "instructions": 0}, "traffic": None}
+            "xla_remat": {"applied": False, "instructions": 0}, "traffic": None, "buffers": None}
 
 
 def probe(config: RunConfig) -> dict:
@@ -171,7 +188,8 @@ def probe(config: RunConfig) -> dict:
     def compiled() -> tuple[dict, bool]:
         figures = _PROGRAMS.get(text_key)
         if figures is None:
-            figures = _compiled_figures(lowered, config.target != LOCAL)
+            figures = _compiled_figures(lowered, config.target != LOCAL,
+                                        config if config.step == "train" else None)
             _PROGRAMS.put(text_key, figures)
             return figures, False
         return figures, True
@@ -180,10 +198,10 @@ def probe(config: RunConfig) -> dict:
     reused = reused or waited
     kinds = memory_by_kind(figures["memory"], device_model_report(problem),
                            train=config.step == "train",
-                           logits_bytes=logits_bytes(config, per_device=True))
+                           logits_bytes=logits_bytes(config, per_device=True), buffers=figures["buffers"])
     out = {"batch": config.batch, **figures, "by_kind": {k: v for k, v in kinds.items()
                                                          if k != "method"},
-           "same_program": reused, "s": time.perf_counter() - t0}
+           "by_kind_source": by_kind_source(kinds), "same_program": reused, "s": time.perf_counter() - t0}
     _PROBES.put(key, out)
     return {**out, "cached": reused}
 
@@ -354,9 +372,14 @@ def device_fields(config: RunConfig, found: dict) -> dict:
     ``by_kind``, what fills one device at that batch (``probe``'s, from the cache)."""
     batch = found["max_batch"]
     seq = config.seq if config.model in SEQ_MODELS else None
-    return {"devices": mesh_devices(config.mesh),
-            "tokens_per_step": batch * seq if seq else None,
-            "by_kind": probe(config.replace(batch=batch))["by_kind"] if batch else None}
+    at = probe(config.replace(batch=batch)) if batch else {}
+    kinds, source = at.get("by_kind"), at.get("by_kind_source")
+    if batch and config.step == "train" and at["buffers"] is None and at["flops"] is not None:
+        compiled, dump = compile_with_dump(_lowered(config.replace(batch=batch))[1])  # a cache hit
+        kinds = _buffers(config, dump, memory_report(compiled)) or kinds  # dumped nothing: again
+        source = BUFFERS if kinds is not at.get("by_kind") else source
+    return {"devices": mesh_devices(config.mesh), "tokens_per_step": batch * seq if seq else None,
+            "by_kind": kinds, "by_kind_source": source}
 
 
 def probe_seconds(config: RunConfig, repeats: int = 5) -> list[float]:

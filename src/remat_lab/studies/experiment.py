@@ -13,6 +13,8 @@ import numpy as np
 
 from remat_lab.analysis import collectives
 from remat_lab.analysis.by_kind import memory_by_kind
+from remat_lab.analysis.by_kind import source as by_kind_source
+from remat_lab.analysis.by_kind_buffers import compile_with_dump, read_kinds
 from remat_lab.analysis.costs import cost_of, memory_report, program_flops, step_flops
 from remat_lab.analysis.dissect import Dissection, dissect
 from remat_lab.analysis.estimate import estimate_step
@@ -24,7 +26,7 @@ from remat_lab.analysis.xla_remat import rematerialized, sentence
 from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, resolve_budget
 from remat_lab.model.models import block_names
-from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
+from remat_lab.program.analysis_compile import compile_unlimited
 from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the studies' error type)
     ExecutionError,
     device_memory_limit,
@@ -32,6 +34,7 @@ from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the stud
     xla_error,
 )
 from remat_lab.program.mesh import to_host
+from remat_lab.program.native_log import logged
 from remat_lab.program.step import (
     Problem,
     build_problem,
@@ -68,6 +71,7 @@ def _check_sharded(problem, grads, loss, jaxpr) -> tuple[dict, float]:
     return check, float(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in grads)))
 
 
+@logged("compile.log")  # XLA's and JAX's log lines and warnings: summarized in the document
 def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing: bool = True,
                    progress: Progress | None = None) -> dict:
     """Everything about one configuration, as the JSON document of ``remat_lab run --json``.
@@ -222,15 +226,17 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
     check and the dissection stay the gradient step's) and the memory by kind at the peak."""
     model = model_report(problem)
     result["model"] = model
+    buffers = None
     if config.step == "train":
         t0 = time.perf_counter()
-        try:
-            compiled = compile_for_analysis(jit_program(problem).lower(*program_args(problem)))
+        try:  # with XLA's dump: the memory by kind is read from this program's own buffers
+            compiled, dump = compile_with_dump(jit_program(problem).lower(*program_args(problem)))
         except Exception as err:
             raise xla_error("compiling the training step", err, config) from err
         result["compile"]["train_compile_s"] = time.perf_counter() - t0
         result["memory_gradient_step"] = result["memory"]
         result["memory"] = memory_report(compiled)
+        buffers = read_kinds(dump, result["memory"], depth=config.depth, names=block_names(config))
         if "sharding" in result:  # one device's memory is the training step's, as ``memory``
             result["sharding"]["per_device"] = result["memory"]
         result["notes"] = [*result["notes"], (
@@ -244,9 +250,12 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
     result["notes"] = [*result["notes"], *((result.get("memory") or {}).get("notes") or [])]
     logits = logits_bytes(config, per_device=True)  # on a mesh, as the memory: one device's
     if result["memory"]:
-        result["memory"]["by_kind"] = memory_by_kind(result["memory"], device_model_report(problem),
-                                                     train=config.step == "train", logits_bytes=logits,
-                                                     timeline=result.get("memory_timeline"))
+        kinds = memory_by_kind(result["memory"], device_model_report(problem),
+                               train=config.step == "train", logits_bytes=logits,
+                               timeline=result.get("memory_timeline"),
+                               buffers=buffers if config.step == "train" else None)
+        result["memory"]["by_kind"] = kinds
+        result["memory"]["by_kind_source"] = by_kind_source(kinds)
     return result
 
 
