@@ -121,3 +121,44 @@ def test_remat_layers_over_the_depth_is_refused():
 
     with pytest.raises(ConfigError, match="remat_layers 3 is more than the depth 2"):
         RunConfig(model="mlp", depth=2, remat_layers=3)
+
+
+@pytest.mark.slow
+def test_on_h100_offload_is_a_choice_and_the_plan_compiles_as_plain_checkpoint():
+    """Compiled for an H100 without one: pinned host memory, so each name may be offloaded; the
+    answer's plan compiled again as a plain jax.checkpoint on the same compile-only device."""
+    from remat_lab.program.targets import target_devices
+
+    cfg = MLP.replace(target="h100", width=256)
+    budget = 4 << 20
+    doc = synthesize(cfg, budget, policies=["nothing_saveable"], workers=1)
+    assert doc["offload"]["allowed"] is True
+    assert {c["choice"] for c in doc["costs"]["names"]} == {"save", "offload"}
+    best = next(c for c in doc["candidates"] if c["plan"] == doc["plan"] and c["fits"])
+    p, b = best["plan"], best["max_batch"]
+    device = target_devices("h100", 1)[0]
+    one = jax.sharding.SingleDeviceSharding(device)
+    model = build_model("mlp", cfg.width, cfg.depth, seed=0, dtype=jnp.float32, stack="scan")
+    graphdef, state = nnx.split(model.blocks)
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=p["save"], names_which_can_be_offloaded=p["offload"],
+        offload_src="device", offload_dst="pinned_host")
+    remat = jax.checkpoint(lambda st, h: nnx.merge(graphdef, st)(h), policy=policy)
+
+    def loss(st, x):
+        x, _ = jax.lax.scan(lambda h, s: (remat(s, h), None), x,
+                            jax.tree.map(lambda a: a[:p["remat_layers"]], st))
+        if p["remat_layers"] < cfg.depth:
+            x, _ = jax.lax.scan(lambda h, s: (nnx.merge(graphdef, s)(h), None), x,
+                                jax.tree.map(lambda a: a[p["remat_layers"]:], st))
+        return jnp.sum(x, dtype=jnp.float32)
+
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), state)
+    x = jax.ShapeDtypeStruct((b, cfg.width), jnp.float32, sharding=one)
+    ma = jax.jit(jax.value_and_grad(loss)).lower(abstract, x).compile(
+        compiler_options=OPTIONS).memory_analysis()
+    plain = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+             + ma.temp_size_in_bytes)
+    lab = next(r for r in best["probes"] if r["batch"] == b)["peak_bytes"]
+    assert 0 <= lab - plain < 1 << 20, (lab, plain)  # generated code apart
+    assert doc["max_batch"] >= next(r["max_batch"] for r in doc["named"])

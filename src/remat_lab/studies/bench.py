@@ -29,6 +29,8 @@ Five measurements, side by side in one process, each reported as a ratio with it
    issue's real task (``bench_advise``): every policy on a transformer (width 512, seq 256, 8
    heads, depth 8) in 2 GiB, compile-only (``advise_transformer_no_time_s``) and timed
    (``advise_transformer_s``).
+8. **Synthesizer** (``bench_synthesize``, not in ``--quick``): the same transformer in 2 GiB
+   (``synthesize_transformer_s``) and llama3-8b on 8 x H100, fsdp=8 (``synthesize_llama3_8b_s``).
 
 Timings on a shared machine are noisy: every figure is a median, the two sides of each ratio are
 interleaved, and the load average before and after is recorded in ``machine``.
@@ -64,6 +66,7 @@ from remat_lab.studies.bench_compile import sweep, timeline_overhead
 from remat_lab.studies.bench_env import clear_caches, loadavg, machine, use_cache_dir
 from remat_lab.studies.bench_latency import Status, timed_run
 from remat_lab.studies.bench_report import TARGETS, format_report, jsonable, verdict
+from remat_lab.studies.bench_synthesize import synthesize_bench
 from remat_lab.studies.bench_timing import bare_loop, compile_step, fidelity, interleave, overhead
 from remat_lab.studies.experiment import run_experiment
 
@@ -267,6 +270,8 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         adv = advise_bench()
         say("advisor on the transformer (every policy, 2 GiB)")
         adv_tf = advise_transformer(cache=temporary_cache_dir, timed=not quick)
+        say("synthesizer: the transformer, llama3-8b on 8 x H100")
+        syn = {} if quick else synthesize_bench(cache=temporary_cache_dir)
     roof = roofline_report(fid_default["flops"], fid_default["bytes_accessed"],
                            fid_default["engine_median_s"])
     m["loadavg_end"] = loadavg()
@@ -287,6 +292,8 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "probe_s": adv["probe_s"],
         "advise_transformer_s": adv_tf["timed"]["s"] if "timed" in adv_tf else None,
         "advise_transformer_no_time_s": adv_tf["no_time"]["s"],
+        "synthesize_transformer_s": syn["transformer"]["s"] if syn else None,
+        "synthesize_llama3_8b_s": syn["llama3_8b"]["s"] if syn else None,
         "dissect_overhead_ratio_policy_change": lat["policy_change"]["overhead_ratio"],
         "policy_change_latency_s": lat["policy_change"]["total_s"],
         "sweep_compile_share": sw["first"]["compile_share"],
@@ -298,7 +305,7 @@ def run_all(quick: bool = False, progress: Callable[[str], None] | None = None) 
         "machine": m,
         "details": {"fidelity_default": fid_default, "fidelity_small": fid_small,
                     "overhead": ovh, "latency": lat, "sweep": sw, "timeline": tl,
-                    "advise": adv, "advise_transformer": adv_tf},
+                    "advise": adv, "advise_transformer": adv_tf, "synthesize": syn},
     }
 
 

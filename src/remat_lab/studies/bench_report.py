@@ -26,6 +26,10 @@ TARGETS = {  # key -> (comparison, bound, meaning)
     "advise_transformer_s": ("<=", 180.0, "advice for every policy on a transformer (width 512, seq "
                              "256, 8 heads, depth 8), 2 GiB, timed; idle 2-core machine"),
     "advise_transformer_no_time_s": ("<=", 60.0, "the same advice, compile-only (--no-time)"),
+    "synthesize_transformer_s": ("<=", 120.0, "synthesize, goal max-batch, the same transformer in "
+                                 "2 GiB (every named policy sized too); idle 2-core machine"),
+    "synthesize_llama3_8b_s": ("<=", 600.0, "synthesize llama3-8b, seq 8192, train, 8 x H100, "
+                               "fsdp=8, max-batch; idle 2-core machine"),
     "probe_s": ("<=", 0.5, "one compile-only probe (abstract inputs), app's default model, median"),
 }
 
