@@ -93,3 +93,15 @@ def test_without_host_memory_nothing_is_offloaded():
     model = _model(5, k=6, offload=False)
     solved = solve(model, 3e6, "max-batch")
     assert all(not c["plan"].offload for c in solved["candidates"])
+
+
+def test_the_command_refuses_bad_input_in_one_line(capsys):
+    from remat_lab.cli import main
+
+    assert main(["synthesize", "--model", "mlp", "--goal", "min-recompute"]) == 2
+    assert "goal min-recompute needs --batch" in capsys.readouterr().err
+    assert main(["synthesize", "--model", "mlp", "--save-names", "l1"]) == 2
+    assert "chooses the names itself" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["synthesize", "--goal", "most"])
+    assert exit_.value.code == 2
