@@ -21,6 +21,9 @@ if not getattr(_ast.parse, "serialised", False):
     _serialised_parse.serialised = True
     _ast.parse = _serialised_parse
 
+from pages import _lean_server  # noqa: E402
+
+_lean_server.keep_out()  # before the engine imports JAX: no accelerator plugin in the web server
 from remat_lab import config  # noqa: F401, E402
 from remat_lab.present import charts, reproduce, tables  # noqa: F401, E402
 from remat_lab.serve import safe_text, worker  # noqa: F401, E402

@@ -12,8 +12,9 @@ import streamlit as st
 from remat_lab.config import MESH_AXES, ConfigError, RunConfig, format_mesh, human_bytes, parse_mesh
 from remat_lab.present import reproduce
 from remat_lab.program import mesh as sharding
+from remat_lab.program.backend import ExecutionError
 from remat_lab.program.distributed import HOST_DEVICES_ENV, apply_env
-from remat_lab.serve import safe_text
+from remat_lab.serve import safe_text, worker
 
 
 @st.cache_resource(show_spinner=False)
@@ -35,10 +36,18 @@ def start_devices() -> None:
 
 
 @st.cache_resource(show_spinner=False)
-def device_count() -> int:
-    import jax
+def _worker_environment() -> dict:
+    """The worker's backend and devices: the server starts no JAX backend of its own (a GPU's or a
+    TPU's would load the accelerator's plugin into the server; tests/test_lean_server.py)."""
+    return worker.shared_pool().call("environment", {})
 
-    return jax.device_count()
+
+def device_count() -> int:
+    """The devices of the worker, where the runs happen (1 when it cannot say)."""
+    try:
+        return _worker_environment()["device_count"]
+    except ExecutionError:
+        return 1
 
 
 def _divisors(n: int) -> list[int]:
@@ -141,14 +150,20 @@ def explore_section(cfg: RunConfig, result: dict) -> None:
 
 
 def _cpu() -> bool:
-    import jax
-
-    return jax.default_backend() == "cpu"
+    try:
+        return _worker_environment()["backend"] == "cpu"
+    except ExecutionError:
+        return True
 
 
 @st.cache_data(show_spinner="Compiling every policy on the mesh…", max_entries=16)
 def _mesh_rows(items: tuple, policies: tuple) -> list[dict]:
-    return sharding.compare_on_mesh(RunConfig(**dict(items)), list(policies))
+    """In the worker (a compile for a named target needs its plugin, which the server never loads)."""
+    from pages import _visitor
+
+    return worker.shared_pool().call("mesh_table", {"config": RunConfig(**dict(items)).as_dict(),
+                                                    "policies": list(policies)},
+                                     key=(items, policies), session=_visitor.lane())
 
 
 def compare_section(cfg: RunConfig, policies: list[str]) -> None:

@@ -34,8 +34,8 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
         return backend.device_memory_limit()
     cfg = RunConfig(**payload["config"])
     if cfg.model_module and public_mode():  # a visitor's code never runs on a public server
-        raise ConfigError("your own block (model_module) runs only on a local server "
-                          "(REMAT_LAB_PUBLIC=0); this one is public.")
+        raise ConfigError("your own block (model_module) runs your Python code, so it runs only on a "
+                          "private instance of the app, never on this public server.")
     if kind == "run":
         result = experiment.run_experiment(cfg, progress=progress)
         result.pop("texts", None)  # the timed result is kept small; Inspect asks for "programs"
@@ -46,6 +46,10 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
         result = experiment.run_experiment(cfg, progress=progress, timing=False)
         result.pop("texts", None)
         return result
+    if kind == "mesh_table":  # Compare's per-device table on a mesh: every policy compiled, not run
+        from remat_lab.studies import mesh_table
+
+        return mesh_table.compare_on_mesh(cfg, list(payload["policies"]))
     if kind == "compare":
         return compare.compare_policies(cfg, list(payload["policies"]), progress=progress)
     if kind == "sweep_time":  # a Sweep cell's steps timed together, interleaved (studies/sweep.py)

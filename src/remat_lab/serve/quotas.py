@@ -40,6 +40,7 @@ DEADLINES_S: dict[str, float] = {
     "run": 120.0,
     # Every selected policy compiled, then timed interleaved: up to 17 policies of ~8 s each.
     "compare": 240.0,
+    "mesh_table": 240.0,  # Compare's mesh table: every selected policy compiled on the mesh, not run
     "sweep_time": 240.0,  # a Sweep cell: its policies compiled again and timed interleaved
     # Compile-only probes: a public advice has at most 8 policies x ~27 probes, usually 3 to 6 each.
     "advise_sizes": 120.0,
@@ -58,6 +59,7 @@ _WHAT = {
     "run": ("a run", "try a smaller model (width, batch, seq or depth) or fewer repeats"),
     "untimed": ("a sweep configuration", "try a smaller model (width, batch, seq or depth)"),
     "compare": ("a comparison", "try fewer policies or a smaller model"),
+    "mesh_table": ("the mesh table", "try fewer policies or a smaller model"),
     "sweep_time": ("timing a sweep cell", "try fewer policies or a smaller model"),
     "advise_sizes": ("an advice", "try fewer policies or a smaller model"),
     "advise": ("an advice", "try fewer policies, a smaller model or turning timing off"),

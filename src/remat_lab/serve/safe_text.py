@@ -1,4 +1,9 @@
-"""Text that is safe to show a public audience: user values escaped for Markdown, absolute paths cut."""
+"""Text safe to show a public audience: user values escaped for Markdown, absolute paths cut, no settings.
+
+``for_visitor`` takes out of an engine message what only the server's owner can act on (a command
+line flag, an environment variable of the app): a web visitor of a public server reads what to
+change in the page, never how the server was started.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ _PUNCTUATION = re.compile(r"([\\`\[\]<>$|]|:(?=material/))")
 # (Streamlit's renderer links "https\://x" all the same): a zero-width space breaks the pattern.
 _AUTOLINK = re.compile(r"(?<=:)(?=//)|(?<=www)(?=\.)|(?<=@)(?=[\w-])", re.IGNORECASE)
 ZWSP = "\u200b"
+_SETTING = re.compile(r"(?<![\w-])--[a-z][\w-]*|\$?REMAT_LAB_[A-Z_]+")
+_ASIDE = re.compile(r"\s*\(([^()]*)\)")
 _PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/\"'<>:;,()\[\]{}]+/)+([^\s/\"'<>:;,()\[\]{}]+)")
 
 
@@ -20,6 +27,28 @@ def escape_markdown(text: object) -> str:
     """``text`` with every Markdown-significant character backslash-escaped, autolinks broken by a
     zero-width space; newlines as spaces."""
     return _AUTOLINK.sub(ZWSP, _PUNCTUATION.sub(r"\\\1", " ".join(str(text).split())))
+
+
+def for_visitor(text: str, public: bool | None = None) -> str:
+    """``text`` without the flags and environment variables it names, on a public server (``public``
+    None: ``quotas.private()`` decides); as is on a private one. An aside naming one goes; a clause
+    naming one (after ``; `` or ``: ``) goes to the end of its sentence; a sentence with nothing
+    before it goes whole."""
+    from remat_lab.serve import quotas
+
+    if not (public if public is not None else not quotas.private()):
+        return text
+    text = _ASIDE.sub(lambda m: "" if _SETTING.search(m.group(1)) else m.group(0), text)
+    while m := _SETTING.search(text):
+        head, end = text[:m.start()], text.find(". ", m.end())
+        tail = text[end + 2:] if end >= 0 else ""
+        cut = max(head.rfind("; "), head.rfind(": "))
+        if cut > 0:
+            text = head[:cut].rstrip(" ,;:.") + "." + (" " + tail if tail else "")
+        else:
+            start = head.rfind(". ")
+            text = (head[:start + 1] + (" " + tail if tail else "")) if start >= 0 else tail
+    return text.strip() or "This server cannot do that."
 
 
 def code_span(text: object, limit: int = 40) -> str:
