@@ -18,8 +18,9 @@ import pandas as pd
 import streamlit as st
 
 from pages import _running
-from remat_lab.config import human_bytes
+from remat_lab.config import human_bytes, human_seconds
 from remat_lab.serve import quotas
+from remat_lab.serve.jobs import TimeLimit
 from remat_lab.studies.progress import Step, Tracker, duration
 
 Format = Callable[[object, dict], str]
@@ -34,7 +35,7 @@ def _bytes(v, row) -> str:
 
 
 def _seconds(v, row) -> str:
-    return "" if v is None else (f"{v * 1e3:.2f} ms" if v < 1 else f"{v:.1f} s")
+    return "" if v is None else human_seconds(v)
 
 
 def _batch(v, row) -> str:
@@ -44,6 +45,11 @@ def _batch(v, row) -> str:
     if row.get("limited_by") == "search_limit":
         return f"≥ {v} (the search's limit)"
     return "none (batch 1 does not fit)" if v == 0 else str(v)
+
+
+def _per_device(v, row) -> str:
+    """The batch per device where it differs from the global one (on a mesh)."""
+    return "" if v is None or v == row.get("max_batch") else str(v)
 
 
 def _check(v, row) -> str:
@@ -56,8 +62,9 @@ def _fits(v, row) -> str:
 
 # (row key, column header, format): a column whose cells are all empty is left out.
 ADVICE = [("policy", "policy", _text), ("max_batch", "largest batch", _batch),
-          ("per_device_batch", "per device", _text), ("peak_bytes", "compiled peak (per device)", _bytes),
-          ("next_batch", "next batch", _text), ("next_peak_bytes", "its peak", _bytes),
+          ("per_device_batch", "per device", _per_device),
+          ("peak_bytes", "compiled peak (per device)", _bytes),
+          ("next_batch", "next batch", _text), ("next_peak_bytes", "peak at the next batch", _bytes),
           ("compiles", "compiles", _text)]
 COMPARE = [("policy", "policy", _text), ("peak_bytes", "compiled peak", _bytes),
            ("compile_s", "compile time", _seconds), ("grad_ok", "gradient check", _check),
@@ -170,8 +177,8 @@ def running(label: str, columns: list | None = None, words: Callable[[str], str]
 def stopped_with_rows(live: Live, error: Exception, planned: int, what: str = "policies") -> None:
     """A study that ended in ``error`` (a deadline, a lost worker, XLA): the error's box, and the
     rows finished before it kept on screen with a line that says so."""
-    if live.rows:
-        live.stopped()
+    if live.rows or isinstance(error, TimeLimit):
+        live.stopped()  # the clock stops where it was, and says how far the study got
     else:
         live.clear()
     _running.show_error(error)
@@ -181,13 +188,16 @@ def stopped_with_rows(live: Live, error: Exception, planned: int, what: str = "p
                 icon=":material/table_rows:")
 
 
-def deadline_note(kind: str, public: bool) -> str:
-    """Why a timed answer came from fewer rounds: its job's deadline was near. A private server's
-    owner is told the setting; a web visitor of a public one only that it is this server's limit."""
+def deadline_note(kind: str, public: bool, rounds: int = 1) -> str:
+    """Why a timed answer came from fewer rounds (or none): its job's deadline was near. A private
+    server's owner is told the setting; a web visitor of a public one only that it is this server's
+    limit."""
     limit = quotas.deadline_for(quotas.deadlines(), kind)
-    text = ("**Timing stopped early**, before this server's time limit for an advice"
-            + (f" ({limit:.0f} s)" if limit else "") + ": the answer below is from the rounds "
-            "finished by then. Fewer policies or a smaller model leave more time for timing.")
+    text = (f"**Timing stopped {'early' if rounds else 'before its first round'}**, before this "
+            "server's time limit for an advice" + (f" ({limit:.0f} s)" if limit else "")
+            + (": the answer below is from the rounds finished by then." if rounds else
+               ": the answer below is by the sizes alone.")
+            + " Fewer policies or a smaller model leave more time for timing.")
     if not public:
         text += f" `${quotas.DEADLINE_ENV}` sets the limits (0 or off: none)."
     return text

@@ -20,7 +20,7 @@ from remat_lab.present import (  # noqa: E402
     tables,
 )
 from remat_lab.program.backend import ExecutionError  # noqa: E402
-from remat_lab.serve import quotas
+from remat_lab.serve import quotas, worker
 from remat_lab.store import history
 from remat_lab.store.bytecache import ByteCache
 from remat_lab.studies import advisor
@@ -174,7 +174,8 @@ else:
         try:
             doc = _advise(model, budget, list(chosen), timing, live, max_batch, time_budget)
         except (ConfigError, ExecutionError) as err:
-            status.update(label="The advisor stopped" if live.rows else "The advisor failed", state="error")
+            status.update(label="The advisor stopped" if live.rows or isinstance(err, worker.TimeLimit)
+                          else "The advisor failed", state="error")
             doc, error = None, err
         else:
             error = None
@@ -191,7 +192,7 @@ else:
 
 # ---------------------------------------------------------------- the decision first (advice_view)
 if doc.get("stopped_because") == "deadline":  # timing ended early: the rounds finished are the answer
-    st.warning(_progress.deadline_note("advise" if timing else "advise_sizes", public))
+    st.warning(_progress.deadline_note("advise", public, doc.get("rounds") or 0))
 elif timing and not doc["timed"] and doc.get("stopped_because") != "stopped":
     t = doc.get("timing") or {}
     st.info(f"Sizes only: no policy was timed ({_views.md(str(doc.get('stopped_because')))}); this "

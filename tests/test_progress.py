@@ -40,14 +40,18 @@ def test_a_step_is_its_line_with_counts_and_survives_the_worker_queue():
     text = step.summary(now=step.at + 5)  # 5 s later: elapsed grows, the estimate shrinks
     assert text.startswith("25 s elapsed · 1 of 4 policies sized · about 55 s left")
     assert "(estimated: 20 s per policy so far)" in text and text.endswith("then up to 30 s of timing")
+    clock.t += 10  # 10 s into the second policy: the pace is still the finished one's, less the 10 s
+    track("2/4 b: compiling batch 8")
+    assert got[-1].eta_s() == pytest.approx(50.0) and "20 s per policy" in got[-1].summary()
     # a step with its own counts (timing rounds against a budget) keeps them and its known time left
     track.phase("timing")
     track(Step("timing round 3 of ≤12", done=2, planned=12, unit="timing rounds", at_most=True,
                left_s=20.0, left_why="of the time budget"))
     last = got[-1]
-    assert last.counts() == "2 of ≤12 timing rounds" and last.rows == step.rows
+    assert last.counts() == "2 of ≤12 timing rounds" and last.rows == step.rows and last.fraction() == 2 / 12
     assert "20 s left of the time budget" in last.summary(now=last.at) and "estimated" not in last.summary()
     assert duration(100) == "1 min 40 s" and duration(4000) == "1 h 06 min"
+    assert duration(0.25, precise=True) == "250 ms" and duration(0.25) == "0 s"
 
 
 def test_the_tracker_counts_every_finish_from_several_threads():
@@ -153,7 +157,7 @@ def test_the_partial_table_has_one_row_per_finished_policy_and_says_the_time(k):
     if k < 3:  # stopped: the clock stops at the time it took
         assert bar.text.startswith("Stopped after ") and "left" not in bar.text
     else:
-        assert "elapsed" in bar.text and "(estimated: 0 s per policy so far)" in bar.text
+        assert "elapsed" in bar.text and " ms per policy so far)" in bar.text
     assert any(f"Policies sized so far ({k})" in c.value for c in at.caption)
 
 
