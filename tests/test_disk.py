@@ -3,6 +3,7 @@ out), and XLA dump folders of killed processes removed from the temp folder."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -163,3 +164,28 @@ def test_a_process_killed_mid_compile_leaves_nothing_behind_for_long(tmp_path):
         pytest.skip("the compile finished before the kill")
     assert timeline.clean_stale_dump_folders(str(tmp_path)) == len(left)
     assert not list(tmp_path.glob("remat_lab_timeline_*"))
+
+
+@pytest.mark.slow
+def test_many_configurations_cross_every_bound_and_each_store_stays_under_it(tmp_path):
+    """Ten distinct configurations through the worker's path (``run_experiment``: compile with XLA's
+    dump, the witness and reference compiles) and the app's history write, in a fresh process with
+    small bounds: together they write about twice each bound, and after every configuration the
+    compile cache, the timeline dumps and the history's used pages are under theirs
+    (``tests/load/disk_bench.py``, the benchmark's own loop; its 1,000-configuration run is in the
+    README)."""
+    out = tmp_path / "disk.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "load" / "disk_bench.py"), "--n", "10", "--every", "1",
+         "--per-config-over", "3", "--cache-max", "48K", "--dumps-max", "12K", "--history-max", "64K",
+         "--compile-only", "--dir", str(tmp_path / "stores"), "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["failed"] == 0 and summary["within_bounds"], summary
+    per, bounds, seen = summary["bytes_per_configuration"], summary["bounds"], summary["max_bytes_seen"]
+    for store, key in (("cache", "cache_bytes"), ("dumps", "dumps_bytes"), ("history", "history_used_bytes")):
+        assert per[store] * summary["configurations"] > 1.5 * bounds[key], (store, per, bounds)  # crossed
+        assert 0 < seen[key] <= bounds[key], (store, seen, bounds)
+    assert summary["temp_dump_folders_left"] == 0
