@@ -34,11 +34,15 @@ def section(timelines: dict, policies: list[str]) -> None:
     total_a, total_b = int(frame["bytes_a"].sum()), int(frame["bytes_b"].sum())
     shown = frame.assign(**{c: frame[c].map(_bytes) for c in ("bytes_a", "bytes_b")},
                          difference=frame["difference"].map(
-                             lambda d: ("+" if d > 0 else "−" if d < 0 else "") + human_bytes(abs(d))))
-    st.dataframe(shown, hide_index=True, width="stretch", column_config={
-        "bytes_a": f"{a}", "bytes_b": f"{b}", "difference": f"{b} − {a}",
-        "buffers_a": st.column_config.NumberColumn(f"buffers ({a})", format="%d"),
-        "buffers_b": st.column_config.NumberColumn(f"buffers ({b})", format="%d")})
+                             lambda d: ("+" if d > 0 else "−" if d < 0 else "") + human_bytes(abs(d))),
+                         buffers=[f"{x} → {y}" for x, y in zip(frame["buffers_a"], frame["buffers_b"])])
+    # Headed A and B (named by the two pickers above): policy names as headers are too wide at 1024 px.
+    text = st.column_config.TextColumn
+    st.dataframe(shown, hide_index=True, width="stretch",
+                 column_order=["group", "phase", "bytes_a", "bytes_b", "difference", "buffers"],
+                 column_config={"group": text("group", width=110), "bytes_a": text("A", help=a),
+                                "bytes_b": text("B", help=b), "difference": text("B − A", help=f"{b} − {a}"),
+                                "buffers": text("buffers", help=f"buffers at the peak: {a} → {b}")})
     st.caption(f"Live bytes at each policy's timeline peak: {a} {human_bytes(total_a)}, "
                f"{b} {human_bytes(total_b)} ({'+' if total_b >= total_a else '−'}"
                f"{human_bytes(abs(total_b - total_a))}). " + OTHER_CAPTION)

@@ -8,6 +8,8 @@ import json
 import pandas as pd
 import streamlit as st
 
+from pages import _run_tables
+from pages._layout import chart_row
 from remat_lab.config import RunConfig, human_bytes, human_seconds
 from remat_lab.present import advisor_tables, charts, reproduce, tables
 from remat_lab.serve import safe_text
@@ -113,13 +115,7 @@ def run_view(doc: dict, key: str) -> None:
                    "(a roofline estimate, not a measurement)." if est else "."))
     if hlo.get("identical_to"):
         st.caption(f"Same compiled program as {safe_text.escape_markdown(hlo['identical_to'])}.")
-    left, mid, right = st.columns(3)
-    left.plotly_chart(charts.make_step_time_figure(tables.samples_frame(doc)), width="stretch",
-                      key=f"{key}_samples")
-    mid.plotly_chart(charts.make_memory_figure(tables.memory_frame([doc])), width="stretch",
-                     key=f"{key}_memory")
-    right.plotly_chart(charts.make_residuals_figure(tables.residual_layer_kind_frame(doc)),
-                       width="stretch", key=f"{key}_residuals")
+    _run_tables.run_charts(doc, key)
     timeline = doc.get("memory_timeline") or {}
     if timeline.get("points") or timeline.get("by_phase"):
         try:
@@ -130,9 +126,9 @@ def run_view(doc: dict, key: str) -> None:
         else:
             st.plotly_chart(fig, width="stretch", key=f"{key}_timeline")
     st.subheader("Per-dot table")
-    st.dataframe(tables.dots_frame(doc), hide_index=True, width="stretch", key=f"{key}_dots")
+    _run_tables.dots_table(doc, key)
     st.subheader("Residual table")
-    st.dataframe(tables.residuals_frame(doc), hide_index=True, width="stretch", key=f"{key}_res")
+    _run_tables.residuals_table(doc, key)
     cfg = RunConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()})
     st.caption("Run it again here or on another machine:")
     st.code(reproduce.cli_command(cfg), language="bash", wrap_lines=True)
@@ -152,15 +148,15 @@ def compare_view(doc: dict, key: str) -> None:
     frame = compare_frame(doc["rows"])
     front = doc.get("pareto_reason") or f"Pareto front: {', '.join(map(str, doc['pareto'])) or '-'}."
     st.info(f"{md(doc['fastest_reason'])} {md(front)}")
-    left, right = st.columns(2)
+    left, right, below = chart_row(f"{key}_charts", 3, min_px=420)
     left.plotly_chart(charts.make_time_bars_figure(frame), width="stretch", key=f"{key}_time")
     mem_docs = [{"config": {"policy": r["policy"]}, "memory": r} for r in doc["rows"]
                 if all(isinstance(r.get(f"{p}_bytes"), int | float) for p in tables.MEMORY_PARTS)
                 and r.get("peak_bytes") is not None]
     right.plotly_chart(charts.make_memory_figure(tables.memory_frame(mem_docs)), width="stretch",
                        key=f"{key}_memory")
-    st.plotly_chart(charts.make_pareto_figure(frame, frame["pareto"].astype(bool)), width="stretch",
-                    key=f"{key}_pareto")
+    below.plotly_chart(charts.make_pareto_figure(frame, frame["pareto"].astype(bool)), width="stretch",
+                       key=f"{key}_pareto")
     shown = ["policy", "median_ms", "ci_low_ms", "ci_high_ms", "peak_mib", "same_program_as",
              "fastest", "pareto"]
     st.dataframe(frame[[c for c in shown if c in frame]], hide_index=True, width="stretch",
@@ -197,7 +193,7 @@ def advice_view(doc: dict, key: str) -> None:
         if note not in said:
             st.caption(md(note))
     budget = doc["budget_bytes"]
-    left, right = st.columns(2)
+    left, right = chart_row(f"{key}_charts", 2, min_px=420)
     left.plotly_chart(charts.make_advice_peak_figure(tables.advice_probes_frame(doc), budget / tables.MIB),
                       width="stretch", key=f"{key}_peaks")
     left.caption("Each point is one compile-only probe of a policy at a batch (hollow: over the budget); "

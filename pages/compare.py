@@ -11,6 +11,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _mesh, _page_state, _peak_diff, _progress, _record, _running, _shared, _sidebar  # noqa: E402
+from pages._compare_tables import holdings_table, policy_table  # noqa: E402
 from pages._layout import chart_row  # noqa: E402
 from remat_lab.config import (  # noqa: E402
     LIMITS,
@@ -179,10 +180,6 @@ samples_cell.caption("Every timed call, in the order they ran for each policy (r
               "in a shuffled order).")
 
 
-def _bytes(value) -> str:
-    return "-" if value is None or pd.isna(value) else human_bytes(value)
-
-
 # ---------------------------------------------------------------- memory over the program
 st.subheader("Memory over the program")
 timeline_docs = [{"config": {"policy": p}, "memory_timeline": t}
@@ -197,47 +194,12 @@ else:
                "the program, so programs of different lengths line up); policies with the same timeline "
                "share a line, named together; the diamond is the peak. Below: what each policy holds "
                "at its peak, by phase, and its largest buffers; then two policies' peaks side by side.")
-    phases = [f"{p}_bytes" for p in tables.PHASES if held[f"{p}_bytes"].any()]  # zero everywhere: left out
-    shown = held[["policy", "peak_live_bytes", "peak_at", *phases, "largest"]]
-    shown = shown.assign(**{c: shown[c].map(_bytes) for c in ["peak_live_bytes", *phases]})
-    st.dataframe(shown, hide_index=True, width="stretch", column_config={
-        "peak_live_bytes": "peak (live)",
-        "peak_at": st.column_config.NumberColumn("peak at", format="percent"),
-        **{c: c.removesuffix("_bytes") for c in phases},
-        "largest": st.column_config.TextColumn("largest buffers at the peak", width="large")})
+    holdings_table(held)
     _peak_diff.section(result.get("timelines") or {}, list(result.get("policies") or []))
 
 # ---------------------------------------------------------------- table
 st.subheader("Policy table")
-table = pd.DataFrame({
-    "policy": frame["policy"],
-    "same_program_as": frame["same_program_as"].fillna(""),
-    "median_ms": frame["median_ms"], "ci_low_ms": frame["ci_low_ms"], "ci_high_ms": frame["ci_high_ms"],
-    "fastest": frame["fastest"], "pareto": frame["pareto"],
-    "peak": frame["peak_bytes"].map(_bytes), "temp": frame["temp_bytes"].map(_bytes),
-    "residuals": frame["residual_bytes"].map(_bytes),
-    "excess_dots_vs_no_remat": frame["excess_dots_vs_no_remat"],
-    "excess_flops_vs_no_remat": frame["excess_flops_vs_no_remat"],
-    "dots_recomputed": frame["dots_recomputed"], "recompute_flops": frame["recompute_flops"],
-    "grad_ok": frame["grad_ok"],
-})
-MS = st.column_config.NumberColumn
-st.dataframe(table, hide_index=True, width="stretch", column_config={
-    "same_program_as": st.column_config.TextColumn(
-        "same compiled program as", help="equal fingerprint of the compiled HLO: one program"),
-    "median_ms": MS("median (ms)", format="%.4f"),
-    "ci_low_ms": MS("95 % low (ms)", format="%.4f"), "ci_high_ms": MS("95 % high (ms)", format="%.4f"),
-    "fastest": st.column_config.CheckboxColumn("fastest"),
-    "pareto": st.column_config.CheckboxColumn("Pareto"),
-    "peak": "peak", "temp": "temp", "residuals": "residuals",
-    "excess_dots_vs_no_remat": MS("recomputed in compiled program: dots", format="%d",
-                                  help="matrix products in the compiled program beyond no_remat's"),
-    "excess_flops_vs_no_remat": MS("recomputed in compiled program: flops", format="%.4g",
-                                   help="flops of the compiled program beyond no_remat's"),
-    "dots_recomputed": MS("jaxpr: dots recomputed", format="%d",
-                          help="dots the policy recomputes in the jaxpr, before XLA optimises"),
-    "recompute_flops": MS("jaxpr: recompute flops", format="%.4g"),
-    "grad_ok": st.column_config.CheckboxColumn("grad check")})
+policy_table(frame)
 st.caption(f"Timing: {m['rounds']} rounds; each round calls every policy {m['calls_per_round']} times "
            f"in a shuffled order, after a warm-up. Interval: {m['interval']}. Sizes in binary units "
            "(KiB, MiB); the CSV has exact bytes.")

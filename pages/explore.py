@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 from streamlit.errors import StreamlitPageNotFoundError  # noqa: E402
 
-from pages import _llm_views, _mesh, _running, _shared, _sidebar  # noqa: E402
+from pages import _llm_views, _mesh, _run_tables, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
 from remat_lab.present import charts, reproduce, tables  # noqa: E402
 from remat_lab.present.peak_diff import versus_no_remat  # noqa: E402
@@ -157,33 +157,12 @@ if grad["ok"] is False:
     st.error("Gradient check failed: " + "; ".join(grad["failures"][:5]))
 _llm_views.model_section(cfg, result)  # parameters, optimizer state, memory by kind at the peak
 
-CHECK = st.column_config.CheckboxColumn
 _mesh.explore_section(cfg, result)  # per-device memory and collectives, on a mesh
 st.subheader("Per-dot table")
 st.caption("Every dot_general of the forward pass: what the policy says, what the backward jaxpr "
-           "does, and whether the compiled program still recomputes it.")
-dots = tables.dots_frame(result)
-dots.insert(dots.columns.get_loc("out_shape") + 1, "output", dots["out_bytes"].map(human_bytes))
-# True / False / None (None: the compiled program keeps some products of this size, not which).
-dots["recomputed_in_compiled"] = dots["recomputed_in_compiled"].map(
-    {True: "yes", False: "no"}).fillna("not attributable")
-# The decisions first (what the policy says, the jaxpr does, the compiled program does), shapes after.
-ORDER = ["index", "layer", "layers", "policy_verdict", "saved", "recomputed", "recomputed_in_compiled",
-         "offloaded", "offloaded_in_compiled", "has_batch_dims", "lhs_shape", "rhs_shape", "out_shape",
-         "output", "flops", "note"]
-st.dataframe(dots, hide_index=True, width="stretch", column_order=[c for c in ORDER if c in dots],
-             column_config={
-    "index": "dot", "has_batch_dims": CHECK("batch dims"), "saved": CHECK("saved"),
-    "offloaded": CHECK("offloaded"), "recomputed": CHECK("recomputed"),
-    "recomputed_in_compiled": st.column_config.TextColumn(
-        "recomputed in compiled program",
-        help="yes / no from the policy's compile vs the no_remat compile; not attributable when "
-             "products of this size cannot be told apart"),
-    "offloaded_in_compiled": CHECK("offloaded in compiled program"),
-    "policy_verdict": "policy verdict",
-    "flops": st.column_config.NumberColumn("flops", format="%d"),
-    "out_bytes": None,  # shown as "output" in binary units (Streamlit's "bytes" format is decimal)
-    "note": st.column_config.TextColumn("note", width="large")})
+           "does, and whether the compiled program still recomputes it; its operands' shapes in "
+           "**shapes**, an llm's dozens of dots by **layer and name**.")
+_run_tables.dots_table(result, "explore")
 notes = [f"Dot {d['index']} ({d['layer']}): {d['note']}" for d in result["dots"] if d["note"]]
 notes += result["notes"]
 st.subheader("Discrepancy notes")
@@ -192,14 +171,7 @@ for note in notes:
 if not notes:
     st.success("The policy's verdicts, the backward jaxpr and the compiled program agree on every dot.")
 
-left, mid, right = st.columns(3)
-if st_:
-    left.plotly_chart(charts.make_step_time_figure(tables.samples_frame(result)), width="stretch")
-else:
-    left.info(f"No timed runs: compiled for {name} without running.")
-mid.plotly_chart(charts.make_memory_figure(tables.memory_frame([result])), width="stretch")
-right.plotly_chart(charts.make_residuals_figure(tables.residual_layer_kind_frame(result)),
-                   width="stretch")
+_run_tables.run_charts(result, "explore", no_time=f"No timed runs: compiled for {name} without running.")
 
 st.subheader("Memory over the program")
 timeline = result.get("memory_timeline") or {}
@@ -212,13 +184,7 @@ else:
                + PHASES_CAPTION)
     st.plotly_chart(charts.make_timeline_figure(tables.timeline_frame(result), timeline.get("peak_index"),
                                                 timeline.get("peak_live_bytes")), width="stretch")
-    at_peak = tables.at_peak_frame(result)
-    group = st.segmented_control("Buffers at the peak", ["each buffer", "by phase", "by layer and name"],
-                                 default="each buffer", key="explore_peak_group")
-    if group in ("by phase", "by layer and name"):
-        at_peak = tables.at_peak_groups(at_peak, ["phase"] if group == "by phase" else ["layer", "name"])
-    st.dataframe(at_peak, hide_index=True, width="stretch", column_config={
-        "bytes": None, "op_name": st.column_config.TextColumn("op_name", width="large")})
+    _run_tables.at_peak_table(result, "explore")
     if timeline.get("note"):
         st.caption(timeline["note"])
 
@@ -234,12 +200,7 @@ if roof.get("arithmetic_intensity") and roof.get("achieved_flops_per_s"):
 
 st.subheader("Residual table")
 st.caption("What the forward pass keeps for the backward pass, and where (device or host memory).")
-residuals = tables.residuals_frame(result)
-residuals.insert(residuals.columns.get_loc("bytes"), "size", residuals["bytes"].map(human_bytes))
-st.dataframe(residuals, hide_index=True, width="stretch", column_config={
-    "index": "#", "bytes": None,
-    "memory_kind": "memory (jaxpr)", "memory_kind_in_compiled": "memory (compiled)",
-    "source": st.column_config.TextColumn("source", width="large")})
+_run_tables.residuals_table(result, "explore")
 
 st.subheader("Reproduce this configuration")
 if cfg.model != "llm":  # reproduce.py knows no llm yet: its command line only

@@ -61,7 +61,7 @@ def test_explore_saves_then_recomputes_both_dots():
     assert all(len(str(v)) <= 9 for v in metric.values()), metric  # fits a card at 1024 px
     sizes = _frame(at, "policy_verdict")["output"].tolist()  # binary units, not "65.5kB"
     assert sizes == ["64.0 KiB", "64.0 KiB"]
-    assert _frame(at, "memory_kind")["size"].str.fullmatch(r"[\d.]+ (B|KiB|MiB|GiB)").all()
+    assert _frame(at, "source")["size"].str.fullmatch(r"[\d.]+ (B|KiB|MiB|GiB)").all()  # residuals
     assert any("@nnx.remat(policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)"
                in c.value for c in at.code)
     assert any(c.value.startswith("python -m remat_lab run --model mlp --width 256 --batch 64")
@@ -84,7 +84,8 @@ def test_slider_change_reruns_and_syncs_width_entry():
     at.select_slider(key="width").set_value(32).run()
     assert not at.exception
     assert at.number_input(key="width_exact").value == 32
-    assert _frame(at, "policy_verdict")["lhs_shape"].tolist()[0] == "(8, 32)"
+    at.segmented_control(key="explore_dot_view").set_value("shapes").run()  # the operands' view
+    assert _frame(at, "lhs")["lhs"].tolist()[0] == "(8, 32)"
     at.number_input(key="width_exact").set_value(40).run()
     assert at.select_slider(key="width").value == 40
     assert at.query_params["width"] == "40"

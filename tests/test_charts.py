@@ -39,7 +39,10 @@ def test_step_time_distribution():
     fig = charts.make_step_time_figure(df)
     assert [t.type for t in fig.data] == ["box", "box"]
     assert fig.data[1].marker.color == charts.POLICY_COLORS["nothing_saveable"]
-    assert fig.layout.yaxis.title.text == "step time (ms)"
+    # two policies: horizontal boxes, the times along x, a policy a row
+    assert [t.orientation for t in fig.data] == ["h", "h"] and list(fig.data[1].x) == [2.0, 2.1]
+    assert set(fig.data[1].y) == {"nothing_saveable"}
+    assert fig.layout.xaxis.title.text == "step time (ms)"
 
 
 def test_memory_stacked_with_peak_and_negative_alias():
@@ -60,18 +63,19 @@ def test_residuals_by_layer_and_kind():
     fig = charts.make_residuals_figure(df)
     assert sorted(t.name for t in fig.data) == ["argument", "dot_general"]
     assert fig.layout.barmode == "stack"
-    assert "MiB" in fig.layout.yaxis.title.text
+    assert "MiB" in fig.layout.xaxis.title.text  # a horizontal bar per layer
+    assert list(fig.layout.yaxis.categoryarray) == ["l1", "l2"]
 
 
 def test_time_bars_have_p25_p75_error_bars():
     df = pd.DataFrame({"policy": ["no_remat", "dots_saveable"], "median_ms": [1.0, 2.0],
                        "p25_ms": [0.8, 1.5], "p75_ms": [1.5, 2.1]})
     fig = charts.make_time_bars_figure(df)
-    assert len(fig.data) == 2
-    assert fig.data[0].error_y.array[0] == pytest.approx(0.5)
-    assert fig.data[0].error_y.arrayminus[0] == pytest.approx(0.2)
+    assert len(fig.data) == 2 and all(t.orientation == "h" for t in fig.data)
+    assert fig.data[0].error_x.array[0] == pytest.approx(0.5)
+    assert fig.data[0].error_x.arrayminus[0] == pytest.approx(0.2)
     assert fig.data[1].marker.color == charts.POLICY_COLORS["dots_saveable"]
-    assert fig.layout.yaxis.title.text == "step time (ms)"
+    assert fig.layout.xaxis.title.text == "step time (ms)"
     assert "p25-p75" in fig.layout.title.text
 
 
@@ -82,11 +86,11 @@ def test_time_bars_draw_the_interval_of_the_median_and_say_so():
                        "same_program_as": [None, "no_remat"]})
     fig = charts.make_time_bars_figure(df)
     assert "95 % interval of the median" in fig.layout.title.text
-    assert fig.data[1].error_y.array[0] == pytest.approx(0.5)
-    assert fig.data[1].error_y.arrayminus[0] == pytest.approx(0.8)
+    assert fig.data[1].error_x.array[0] == pytest.approx(0.5)
+    assert fig.data[1].error_x.arrayminus[0] == pytest.approx(0.8)
     assert "same compiled program as no_remat" in fig.data[1].hovertemplate
     bare = charts.make_time_bars_figure(df[["policy", "median_ms"]])
-    assert bare.data[0].error_y.array is None and "bars" not in bare.layout.title.text
+    assert bare.data[0].error_x.array is None and "bars" not in bare.layout.title.text
 
 
 def test_pareto_front_line():

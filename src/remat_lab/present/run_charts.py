@@ -88,59 +88,114 @@ def decades(fig: go.Figure, axis: str, lo: float, hi: float, length_px: float = 
     update(tickvals=kept, ticktext=[f"{v:.3g}" for v in kept])
 
 
+BAR_ROW_PX = 40  # one policy's bar or box on a horizontal chart
+
+
+def memory_unit(largest_mib: float) -> tuple[str, float]:
+    """The unit for memory up to ``largest_mib`` MiB: GiB from 1 GiB up (no "60k MiB"), else MiB;
+    (name, MiB per unit)."""
+    return ("GiB", 1024.0) if largest_mib >= 1024 else ("MiB", 1.0)
+
+
+def by_category(fig: go.Figure, names: list[str], value_title: str, what: str = "policy") -> bool:
+    """Lay ``fig`` out for one bar or box per name of ``names`` (policies, layers), so that every
+    name is whole at any width from a third of a wide page to a 1024 px window.
+
+    One name: upright, the name as the x axis's title (a long policy name is whole there, where a
+    tick label would be cut). Several: horizontal, the names down the y axis in their order, the
+    left margin grown to hold them (``automargin``), the height ``BAR_ROW_PX`` a name (300 px at least).
+    Returns True when horizontal (the traces then take the values on x)."""
+    if len(names) <= 1:
+        fig.update_xaxes(showticklabels=False, title_text=f"{what}: {names[0]}" if names else what)
+        fig.update_yaxes(title_text=value_title, automargin=True)
+        return False
+    fig.update_yaxes(title_text="", automargin=True, autorange="reversed", type="category")
+    fig.update_xaxes(title_text=value_title, automargin=True)
+    fig.update_layout(height=max(300, 150 + BAR_ROW_PX * len(names)))
+    return True
+
+
+def _along(horizontal: bool, names, values) -> dict:
+    """A trace's coordinates: ``names`` on the category axis, ``values`` on the value axis."""
+    return dict(y=names, x=values, orientation="h") if horizontal else dict(x=names, y=values)
+
+
 def make_step_time_figure(df: pd.DataFrame) -> go.Figure:
     """Distribution of timed runs: ``df`` columns policy, run, ms (one box per policy)."""
     fig = titled(figure("", "policy", "step time (ms)"), "Step time", "every timed run")
     if df is None or df.empty:
         return empty(fig)
+    policies = [str(p) for p in dict.fromkeys(df["policy"])]
+    flat = by_category(fig, policies, "step time (ms)")
+    value = "x" if flat else "y"
     for policy, part in df.groupby("policy", sort=False):
         fig.add_trace(go.Box(
-            y=part["ms"], name=str(policy), boxpoints="all", jitter=0.4, pointpos=0,
-            marker_color=policy_color(policy), customdata=part["run"],
-            hovertemplate="run %{customdata}: %{y:.4f} ms<extra>%{fullData.name}</extra>"))
+            **_along(flat, [str(policy)] * len(part), part["ms"]), name=str(policy), boxpoints="all",
+            jitter=0.4, pointpos=0, marker_color=policy_color(policy), customdata=part["run"],
+            hovertemplate=f"run %{{customdata}}: %{{{value}:.4f}} ms<extra>%{{fullData.name}}</extra>"))
     fig.update_layout(showlegend=False)
     return fig
 
 
 def make_memory_figure(df: pd.DataFrame) -> go.Figure:
-    """Stacked memory parts per policy with the peak marked.
+    """Stacked memory parts per policy with the peak marked, in MiB (GiB from 1 GiB up).
 
     ``df`` columns: policy, argument, output, temp, alias, generated_code, peak_mib (MiB). Alias
-    is drawn below zero because peak = generated_code + argument + output - alias + temp.
+    is drawn below zero because peak = generated_code + argument + output - alias + temp. One
+    policy: an upright bar, its peak's value written above it; several: a horizontal bar each.
+    The legend under the plot, three entries a row.
     """
     fig = titled(figure("", "policy", "memory (MiB)"), "Compiled memory", "XLA memory analysis")
     if df is None or df.empty:
         return empty(fig)
+    unit, per = memory_unit(float(df["peak_mib"].max()))
+    policies = [str(p) for p in df["policy"]]
+    flat = by_category(fig, policies, f"memory ({unit})")
+    value = "x" if flat else "y"
     for part in ("argument", "output", "temp", "generated_code", "alias"):
         sign = -1 if part == "alias" else 1
         fig.add_trace(go.Bar(
-            x=df["policy"], y=sign * df[part], name=part.replace("_", " "),
-            marker_color=MEMORY_COLORS[part], customdata=df[part],
-            hovertemplate=f"{part}: %{{customdata:.4f}} MiB<extra>%{{x}}</extra>"))
+            **_along(flat, policies, sign * df[part] / per), name=part.replace("_", " "),
+            marker_color=MEMORY_COLORS[part], customdata=df[part] / per,
+            hovertemplate=f"{part}: %{{customdata:.4f}} {unit}<extra>%{{{'y' if flat else 'x'}}}</extra>"))
+    peak = df["peak_mib"] / per
     fig.add_trace(go.Scatter(
-        x=df["policy"], y=df["peak_mib"], mode="markers+text", name="peak",
-        marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color="#222")),
-        text=[f"peak {v:.3f} MiB" for v in df["peak_mib"]] if len(df) == 1 else None,
-        textposition="top center",
-        hovertemplate="peak: %{y:.4f} MiB<extra>%{x}</extra>"))
+        **{k: v for k, v in _along(flat, policies, peak).items() if k != "orientation"},
+        mode="markers" if flat else "markers+text", name="peak",
+        marker=dict(symbol="line-ns-open" if flat else "line-ew-open", size=26 if flat else 40, color="#222",
+                    line=dict(width=3, color="#222")),
+        text=None if flat else [f"peak {v:.3f} {unit}" for v in peak], textposition="top center",
+        hovertemplate=f"peak: %{{{value}:.4f}} {unit}<extra>%{{{'y' if flat else 'x'}}}</extra>"))
+    if not flat:  # room above the bar for the peak's value, inside the plot
+        low = float(min(0.0, -(df["alias"] / per).max()))
+        fig.update_yaxes(range=[low * 1.1, float(peak.max()) * 1.25 or 1.0])
     fig.update_layout(barmode="relative")
-    return legend_outside(fig, len(fig.data), "above")
+    # Entries share the plot's width: beside a column of long policy names it is narrow, two a row.
+    return legend_outside(fig, len(fig.data), "below", per_row=2 if flat else 3)
 
 
 def make_residuals_figure(df: pd.DataFrame) -> go.Figure:
-    """Residual bytes by layer, stacked by kind: ``df`` columns layer, kind, bytes, mib."""
-    fig = titled(figure("", "layer", "residual memory (MiB)"), "Residuals",
+    """Residual bytes by layer, stacked by kind: ``df`` columns layer, kind, bytes, mib.
+
+    A horizontal bar per layer (the names down the y axis, whole at any count), MiB or GiB by the
+    largest layer; the kinds' legend under the plot."""
+    fig = titled(figure("", "residual memory (MiB)", "layer"), "Residuals",
                  "kept for the backward pass")
     if df is None or df.empty:
         return empty(fig)
+    layers = [str(v) for v in dict.fromkeys(df["layer"])]
+    unit, per = memory_unit(float(df.groupby("layer")["mib"].sum().max()))
     colors = kind_colors(df["kind"].unique())  # no two kinds share a grey
     for kind, part in df.groupby("kind", sort=False):
         fig.add_trace(go.Bar(
-            x=part["layer"], y=part["mib"], name=str(kind),
+            y=part["layer"].astype(str), x=part["mib"] / per, orientation="h", name=str(kind),
             marker_color=colors[kind], customdata=part["bytes"],
-            hovertemplate="%{customdata:,} bytes (%{y:.4f} MiB)<extra>" + str(kind) + "</extra>"))
-    fig.update_layout(barmode="stack")
-    return legend_outside(fig, len(fig.data), "above")
+            hovertemplate=f"%{{customdata:,}} bytes (%{{x:.4f}} {unit})<extra>" + str(kind) + "</extra>"))
+    fig.update_yaxes(title_text="", automargin=True, autorange="reversed", type="category",
+                     categoryorder="array", categoryarray=layers)
+    fig.update_xaxes(title_text=f"residual memory ({unit})", automargin=True)
+    fig.update_layout(barmode="stack", height=max(300, 150 + 28 * len(layers)))
+    return legend_outside(fig, len(fig.data), "below", per_row=2)
 
 
 def _interval(df: pd.DataFrame) -> tuple[str, str, str] | None:
@@ -161,27 +216,31 @@ def make_time_bars_figure(df: pd.DataFrame) -> go.Figure:
     """Median step time per policy with error bars, named in the title.
 
     ``df`` columns: policy, median_ms and either ci_low_ms, ci_high_ms (the bootstrap interval of
-    the median; preferred) or p25_ms, p75_ms; optional same_program_as (shown on hover).
+    the median; preferred) or p25_ms, p75_ms; optional same_program_as (shown on hover). Laid out
+    by ``by_category``: several policies are horizontal bars (the error bars then on x).
     """
     band = _interval(df) if df is not None else None
     fig = titled(figure("", "policy", "step time (ms)"), "Step time per policy",
                  "median" + (f"; bars: {band[2]}" if band else ""))
     if df is None or df.empty:
         return empty(fig)
+    flat = by_category(fig, [str(p) for p in df["policy"]], "step time (ms)")
+    value, name = ("x", "y") if flat else ("y", "x")
     for _, row in df.iterrows():
-        bar = dict(x=[row["policy"]], y=[row["median_ms"]], name=str(row["policy"]),
+        bar = dict(**_along(flat, [str(row["policy"])], [row["median_ms"]]), name=str(row["policy"]),
                    marker_color=policy_color(row["policy"]))
         if band:
             lo, hi, label = band
-            bar["error_y"] = dict(type="data", symmetric=False, array=[row[hi] - row["median_ms"]],
-                                  arrayminus=[row["median_ms"] - row[lo]])
+            bar[f"error_{value}"] = dict(type="data", symmetric=False, array=[row[hi] - row["median_ms"]],
+                                         arrayminus=[row["median_ms"] - row[lo]])
             bar["customdata"] = [[row[lo], row[hi]]]
-            bar["hovertemplate"] = (f"median %{{y:.4f}} ms<br>{label}: %{{customdata[0]:.4f}} to "
-                                    f"%{{customdata[1]:.4f}} ms{_same_as(row)}<extra>%{{x}}</extra>")
+            bar["hovertemplate"] = (f"median %{{{value}:.4f}} ms<br>{label}: %{{customdata[0]:.4f}} to "
+                                    f"%{{customdata[1]:.4f}} ms{_same_as(row)}<extra>%{{{name}}}</extra>")
         else:
-            bar["hovertemplate"] = f"median %{{y:.4f}} ms{_same_as(row)}<extra>%{{x}}</extra>"
+            bar["hovertemplate"] = f"median %{{{value}:.4f}} ms{_same_as(row)}<extra>%{{{name}}}</extra>"
         fig.add_trace(go.Bar(**bar))
-    fig.update_layout(barmode="group", showlegend=False)
+    once = df["policy"].is_unique  # a policy twice (History's runs): its bars side by side
+    fig.update_layout(barmode="overlay" if flat and once else "group", showlegend=False)
     return fig
 
 
@@ -205,10 +264,12 @@ def make_pareto_figure(df: pd.DataFrame, front: pd.Series | None = None) -> go.F
     ring (trace "Pareto front"); with two or more of them a dashed staircase joins them in order
     of peak memory. Nothing else is drawn for the front.
     """
-    fig = figure("Step time vs peak memory",
-                  "peak memory (MiB)", "step time (ms)")
+    fig = figure("Step time vs peak memory", "peak memory (MiB)", "step time (ms)")
     if df is None or df.empty:
         return empty(fig)
+    unit, per = memory_unit(float(pd.to_numeric(df["peak_mib"], errors="coerce").max()))
+    fig.update_xaxes(title_text=f"peak memory ({unit})", automargin=True)
+    fig.update_yaxes(automargin=True)
     band = _interval(df)
     mask = (pd.Series(False, index=df.index) if front is None
             else pd.Series(front.to_numpy(dtype=bool), index=df.index))
@@ -216,10 +277,10 @@ def make_pareto_figure(df: pd.DataFrame, front: pd.Series | None = None) -> go.F
     for rows in _programs(df):
         first = rows["policy"].iloc[0]
         med = float(np.median(rows["median_ms"]))
-        point = dict(x=[rows["peak_mib"].min()], y=[med], mode="markers",
+        point = dict(x=[rows["peak_mib"].min() / per], y=[med], mode="markers",
                      name=" =<br>".join(map(str, rows["policy"])),  # one policy a legend line
                      marker=dict(size=12, color=policy_color(first), line=dict(width=1, color="#222")),
-                     hovertemplate="%{x:.4f} MiB, median %{y:.4f} ms"
+                     hovertemplate=f"%{{x:.4f}} {unit}, median %{{y:.4f}} ms"
                                    + ("<br>one compiled program" if len(rows) > 1 else "")
                                    + "<extra>%{fullData.name}</extra>")
         if band:
@@ -236,7 +297,7 @@ def make_pareto_figure(df: pd.DataFrame, front: pd.Series | None = None) -> go.F
             name="Pareto front", line=dict(color="#222", dash="dash", shape="hv"),
             marker=dict(symbol="circle-open", size=22, color="#222", line=dict(width=2)),
             hoverinfo="skip"))
-    peaks = pd.to_numeric(df["peak_mib"], errors="coerce").dropna()
+    peaks = pd.to_numeric(df["peak_mib"], errors="coerce").dropna() / per
     if not peaks.empty:  # equal peaks: a narrow range around them, not Plotly's -0.5..1
         pad = max(float(peaks.max() - peaks.min()) * 0.15, float(peaks.abs().max()) * 0.05, 1e-6)
         fig.update_xaxes(range=[float(peaks.min()) - pad, float(peaks.max()) + pad])

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from remat_lab.present.dot_tables import GROUP_ABOVE, block_of
+
 MIB = float(1 << 20)
 MEMORY_PARTS = ("argument", "output", "temp", "alias", "generated_code")
 
@@ -48,11 +50,14 @@ def residuals_frame(result: dict | None) -> pd.DataFrame:
     return df
 
 
-def residual_layer_kind_frame(result: dict | None) -> pd.DataFrame:
-    """Residual bytes summed by (layer, kind): columns layer, kind, bytes, mib."""
+def residual_layer_kind_frame(result: dict | None, limit: int = GROUP_ABOVE) -> pd.DataFrame:
+    """Residual bytes summed by (layer, kind): columns layer, kind, bytes, mib. Over ``limit``
+    layers (an llm's blocks in a loop), by layer without its block prefix (``3.q_proj`` -> ``q_proj``)."""
     df = residuals_frame(result)
     if df.empty:
         return pd.DataFrame(columns=["layer", "kind", "bytes", "mib"])
+    if df["layer"].nunique() > limit:
+        df = df.assign(layer=[block_of(v)[0] for v in df["layer"]])
     out = df.groupby(["layer", "kind"], sort=False, as_index=False)["bytes"].sum()
     out["mib"] = out["bytes"] / MIB
     return out
