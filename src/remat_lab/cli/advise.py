@@ -16,6 +16,7 @@ from remat_lab.cli.common import (
     policies_arg,
 )
 from remat_lab.cli.format import format_table
+from remat_lab.cli.progress import stderr_progress
 from remat_lab.config import LIMITS, TARGET_NAMES, human_bytes, mesh_devices, parse_mesh
 from remat_lab.model.models import SEQ_MODELS
 from remat_lab.present.advisor_tables import advice_display_frame, decision_lines
@@ -85,17 +86,19 @@ def main(args: argparse.Namespace) -> int:
         config = config_from(args)
         if not args.no_cache:
             enable_compilation_cache()
-        doc = advise(config, args.budget, policies=args.policies, timing=not args.no_time,
-                     max_batch=args.max_batch, server_budget=args.memory_budget,
-                     time_budget_s=args.time_budget,
-                     progress=progress_lines())
+        # Progress on stderr (stdout stays the answer): a bar on a terminal, else one plain line
+        # per step with the time since the start, the policies sized of planned and the time left.
+        with stderr_progress() as say:
+            doc = advise(config, args.budget, policies=args.policies, timing=not args.no_time,
+                         max_batch=args.max_batch, server_budget=args.memory_budget,
+                         time_budget_s=args.time_budget, progress=say)
     print(json.dumps(doc, indent=2) if args.json else format_advice(doc))
     return 0
 
 
 def progress_lines():
-    """Each step of the advice as one plain line on stderr, with the time since it started (stdout
-    stays the answer, JSON or text; a file or a pipe gets the same lines as a terminal)."""
+    """Each step as one plain line on stderr, with the time since it started, on a terminal, a
+    file or a pipe alike (``cli/progress.stderr_progress`` also draws a bar on a terminal)."""
     t0 = time.perf_counter()
     return lambda message: print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr,
                                  flush=True)

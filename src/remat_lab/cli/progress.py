@@ -57,7 +57,7 @@ class StderrProgress:
         console = Console(file=self.stream, soft_wrap=True)
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.fields[left]}"), console=console,
-                            transient=True)
+                            transient=True, redirect_stdout=False)  # stdout: the answer, untouched
         self.bar.start()
         self._task = self.bar.add_task("starting", total=None, left="")
 
