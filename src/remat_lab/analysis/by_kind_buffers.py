@@ -148,6 +148,6 @@ def read_kinds(dump, memory: dict | None, *, depth: int = 1, names: Sequence[str
         return None
     try:
         found = kinds_from_buffers(dump, memory, depth=depth, names=names)
-    except (ValueError, KeyError, IndexError, StopIteration):  # a dump format this reader does not know
-        return None
+    except (ValueError, KeyError, IndexError, StopIteration, TypeError, AttributeError):
+        return None  # a dump format this reader does not know
     return found and {k: v for k, v in found.items() if k != "detail"}
