@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 from streamlit.errors import StreamlitPageNotFoundError  # noqa: E402
 
-from pages import _llm_views, _mesh, _run_tables, _running, _shared, _sidebar  # noqa: E402
+from pages import _compile_log, _llm_views, _mesh, _run_tables, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
 from remat_lab.present import charts, reproduce, tables  # noqa: E402
 from remat_lab.present.peak_diff import versus_no_remat  # noqa: E402
@@ -136,6 +136,7 @@ else:
 row3[0].metric("Compile time", short_seconds(result["compile"]["compile_s"]),
                help="XLA compile of the step (a persistent-cache hit is fast)")
 row3[0].caption(f"lower {human_seconds(result['compile']['lower_s'])}")
+_compile_log.compile_details(row3[0], result)  # XLA's own remat and its log lines, on request
 flops, base_flops = result.get("flops"), (result.get("baseline") or {}).get("flops")
 row3[1].metric("FLOPs per step", short_flops(flops) if flops else "n/a",
                help="XLA's flop count of the compiled step")
