@@ -111,3 +111,27 @@ def test_a_run_over_the_h100s_memory_says_in_its_document_what_xla_logged():
     doc.pop("texts")
     loaded = results.load("run.json", json.dumps(doc).encode())
     assert not loaded.problems and loaded.runs[0]["compile"]["log"] == log
+
+
+def _compile_details_script():
+    import streamlit as st
+
+    from pages import _compile_log
+
+    _compile_log.compile_details(st, {"compile": {
+        "xla_remat": {"applied": True, "instructions": 12},
+        "log": {"lines": 2, "warnings_total": 1, "shown_with": "REMAT_LAB_SHOW_LOGS=1",
+                "xla_remat_lines": ["hlo_rematerialization.cc:3231] Can't reduce memory use below **60GiB**"],
+                "xla_lines": ["<a href='x'>gpu_compiler.cc</a>"], "warnings": ["UserWarning: cache"]}}})
+
+
+def test_explore_shows_the_compile_log_on_request_as_code():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_compile_details_script, default_timeout=60).run()
+    assert not at.exception
+    assert at.expander[0].label == "Compiler log: 2 XLA lines, 1 warning"
+    codes = [c.value for c in at.code]
+    assert codes == ["hlo_rematerialization.cc:3231] Can't reduce memory use below **60GiB**",
+                     "<a href='x'>gpu_compiler.cc</a>", "UserWarning: cache"]  # as written, not rendered
+    assert any("**rewrote** this program (12 instructions cloned)" in m.value for m in at.markdown)
