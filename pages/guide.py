@@ -146,7 +146,7 @@ Every policy then compiles to the same program: same dots, same memory, same tim
 jaxprs differ. With `value_and_grad` the loss needs the whole forward pass, so a recomputation is
 real extra work; with depth > 1 later blocks run between a block's forward and backward passes,
 so what it saves must be held meanwhile. The per-dot table shows both the jaxpr's verdict and
-whether the compiled program really recomputes (`recomputed in compiled program`); the notes
+whether the compiled program really recomputes (its `compiled` column); the notes
 explain disagreements.
 
 ### How "recomputed in the compiled program" is known

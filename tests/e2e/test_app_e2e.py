@@ -52,7 +52,7 @@ def test_home_page_shows_metrics_charts_and_per_dot_table(page, server, shots):
         # at least one drawn trace (box, bar, scatter point) inside the chart's SVG
         chart.first.locator("svg.main-svg g.trace path").first.wait_for(state="attached", timeout=30_000)
 
-    rows = grid_rows(page, "recomputed in compiled program")
+    rows = grid_rows(page, "compiled")
     assert [r["layer"] for r in rows] == ["l1", "l2"], rows
     assert all(r["saved"] == "true" and r["recomputed"] == "false" for r in rows), rows
     shots(page, "explore")
@@ -74,7 +74,7 @@ def test_width_slider_and_policy_change_rerun_the_page(page, server):
     assert_no_error(page)
     assert selectbox_value(page, "Checkpoint policy") == "JAX policies › nothing_saveable"
     assert metrics(page)[DOTS] == "0 / 2"
-    rows = grid_rows(page, "recomputed in compiled program")
+    rows = grid_rows(page, "compiled")
     assert [r["layer"] for r in rows] == ["l1", "l2"], rows
     assert all(r["saved"] == "false" and r["recomputed"] == "true" for r in rows), rows
     assert "policy=nothing_saveable" in page.url
@@ -209,7 +209,7 @@ def test_two_sessions_run_different_configurations_at_once(new_page, server):
         status = p.get_by_test_id("stExpander").first.inner_text()
         assert "Done" in status and cfg["policy"] in status, status
         assert f"x:({cfg['batch']}x{cfg['width']})" in status, status
-        rows = grid_rows(p, "recomputed in compiled program")
+        rows = grid_rows(p, "compiled")
         assert [r["layer"] for r in rows] == ["l1", "l2"], rows
     assert metrics(pages[0])[DOTS] == "0 / 2"
     assert metrics(pages[1])[DOTS] == "2 / 0"
