@@ -36,6 +36,14 @@ os.environ.setdefault("REMAT_LAB_WORKERS", "0")
 os.environ.setdefault("REMAT_LAB_PUBLIC", "0")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n``, the project's default) a file's tests stay on one worker, so its
+    module fixtures compile once, and the browser tests share one worker and one server."""
+    for item in items:
+        group = "browser" if item.get_closest_marker("e2e") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @functools.lru_cache(maxsize=64)
 def _run(config: RunConfig, timing: bool) -> dict:
     return run_experiment(config, timing=timing)
