@@ -13,7 +13,10 @@ server is not. The sequence:
 the default page (first answer with a warm worker, then the cached answer), the width-4096 bf16
 link, ``--wide`` distinct width-2048 models, ``--small`` distinct small configurations,
 ``--sessions`` concurrent sessions, a worker killed with SIGKILL and the next answer, then (unless
-``--no-uploads``; ``--only uploads`` runs just these) uploads on Open results: a 20 MiB junk file, a
+``--no-uploads``; ``--only uploads`` runs just these; ``--only round3`` issue 33's: five sessions
+uploading five files each, three at once, RSS after the tabs close, and one client's four tabs of
+slow runs against another visitor's tiny one, told apart by X-Forwarded-For from a trusted
+127.0.0.1) uploads on Open results: a 20 MiB junk file, a
 20 MiB file of valid sweep rows, one after the other, then both from two sessions at once; then
 the Advisor hog (``hog_steps``: 1000T over every transformer policy, then the largest advice public
 mode allows, and a second visitor's small run meanwhile). After each step: the server alive?, its
@@ -42,7 +45,7 @@ from streamlit_driver import INIT_JS, url, wait_idle  # noqa: E402
 from remat_lab.config import limits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_cases import hog_steps, upload_steps  # noqa: E402
+from load_cases import hog_steps, many_upload_steps, upload_steps, visitor_steps  # noqa: E402
 
 MIB = 1 << 20
 
@@ -136,7 +139,8 @@ class Bench:
         self.cg = make_cgroup("remat_lab_load", args.limit_mib * MIB)
         port = args.port
         env = {**os.environ, "REMAT_LAB_MEMORY_BUDGET": args.budget, "REMAT_LAB_WORKERS": "1",
-               "REMAT_LAB_PUBLIC": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src")}
+               "REMAT_LAB_PUBLIC": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src"),
+               "REMAT_LAB_TRUSTED_PROXIES": "127.0.0.1"}  # X-Forwarded-For names the bench's visitors
         cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                "--server.port", str(port), "--server.address", "127.0.0.1",
                "--server.fileWatcherType", "none"]
@@ -282,8 +286,14 @@ def main(argv=None) -> int:
     ap.add_argument("--log", default="/tmp/remat_lab_load_server.log")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-uploads", action="store_true", help="skip the Open results upload steps")
-    ap.add_argument("--only", choices=("uploads", "hog", "new"), default=None,
-                    help="run only the upload steps, the Advisor hog, or both (new: issue 21's cases)")
+    ap.add_argument("--only", choices=("uploads", "hog", "new", "round3"), default=None,
+                    help="run only the upload steps, the Advisor hog, or both (new: issue 21's cases); "
+                         "round3: issue 33's (many uploads from several sessions, one client's tabs)")
+    ap.add_argument("--upload-sessions", type=int, default=5)
+    ap.add_argument("--upload-files", type=int, default=5)
+    ap.add_argument("--upload-mb", type=float, default=None, help="file size (default: the widget's most)")
+    ap.add_argument("--session-ttl", type=float, default=130.0,
+                    help="seconds to follow the server's RSS after the tabs close")
     ap.add_argument("--upload-dir", default="/tmp/remat_lab_load_uploads")
     args = ap.parse_args(argv)
     folder = Path(args.upload_dir)
@@ -299,6 +309,12 @@ def main(argv=None) -> int:
                 upload_steps(b, folder)
             if args.only in ("hog", "new"):
                 hog_steps(b)
+            if args.only == "round3":
+                size = int(args.upload_mb * 1000 ** 2) if args.upload_mb else None
+                if args.upload_sessions:  # 0: the fair-queue case alone
+                    many_upload_steps(b, folder, args.upload_sessions, args.upload_files,
+                                      **({"size": size} if size else {}), ttl_s=args.session_ttl)
+                visitor_steps(b)
         else:
             classic_steps(b, args, folder)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -134,4 +135,113 @@ def hog_steps(b) -> None:
     took, said = b.visit(s2, "", width="48", batch="3", depth="1", repeats="2")
     b.record("session 2: next small run, server idle", seconds=round(took, 2), said=said)
     for q in (s1, s2):
+        q.context.close()
+
+
+# ---------------------------------------------------------------- issue 33's cases
+
+
+def _client_page(b, forwarded_for: str | None = None, n: int = 1) -> list:
+    """``n`` tabs of one browser (one context: one client); with ``forwarded_for`` every request
+    carries that X-Forwarded-For (the server trusts 127.0.0.1 as its proxy: a visitor's address)."""
+    from streamlit_driver import INIT_JS
+
+    headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else None
+    ctx = b.browser.new_context(viewport={"width": 1280, "height": 900}, extra_http_headers=headers)
+    ctx.add_init_script(INIT_JS)
+    ctx.set_default_timeout(600_000)
+    return [ctx.new_page() for _ in range(n)]
+
+
+def _rss_settled(b, seconds: float, step: float = 5.0) -> list[float]:
+    """The server's RSS (MiB) every ``step`` seconds for ``seconds``."""
+    from remat_lab.config import limits
+
+    out = []
+    for _ in range(int(seconds / step)):
+        time.sleep(step)
+        out.append(round((limits.rss_bytes(b.server.pid) or 0) / MIB, 1))
+    return out
+
+
+def many_upload_steps(b, folder: Path, sessions: int = 5, files: int = 5,
+                      size: int = UPLOAD_WIDGET_MAX - 4096, ttl_s: float = 130.0) -> None:
+    """Issue 33: ``sessions`` browsers each upload ``files`` distinct files (junk and valid, as large
+    as the widget lets through), every session's j-th file sent at the same time; then three
+    sessions upload at once; then every tab closes and the server's RSS is followed past the
+    disconnected-session TTL (Streamlit drops a session's uploads and this app its open parses
+    then). The server's idle RSS is recorded first."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_uploads import write_junk, write_valid
+
+    paths = []
+    for j in range(files):  # distinct bytes: a parse is not shared through the cache
+        path = folder / f"{'valid' if j % 2 else 'junk'}-{j}.jsonl"
+        (write_valid if j % 2 else write_junk)(path, size - 8192 * j)
+        paths.append(path)
+    idle = b.record("issue 33: idle before the uploads")["server_rss_mib"]
+    pages = [_client_page(b)[0] for _ in range(sessions)]
+    for q in pages:
+        q.goto(url(b.base, "results"), wait_until="domcontentloaded")
+        wait_idle(q, timeout=300_000)
+    for j, path in enumerate(paths):
+        t0 = time.perf_counter()
+        for q in pages:
+            q.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(path))
+        said = [_upload_answer(q, path.name) for q in pages]
+        b.record(f"issue 33: {sessions} sessions upload file {j + 1} of {files} ({path.name}) at once",
+                 seconds=round(time.perf_counter() - t0, 1),
+                 read=sum("not read" not in s for s in said), refused=sum("not read" in s for s in said),
+                 said=sorted({s[:120] for s in said}))
+    three = [_client_page(b)[0] for _ in range(3)]
+    for q in three:
+        q.goto(url(b.base, "results"), wait_until="domcontentloaded")
+        wait_idle(q, timeout=300_000)
+    t0 = time.perf_counter()
+    for q in three:
+        q.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(str(paths[1]))
+    said = [_upload_answer(q, paths[1].name) for q in three]
+    b.record("issue 33: three new sessions upload the same file at once",
+             seconds=round(time.perf_counter() - t0, 1), said=said)
+    for q in pages + three:
+        q.context.close()
+    trail = _rss_settled(b, ttl_s)
+    row = b.record(f"issue 33: every tab closed, {ttl_s:.0f} s later", rss_trail_mib=trail,
+                   idle_before_mib=idle, past_session_ttl=ttl_s > 120)  # Streamlit's default TTL: 120 s
+    row["within_50_mib_of_idle"] = row["server_rss_mib"] - idle <= 50
+    print(json.dumps({"within_50_mib_of_idle": row["within_50_mib_of_idle"]}), flush=True)
+
+
+def visitor_steps(b, tabs: int = 4) -> None:
+    """Issue 33's fair queue: one client (one address) opens ``tabs`` tabs, each clicks a slow run
+    (1000 timed repeats of a width-512 step); then another visitor's tiny run. Its seconds to an
+    answer against the bound the README states (the run deadline, for the job running, plus its own
+    length), and what the client's tabs were told (a visitor has at most 2 jobs in flight)."""
+    from remat_lab.serve import quotas
+
+    deadline = quotas.deadlines().get("run")
+    a = _client_page(b, "198.51.100.1", tabs)
+    other = _client_page(b, "198.51.100.2")[0]
+    alone, said = b.visit(other, "", width="16", batch="2", depth="1", repeats="1")  # its own length
+    b.record("issue 33: the other visitor's tiny run alone", seconds=round(alone, 2), said=said)
+    for i, q in enumerate(a):
+        q.goto(url(b.base, "", width=str(512 - 8 * i), batch="256", depth="1", repeats="1000"),
+               wait_until="domcontentloaded")  # distinct runs: equal requests would share one job
+        wait_idle(q, timeout=300_000)
+        q.get_by_role("button", name="Run this configuration").click()
+        q.wait_for_timeout(1000)
+    t0 = time.perf_counter()
+    took, said = b.visit(other, "", timeout_s=1200, width="24", batch="2", depth="1", repeats="1")
+    told = []
+    for q in a:
+        wait_idle(q, timeout=1_200_000)
+        told.append(" ".join(((q.get_by_test_id("stAlertContentWarning").all_inner_texts()
+                               + q.get_by_test_id("stAlertContentError").all_inner_texts()) or ["ran"])[0]
+                             .split())[:120])
+    b.record(f"issue 33: another visitor's tiny run while one client has {tabs} tabs of slow runs",
+             seconds=round(took, 2), said=said, deadline_run_s=deadline,
+             bound_s=round((deadline or 0) + alone, 1), within_bound=took <= (deadline or 1e9) + alone,
+             client_tabs_told=told,
+             client_all_done_s=round(time.perf_counter() - t0, 1))
+    for q in a + [other]:
         q.context.close()

@@ -2,13 +2,14 @@
 
 The queue is fair across visitors, not tabs: one client with four tabs has one lane and at most
 ``quotas.visitor_cap()`` jobs queued or running (``pool.Pool``). The visitor is the address the web
-server saw (Streamlit's ``st.context.ip_address``; None on loopback). Behind a reverse proxy every
-visitor has the proxy's address, so ``X-Forwarded-For`` is read, but only when the connection comes
-from a proxy named in ``$REMAT_LAB_TRUSTED_PROXIES`` (addresses or networks, comma- or
-space-separated, e.g. ``127.0.0.1`` for a proxy on the same host): its right-most hop that is not a
-trusted proxy is the visitor (the hops left of it are whatever the client wrote). IPv6 addresses
-count by their /64 (one client's addresses). A connection on loopback without a trusted proxy
-cannot be told apart from the others: its lane is its session, as before.
+server saw (Streamlit's ``st.context.ip_address``: None on loopback; from a proxy on loopback its
+server already takes ``X-Forwarded-For``'s right-most hop that is not loopback). Behind a proxy on
+another address every visitor has the proxy's address, so ``X-Forwarded-For`` is read, but only
+when the connection comes from a proxy named in ``$REMAT_LAB_TRUSTED_PROXIES`` (addresses or
+networks, comma- or space-separated): its right-most hop that is not a trusted proxy is the visitor
+(the hops left of it are whatever the client wrote). IPv6 addresses count by their /64 (one
+client's addresses). A connection on loopback without a header cannot be told apart from the
+others: its lane is its session, as before.
 """
 
 from __future__ import annotations
