@@ -131,7 +131,8 @@ def _time_cell(cfgs: list[RunConfig], docs: list[dict], say) -> None:
     need = estimate_process_bytes(cfgs[0]) + (len(cfgs) - 1) * estimate_bytes(cfgs[0])
     payload = {"config": cfgs[0].as_dict(), "configs": [c.as_dict() for c in cfgs],
                "flops": [d.get("flops") for d in docs]}
-    timed = _running.pool().call("sweep_time", payload, need=need, progress=lambda m: say(str(m)))
+    timed = _running.pool().call("sweep_time", payload, need=need, progress=lambda m: say(str(m)),
+                                 session=_running._session_id())  # in this visitor's lane, like its runs
     for doc, fields in zip(docs, timed):
         doc.update(fields)
 
