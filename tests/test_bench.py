@@ -175,4 +175,10 @@ def test_advise_transformer_structure():
     for key in ("no_time", "timed"):
         assert _positive(out[key]["s"]) and set(out[key]["max_batch"]) == {"no_remat", "nothing_saveable"}
     assert out["no_time"]["timed"] == 0 and out["timed"]["timed"] >= 1
+    t = out["timed"]  # the target's terms, each reported
+    assert t["bound_s"] == pytest.approx(t["compile_only_s"] + t["time_budget_s"] + t["one_step_each_s"])
+    assert t["compile_only_s"] == out["no_time"]["s"] and 0 < t["timing_s"] and t["one_step_each_s"] > 0
+    doc = {"details": {"advise_transformer": out}}
+    assert bench.verdict("advise_transformer_s", t["bound_s"] * 0.99, doc)[1] == "PASS"
+    assert bench.verdict("advise_transformer_s", t["bound_s"] * 1.01, doc)[1] == "MISS"
     assert {"advise_transformer_s", "advise_transformer_no_time_s"} <= set(bench.TARGETS)

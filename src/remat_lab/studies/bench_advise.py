@@ -46,4 +46,17 @@ def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADV
                         "max_batch": {r["policy"]: r["max_batch"] for r in rows},
                         "timed": sum(1 for r in rows if r.get("step_time_s") is not None),
                         "compiles": sum(r["compiles"] for r in rows)}
+            if timing:
+                out[key].update(timing_bound(doc, out["no_time"]["s"]))
     return out
+
+
+def timing_bound(doc: dict, compile_only_s: float) -> dict:
+    """The timed advice's target, term by term: the compile-only advice's seconds, plus the time
+    budget, plus one step of each program timed (the race ends within the budget and one more
+    call of each program still racing). ``timing_s``: the timed phase's own wall time."""
+    one_step = sum(r["step_time_s"] for r in doc["rows"] if r.get("step_time_s") is not None)
+    budget = doc["time_budget_s"] or 0.0
+    return {"timing_s": doc["timing"].get("timing_s"), "time_budget_s": budget,
+            "compile_only_s": compile_only_s, "one_step_each_s": one_step,
+            "bound_s": compile_only_s + budget + one_step}
