@@ -19,7 +19,7 @@ import streamlit as st
 
 from pages import _running
 from remat_lab.config import human_bytes, human_seconds
-from remat_lab.serve import quotas
+from remat_lab.serve import quotas, safe_text
 from remat_lab.serve.jobs import TimeLimit
 from remat_lab.studies.progress import Step, Tracker, duration
 
@@ -47,6 +47,11 @@ def _batch(v, row) -> str:
     return "none (batch 1 does not fit)" if v == 0 else str(v)
 
 
+def _error(v, row) -> str:
+    """An error's text as a cell (plain text, never Markdown), folders cut as in the error boxes."""
+    return "" if v is None else safe_text.strip_paths(str(v))[:200]
+
+
 def _per_device(v, row) -> str:
     """The batch per device where it differs from the global one (on a mesh)."""
     return "" if v is None or v == row.get("max_batch") else str(v)
@@ -68,13 +73,13 @@ ADVICE = [("policy", "policy", _text), ("max_batch", "largest batch", _batch),
           ("compiles", "compiles", _text)]
 COMPARE = [("policy", "policy", _text), ("peak_bytes", "compiled peak", _bytes),
            ("compile_s", "compile time", _seconds), ("grad_ok", "gradient check", _check),
-           ("error", "failed", _text)]
+           ("error", "failed", _error)]
 TARGETS = [("target", "target", _text), ("policy", "policy", _text),
            ("peak_bytes", "compiled peak (per device)", _bytes), ("fits", "fits", _fits),
-           ("estimate_s", "estimated step (not measured)", _seconds), ("error", "failed", _text)]
+           ("estimate_s", "estimated step (not measured)", _seconds), ("error", "failed", _error)]
 SWEEP = [("width", "width", _text), ("batch", "batch", _text), ("policy", "policy", _text),
          ("median_s", "median step", _seconds), ("peak_bytes", "compiled peak", _bytes),
-         ("error", "error", _text)]
+         ("error", "error", _error)]
 
 
 def rows_frame(rows, columns: list[tuple[str, str, Format]]) -> pd.DataFrame:
@@ -163,7 +168,7 @@ def sweep_row(doc: dict) -> dict:
     return {"width": c.get("width"), "batch": c.get("batch"), "policy": c.get("policy"),
             "median_s": (doc.get("step_time_s") or {}).get("median"),
             "peak_bytes": (doc.get("memory") or {}).get("peak_bytes"),
-            "error": f"{err['kind']}: {err['message'][:120]}" if err else None}
+            "error": f"{err['kind']}: {err['message']}" if err else None}
 
 
 def running(label: str, columns: list | None = None, words: Callable[[str], str] | None = None,
