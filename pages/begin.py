@@ -23,11 +23,17 @@ _shared.page_start("What do you train, and on what?",
                    "compiles every checkpoint policy for them (nothing runs: no GPU or TPU is needed "
                    "here) and finds the largest batch per device that fits. For a small model of "
                    "your own, or your own block, use the sidebar and Explore.")
+def _preset_seq(preset: str) -> int:
+    return int(PRESETS[preset].get("seq", 2048))
+
+
 left, right = st.columns(2)
 with left:
-    preset = st.selectbox("Model (a published shape)", list(PRESETS), key="start_preset")
-    seq = st.number_input("Sequence length", 2, 32768, int(PRESETS[preset].get("seq", 2048)), step=512,
-                          key="start_seq")
+    # Another model brings its own sequence length (gpt2-small's 1024, not llama's 8192).
+    preset = st.selectbox("Model (a published shape)", list(PRESETS), key="start_preset",
+                          on_change=lambda: st.session_state.update(
+                              start_seq=_preset_seq(st.session_state["start_preset"])))
+    seq = st.number_input("Sequence length", 2, 32768, _preset_seq(preset), step=512, key="start_seq")
 with right:
     names = ["local", *TARGETS]
     target = st.selectbox("Accelerator", names, index=names.index("h100"), key="start_target",

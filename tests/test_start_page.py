@@ -35,3 +35,13 @@ def test_the_page_offers_the_three_questions_and_nothing_fails():
     labels = [b.label for b in at.button]
     assert labels[0] == "Which policy, and how large a batch per device?" and len(labels) == 3
     assert at.selectbox(key="start_target").value == "h100"
+
+
+def test_another_model_brings_its_own_sequence_length():
+    """Picking gpt2-small after llama3-8b must not keep llama's 8192 (over gpt2's 1024 context)."""
+    at = AppTest.from_file(str(ROOT / "pages" / "begin.py"), default_timeout=60).run()
+    first = at.selectbox(key="start_preset").value
+    assert at.number_input(key="start_seq").value == preset_fields(first)["seq"]
+    at.selectbox(key="start_preset").set_value("gpt2-small").run()
+    assert not at.exception
+    assert at.number_input(key="start_seq").value == preset_fields("gpt2-small")["seq"] == 1024
