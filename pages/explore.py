@@ -13,7 +13,7 @@ from streamlit.errors import StreamlitPageNotFoundError  # noqa: E402
 
 from pages import _compile_log, _llm_views, _mesh, _run_tables, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
-from remat_lab.present import charts, reproduce, tables  # noqa: E402
+from remat_lab.present import charts, dot_tables, reproduce, tables  # noqa: E402
 from remat_lab.present.peak_diff import versus_no_remat  # noqa: E402
 from remat_lab.present.target_charts import target_name  # noqa: E402
 from remat_lab.present.timeline_charts import PHASES_CAPTION  # noqa: E402
@@ -164,8 +164,7 @@ st.caption("Every dot_general of the forward pass: what the policy says, what th
            "does, and whether the compiled program still recomputes it; its operands' shapes in "
            "**shapes**, an llm's dozens of dots by **layer and name**.")
 _run_tables.dots_table(result, "explore")
-notes = [f"Dot {d['index']} ({d['layer']}): {d['note']}" for d in result["dots"] if d["note"]]
-notes += result["notes"]
+notes = dot_tables.note_lines(result) + result["notes"]  # a note of every block's same layer once
 st.subheader("Discrepancy notes")
 for note in notes:
     st.info(note)

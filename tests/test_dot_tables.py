@@ -123,3 +123,14 @@ def test_a_document_missing_fields_is_shown_not_miscounted():
     assert groups[["layer", "dots", "saved", "recomputed"]].values.tolist() == [["l1", 2, 1, 0]]
     kept = dot_tables.residual_groups_frame({"residuals": [{"index": 0, "bytes": 8}, {"index": 1}]})
     assert kept["bytes"].sum() == 8 and kept["values"].sum() == 2
+
+
+def test_a_note_every_block_repeats_is_said_once_per_layer():
+    lines = dot_tables.note_lines(DOC)
+    noted = [d for d in DOC["dots"] if d["note"]]
+    assert len(lines) < len(noted)
+    q = [line for line in lines if "(q_proj" in line]
+    want = [str(d["index"]) for d in noted if d["layer"].endswith(".q_proj")]
+    assert q == [f"Dots {', '.join(want)} (q_proj in {BLOCKS} blocks): {noted[0]['note']}"]
+    one = {"dots": [{**DOC["dots"][0], "layer": "l1", "note": "a note"}]}
+    assert dot_tables.note_lines(one) == ["Dot 0 (l1): a note"]

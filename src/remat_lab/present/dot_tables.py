@@ -106,6 +106,22 @@ def _with_blocks(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(group=[p[0] for p in parts], block=[p[1] for p in parts])
 
 
+def note_lines(result: dict | None) -> list[str]:
+    """The dots' notes, one line per (layer without its block, note): an llm's blocks say the same
+    thing about the same layer, so "Dots 0, 9, 18, 27 (q_proj in 4 blocks): ..." once, not four times."""
+    df = _with_blocks(_dots(result))
+    lines = []
+    for (group, note), part in df[df["note"] != ""].groupby(["group", "note"], sort=False):
+        idx = [str(i) for i in part["index"]]
+        if len(idx) == 1:
+            lines.append(f"Dot {idx[0]} ({part['layer'].iloc[0]}): {note}")
+            continue
+        shown = ", ".join(idx) if len(idx) <= 6 else f"{idx[0]}, {idx[1]}, …, {idx[-1]}"
+        blocks = part["block"].nunique()
+        lines.append(f"Dots {shown} ({group}" + (f" in {blocks} blocks" if blocks > 1 else "") + f"): {note}")
+    return lines
+
+
 def _jaxpr_says(n: int, saved: int, recomputed: int) -> str:
     """What the backward jaxpr does with a group of ``n`` dots, in a word where it is one thing."""
     if saved == n or recomputed == n:
