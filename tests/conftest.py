@@ -36,6 +36,7 @@ os.environ.setdefault("REMAT_LAB_WORKERS", "0")
 os.environ.setdefault("REMAT_LAB_PUBLIC", "0")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n``, the project's default) a file's tests stay on one worker, so its
     module fixtures compile once, and the browser tests share one worker and one server."""
