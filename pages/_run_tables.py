@@ -50,8 +50,10 @@ def dots_table(result: dict, key: str) -> None:
     view = _view("View", DOT_VIEWS, len(result.get("dots") or []), f"{key}_dot_view")
     if view == "shapes":
         st.dataframe(dot_tables.dot_shapes_frame(result), hide_index=True, width="stretch", key=f"{key}_dots",
-                     column_config={"index": "dot", "batch_dims": CHECK("batch dims"),
-                                    "flops": NUM("flops", format="compact", help=EVERY_LAYER)})
+                     column_config={"index": NUM("dot", width=45), "layer": TEXT("layer", width=80),
+                                    **{c: TEXT(c, width=105) for c in ("lhs", "rhs", "out")},
+                                    "batch_dims": CHECK("batch dims", width=55),
+                                    "flops": NUM("flops", width=50, format="compact", help=EVERY_LAYER)})
     elif view == "by layer and name":
         st.dataframe(dot_tables.dot_groups_frame(result), hide_index=True, width="stretch", key=f"{key}_dots",
                      column_order=["layer", "name", "dots", "policy", "jaxpr", "compiled", "output"],
@@ -65,15 +67,17 @@ def dots_table(result: dict, key: str) -> None:
                          "output": TEXT("output", width=75, help="their outputs' bytes, every block")})
     else:
         st.dataframe(dot_tables.dot_decisions_frame(result), hide_index=True, width="stretch",
-                     key=f"{key}_dots", column_config={
-                         "index": "dot",
-                         "policy_verdict": TEXT("policy", help="what the checkpoint policy says about it"),
-                         "saved": CHECK("saved", help="kept for the backward pass (the jaxpr)"),
-                         "recomputed": CHECK("recomputed", help="recomputed in the backward jaxpr"),
+                     key=f"{key}_dots", column_config={  # widths: about 550 px, a 1024 px window's page
+                         "index": NUM("dot", width=45), "layer": TEXT("layer", width=95),
+                         "policy_verdict": TEXT("policy", width=80,
+                                                help="what the checkpoint policy says about it"),
+                         "saved": CHECK("saved", width=55, help="kept for the backward pass (the jaxpr)"),
+                         "recomputed": CHECK("recomputed", width=90, help="recomputed in the backward jaxpr"),
                          "offloaded": CHECK("offloaded"),
                          "offloaded_in_compiled": CHECK("offloaded (compiled)"),
-                         "recomputed_in_compiled": TEXT("compiled", help=COMPILED_HELP), "out_bytes": None,
-                         "output": TEXT("output", help="the dot's output, every layer it stands for")})
+                         "recomputed_in_compiled": TEXT("compiled", width=110, help=COMPILED_HELP),
+                         "out_bytes": None,
+                         "output": TEXT("output", width=75, help="its output, every layer it stands for")})
 
 
 def _shown(df, columns: list[str], optional: dict[str, object]) -> list[str]:
