@@ -143,7 +143,7 @@ def make_memory_figure(df: pd.DataFrame) -> go.Figure:
     ``df`` columns: policy, argument, output, temp, alias, generated_code, peak_mib (MiB). Alias
     is drawn below zero because peak = generated_code + argument + output - alias + temp. One
     policy: an upright bar, its peak's value written above it; several: a horizontal bar each.
-    The legend under the plot, three entries a row.
+    The legend under the plot, two or three entries a row.
     """
     fig = titled(figure("", "policy", "memory (MiB)"), "Compiled memory", "XLA memory analysis")
     if df is None or df.empty:
