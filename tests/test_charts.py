@@ -125,7 +125,7 @@ def test_sweep_lines_one_per_policy_and_batch():
     # the legend: one entry per policy (colour) and one per batch (dash), below the plot
     keys = [t for t in fig.data if t.x[0] is None]
     assert [t.name for t in keys] == ["no_remat", "nothing_saveable", "batch 1", "batch 4"]
-    assert fig.layout.legend.orientation == "h" and fig.layout.legend.yanchor == "bottom"
+    assert fig.layout.legend.orientation == "v" and fig.layout.legend.yanchor == "bottom"  # a list below
     assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0  # at the bottom edge
     assert fig.layout.xaxis.title.text == "width"
     assert fig.layout.yaxis.title.text == "step time (ms)"

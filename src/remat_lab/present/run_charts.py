@@ -41,8 +41,9 @@ def legend_outside(fig: go.Figure, rows: int, where: str = "below", per_row: int
     if where == "above":  # a list (a wide horizontal legend would push the right margin in)
         fig.update_layout(legend=dict(legend, orientation="v" if per_row == 1 else "h", y=1.02,
                                       yanchor="bottom"), margin=dict(t=76 + grow), height=height)
-    else:
-        fig.update_layout(legend=dict(legend, yref="container", y=0, yanchor="bottom"),
+    else:  # one entry a row: a list (a horizontal legend would put two in a row and leave a gap)
+        fig.update_layout(legend=dict(legend, yref="container", y=0, yanchor="bottom",
+                                      orientation="v" if per_row == 1 else "h"),
                           margin=dict(b=64 + grow), height=height)
     return fig
 
