@@ -186,4 +186,4 @@ def test_open_results_page_without_files_asks_for_them():
 
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "pages/results.py")).run()
     assert not at.exception and not at.error
-    assert any("Upload one or more results files" in i.value for i in at.info)
+    assert any("Upload a results file" in i.value for i in at.info)  # one file at a time (issue 33)
