@@ -13,6 +13,7 @@ import streamlit as st  # noqa: E402
 from pages import _advisor_run, _page_state, _running, _shared, _sidebar, _views  # noqa: E402
 from remat_lab.config import LOCAL, ConfigError, human_bytes, parse_bytes, parse_mesh  # noqa: E402
 from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
+from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import charts  # noqa: E402
 from remat_lab.present.synth_charts import synthesis_frame  # noqa: E402
 from remat_lab.program.backend import ExecutionError  # noqa: E402
@@ -60,12 +61,14 @@ on_target = cfg.target != LOCAL
 default_bytes, default_source = (advisor.advice_budget(None, target=cfg.target) if on_target else
                                  advisor.advice_budget(None, _sidebar._device_limit(), ask_device=False))
 public = history.public_mode()
-url = _page_state.loaded("synthesize", ("budget", "goal", "batch"))
+url = _page_state.loaded("synthesize", ("budget", "goal", "batch", "policies"))
 _page_state.show(
     _page_state.restore(url, "budget", _page_state.size, "synth_budget",
                         "a size such as 512M, 16G or 80G, or a number of bytes", _size_text(default_bytes))
     + _page_state.restore(url, "goal", _goal, "synth_goal", " or ".join(GOALS), "max-batch")
-    + _page_state.restore(url, "batch", _batch, "synth_batch", "a whole number from 1 to 65536", "8"))
+    + _page_state.restore(url, "batch", _batch, "synth_batch", "a whole number from 1 to 65536", "8")
+    + _page_state.restore(url, "policies", _page_state.names(p for p in POLICIES if p != "custom"),
+                          "synth_named", default="every named policy of the model"))
 ss = st.session_state
 ss.setdefault("synth_budget", _size_text(default_bytes))
 ss.setdefault("synth_goal", "max-batch")
@@ -96,9 +99,20 @@ if cfg.mesh and not on_target:
 sizes = parse_mesh(cfg.mesh)
 unit = sizes.get("data", 1) * sizes.get("fsdp", 1) * cfg.microbatches
 model = cfg.replace(batch=unit, policy="no_remat", save_names=(), offload_names=(), remat_layers=0)
-named = named_policies(model)
-if public:  # the same per-click bounds as the Advisor
-    named = named[:quotas.PUBLIC_ADVISOR_MAX_POLICIES]
+offered = named_policies(model)
+ss["synth_named"] = [p for p in ss.get("synth_named", offered) if p in offered] or offered
+limit = quotas.PUBLIC_ADVISOR_MAX_POLICIES if public else None  # the same per-click bounds as the Advisor
+if limit:
+    ss["synth_named"] = ss["synth_named"][:limit]
+named = st.multiselect("Named policies to beat", offered, key="synth_named", max_selections=limit,
+                       format_func=_sidebar.policy_label,
+                       help="Compiled by the same search; the answer is never worse than the best of "
+                            "them. Fewer policies: fewer compiles.")
+_page_state.write({"policies": ",".join(named) if named != offered else None})
+if not named:
+    st.info("Choose at least one named policy to compare the plan with.")
+    st.stop()
+if public:
     st.caption(f"This server is shared: a synthesis compares {len(named)} named policies, a budget up "
                f"to {human_bytes(quotas.PUBLIC_ADVISOR_MAX_BUDGET)} and batches up to "
                f"{quotas.PUBLIC_ADVISOR_MAX_BATCH}. The command line has no limits.")

@@ -10,7 +10,8 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from remat_lab.present.synth_charts import make_synthesis_figure, synthesis_frame  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-LINK = {"model": "mlp", "width": "64", "depth": "2", "stack": "scan", "budget": "400K"}
+LINK = {"model": "mlp", "width": "64", "depth": "2", "stack": "scan", "budget": "400K",
+        "policies": "nothing_saveable,dots_saveable"}  # two named policies to beat: fewer compiles
 
 
 def _app(**params) -> AppTest:
@@ -25,12 +26,16 @@ def test_a_bad_budget_from_the_link_is_said_and_nothing_runs():
     assert not at.exception
     warnings = " ".join(w.value for w in at.warning)
     assert "budget" in warnings and "goal" in warnings
+    bad = _app(**{**LINK, "policies": "nothing_saveable,<img src=x>"}).run()
+    assert any("URL parameter `policies`" in w.value for w in bad.warning)
+    assert len(bad.multiselect(key="synth_named").value) > 2  # the default list, not the link's
     assert at.text_input(key="synth_budget").value != "[x](https://evil.example)"
 
 
 def test_the_plan_is_drawn_from_the_link():
     at = _app(**LINK).run()
     assert not at.exception and at.text_input(key="synth_budget").value == "400K"
+    assert at.multiselect(key="synth_named").value == ["nothing_saveable", "dots_saveable"]
     at.button(key="synth_run").click().run()
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
@@ -39,6 +44,9 @@ def test_the_plan_is_drawn_from_the_link():
     assert set(plan["checkpoint name"]) == {"l1", "l2"}
     codes = " ".join(c.value for c in at.code)
     assert "save_and_offload_only_these_names" in codes and "--budget 409600" in codes
+    assert "--policies nothing_saveable,dots_saveable" in codes  # the CLI call gives the same answer
+    assert [r["policy"] for r in at.session_state["_synth_doc"][1]["named"]] == [
+        "nothing_saveable", "dots_saveable"]
 
 
 def test_the_chart_takes_an_empty_frame_and_a_document():

@@ -247,7 +247,7 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
     except Stopped as err:
         stopped = f"stopped before compiling {err}"
     doc = _document(run, base, config, model, probes, named, goal, b, budget_bytes, budget_source,
-                    offload, notes, static)
+                    offload, notes, static, chosen)
     doc.update(compiles=meter.compiles, named_compiles=named_compiles,
                compile_limit=3 * k + 12, wall_s=time.perf_counter() - t0, stopped_because=stopped)
     return doc
@@ -255,7 +255,7 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
 
 def _document(run: _Run, base: RunConfig, config: RunConfig, model: Model | None, probes, named: list,
               goal: str, b: int | None, budget: int, budget_source: str, offload: bool, notes: list,
-              static: dict) -> dict:
+              static: dict, chosen: list[str]) -> dict:
     names = model.names if model else ()
     fits = [c for c in run.candidates if c.get("fits")]
     best = min(fits, key=lambda r: _key(r, goal), default=None)
@@ -297,7 +297,9 @@ def _document(run: _Run, base: RunConfig, config: RunConfig, model: Model | None
         "custom": custom_flags(plan, base.depth) if plan else None,
         "code": jax_code(plan) if plan else None,
         "maxtext_yaml": maxtext_yaml(plan, names, base.depth) if plan else None,
-        "command": command(config, budget, goal, b * run.unit if b else None),
+        "command": command(config, budget, goal, b * run.unit if b else None,
+                           chosen if chosen != named_policies(base) else None),
+        "policies": chosen,
         "run_command": run_command(base, plan, at or run.unit) if plan else None,
         "notes": notes, "method": METHOD, "environment": environment(),
         **({"target": get_target(base.target).as_dict()} if base.target != LOCAL else {}),

@@ -45,12 +45,16 @@ def maxtext_yaml(plan: Plan, names: tuple[str, ...], depth: int) -> str:
     return "\n".join(lines)
 
 
-def command(config: RunConfig, budget: int, goal: str, batch: int | None) -> str:
-    """The ``synthesize`` command line that gives the same document."""
+def command(config: RunConfig, budget: int, goal: str, batch: int | None,
+            policies: list[str] | None = None) -> str:
+    """The ``synthesize`` command line that gives the same document (``policies``: the named
+    policies beaten, when not the default list)."""
     parts = _model_flags(config, "synthesize")
     parts.append(f"--budget {budget} --goal {goal}")
     if goal == "min-recompute" and batch:
         parts.append(f"--batch {batch}")
+    if policies:
+        parts.append(f"--policies {','.join(policies)}")
     return " ".join(parts + ["--json"])
 
 
