@@ -157,7 +157,7 @@ def test_a_public_servers_worker_refuses_it_even_with_the_switch_unset(monkeypat
     from remat_lab.serve.in_worker import execute
 
     monkeypatch.delenv("REMAT_LAB_PUBLIC", raising=False)
-    with pytest.raises(ConfigError, match="only on a local server"):
+    with pytest.raises(ConfigError, match="only on a private instance of the app, never on this public"):
         execute("run", {"config": user().as_dict()}, lambda stage: None)
 
 
