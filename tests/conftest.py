@@ -39,15 +39,10 @@ os.environ.setdefault("REMAT_LAB_PUBLIC", "0")
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n``, the project's default) a file's tests stay on one worker, so its
-    module fixtures compile once (a browser test file shares its worker's server)."""
+    module fixtures compile once, and the browser tests share one worker and one server."""
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-
-
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker more than the cores (many tests wait on a subprocess, a server or a
-    browser), at least 3 and at most 4."""
-    return min(4, max(3, (os.cpu_count() or 1) + 1))
+        group = "browser" if item.get_closest_marker("e2e") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @functools.lru_cache(maxsize=64)
