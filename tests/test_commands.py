@@ -46,3 +46,34 @@ def test_advise_command_is_the_model_and_budget(cfg):
             continue  # not printed where the model does not use it
         assert getattr(args, key) == getattr(cfg, key), key
     assert tuple(args.save_names) == (cfg.save_names if "custom" in policies else ())
+
+
+SYNTH = [
+    RunConfig(model="mlp", width=64, depth=2, stack="scan", batch=1),
+    RunConfig(model="transformer", width=64, seq=8, heads=8, depth=2, batch=2, dtype="bfloat16", step="train",
+              microbatches=2),
+    RunConfig.from_preset("llama3-8b", seq=8192, step="train", target="h100", target_devices=8,
+                          mesh="fsdp=8", attention="flash", loss_chunks=8, batch=8),
+    RunConfig(model="llm", width=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=96, vocab=128, seq=16,
+              depth=2, batch=1, optimizer_dtype="bfloat16"),
+]
+
+
+@pytest.mark.parametrize("cfg", SYNTH, ids=lambda c: c.preset or c.model)
+def test_synthesize_and_plan_commands_are_the_configuration(cfg):
+    """The Synthesize answer's two commands parse back to the configuration it synthesized for."""
+    from remat_lab.studies.synthesize_solve import Plan
+    from remat_lab.studies.synthesize_text import command, run_command
+
+    args = _args(command(cfg, 1 << 30, "max-batch", None, ["nothing_saveable"]))
+    assert args.command == "synthesize" and args.policies == ["nothing_saveable"]
+    args.policy, args.batch, args.warmup = "no_remat", cfg.batch, 0  # as cli/synthesize.main sets them
+    keep = {k: getattr(cfg, k) for k in ("batch", "warmup", "seed", "repeats", "objective", "policy")}
+    assert _config_from(args).replace(**keep) == cfg
+    names = ("l1",) if cfg.model == "mlp" else ()
+    plan = Plan(save=names, offload=(), remat_layers=cfg.depth)
+    args = _args(run_command(cfg, plan, 4 * cfg.batch))
+    assert args.command == "run" and args.batch == 4 * cfg.batch
+    got = _config_from(args)
+    assert got.replace(**{**keep, "policy": cfg.policy, "save_names": (), "offload_names": (),
+                          "compile_only": cfg.compile_only}) == cfg

@@ -9,56 +9,19 @@ from __future__ import annotations
 
 import functools
 import inspect
-import shlex
 
-from remat_lab.config import NAME_FIELDS, ConfigError, RunConfig, mesh_devices
+from remat_lab.config import ConfigError, RunConfig, mesh_devices
+from remat_lab.config.cli_flags import name_flags, shape_flags, target_flags
 from remat_lab.model import models
-from remat_lab.model.models import SEQ_MODELS, USER_MODEL
+from remat_lab.model.models import USER_MODEL
 from remat_lab.model.policies import policy_code
-
-
-def _shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
-    """``--model ... --dtype ...``: the flags of the model and its sizes (those that apply)."""
-    if cfg.model == USER_MODEL:  # the user's block: its factory and input (the batch its first axis)
-        parts = [f"--model-module {shlex.quote(cfg.model_module)}",
-                 f"--input-shape {','.join(map(str, cfg.input_shape))}"]
-    else:
-        parts = [f"--model {cfg.model}", f"--width {cfg.width}"] + ([f"--batch {cfg.batch}"] if batch else [])
-    if cfg.model in SEQ_MODELS:
-        parts.append(f"--seq {cfg.seq}")
-    if cfg.model in ("transformer", "llm"):
-        parts.append(f"--heads {cfg.heads}")
-    if cfg.model == "llm":  # every field, so a preset's later change cannot alter the command
-        parts += [*([f"--preset {cfg.preset}"] if cfg.preset else []), f"--kv-heads {cfg.kv_heads}",
-                  f"--head-dim {cfg.head_dim}", f"--mlp-dim {cfg.mlp_dim}", f"--vocab {cfg.vocab}",
-                  "--tie-embeddings" if cfg.tie_embeddings else "--no-tie-embeddings",
-                  *([f"--param-dtype {cfg.param_dtype}"] if cfg.param_dtype else [])]
-    if cfg.optimizer_dtype:  # AdamW's moments, when not the parameters' dtype by default
-        parts.append(f"--optimizer-dtype {cfg.optimizer_dtype}")
-    if cfg.model == "llm":  # loss_chunks always (a preset field); the attention's when not default
-        parts.append(f"--loss-chunks {cfg.loss_chunks}")
-        parts += [f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in ("attention", "attention_block")
-                  if getattr(cfg, k) != getattr(RunConfig, k)]
-    parts.append(f"--depth {cfg.depth}")
-    if cfg.depth > 1:
-        parts.append(f"--stack {cfg.stack}")
-    parts.append(f"--dtype {cfg.dtype}")
-    if cfg.step != "grad":
-        parts.append(f"--step {cfg.step}")
-    if cfg.microbatches > 1:
-        parts.append(f"--microbatches {cfg.microbatches}")
-    return parts + (["--compile-only"] if cfg.compile_only else [])
-
-
-def _name_flags(cfg: RunConfig) -> list[str]:
-    return [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS if getattr(cfg, k)]
 
 
 def cli_command(cfg: RunConfig) -> str:
     """The ``python -m remat_lab run ... --json`` call that gives the same numbers as the app."""
-    parts = ["python -m remat_lab run", *_shape_flags(cfg), f"--policy {cfg.policy}", *_name_flags(cfg),
+    parts = ["python -m remat_lab run", *shape_flags(cfg), f"--policy {cfg.policy}", *name_flags(cfg),
              f"--objective {cfg.objective}", f"--repeats {cfg.repeats}"]
-    parts += _target_flags(cfg)
+    parts += target_flags(cfg)
     if cfg.mesh and cfg.target == "local":  # emulated CPU devices where there are no accelerators
         parts += [f"--mesh {cfg.mesh}", f"--host-devices {mesh_devices(cfg.mesh)}"]
     elif cfg.mesh:  # a named target's devices: compiled for, no host devices needed
@@ -66,21 +29,13 @@ def cli_command(cfg: RunConfig) -> str:
     return " ".join(parts + ["--json"])
 
 
-def _target_flags(cfg: RunConfig) -> list[str]:
-    """``--target`` (and its devices) for a configuration compiled for a named accelerator."""
-    if cfg.target == "local":
-        return []
-    return [f"--target {cfg.target}"] + ([f"--target-devices {cfg.target_devices}"]
-                                          if cfg.target_devices > 1 else [])
-
-
 def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: bool = True,
                    max_batch: int | None = None) -> str:
     """The ``python -m remat_lab advise ... --json`` call behind the Advisor page's answer."""
-    parts = ["python -m remat_lab advise", *_shape_flags(cfg, batch=False),
+    parts = ["python -m remat_lab advise", *shape_flags(cfg, batch=False),
              f"--objective {cfg.objective}", f"--repeats {cfg.repeats}", f"--budget {budget}",
-             f"--policies {','.join(policies)}", *(_name_flags(cfg) if "custom" in policies else []),
-             *_target_flags(cfg), *([f"--mesh {cfg.mesh}"] if cfg.mesh and cfg.target != "local" else []),
+             f"--policies {','.join(policies)}", *(name_flags(cfg) if "custom" in policies else []),
+             *target_flags(cfg), *([f"--mesh {cfg.mesh}"] if cfg.mesh and cfg.target != "local" else []),
              *([f"--max-batch {max_batch}"] if max_batch else [])]
     return " ".join(parts + ([] if timing else ["--no-time"]) + ["--json"])
 

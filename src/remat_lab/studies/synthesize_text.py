@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from remat_lab.config import RunConfig
+from remat_lab.config.cli_flags import shape_flags, target_flags
 from remat_lab.studies.synthesize_solve import Plan
 
 
@@ -65,28 +66,11 @@ def run_command(config: RunConfig, plan: Plan, batch: int) -> str:
 
 
 def _model_flags(config: RunConfig, sub: str) -> list[str]:
-    c = config
-    parts = [f"python -m remat_lab {sub}"]
-    if c.preset:
-        parts.append(f"--preset {c.preset}")
-    else:
-        parts.append(f"--model {c.model} --width {c.width} --depth {c.depth}")
-        if c.model in ("seq_mixer", "transformer", "llm"):
-            parts.append(f"--seq {c.seq}")
-        if c.model in ("transformer", "llm"):
-            parts.append(f"--heads {c.heads}")
-    parts.append(f"--stack {c.stack} --dtype {c.dtype}")
-    if c.step != "grad":
-        parts.append(f"--step {c.step}")
-    if c.microbatches > 1:
-        parts.append(f"--microbatches {c.microbatches}")
-    if c.target != "local":
-        parts.append(f"--target {c.target} --target-devices {c.target_devices}")
-    if c.mesh:
-        parts.append(f"--mesh {c.mesh}")
-    if c.model == "llm" and (c.attention, c.loss_chunks) != ("full", 1):
-        parts.append(f"--attention {c.attention} --loss-chunks {c.loss_chunks}")
-    return parts
+    """``python -m remat_lab SUB`` and every flag of ``config``'s model, sizes, target and mesh
+    (``config.cli_flags``, the flags Explore's and the Advisor's commands use), no batch."""
+    c = config.replace(compile_only=False)
+    mesh = [f"--mesh {c.mesh}"] if c.mesh else []
+    return [f"python -m remat_lab {sub}", *shape_flags(c, batch=False), *target_flags(c), *mesh]
 
 
 METHOD = {

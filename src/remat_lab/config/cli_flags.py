@@ -1,0 +1,54 @@
+"""A configuration as the CLI's flags: its model and sizes, custom names, target (no JAX)."""
+
+from __future__ import annotations
+
+import shlex
+
+from .catalog import SEQ_MODELS, USER_MODEL
+from .run import NAME_FIELDS, RunConfig
+
+
+def shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
+    """``--model ... --dtype ...``: the flags of the model and its sizes (those that apply)."""
+    if cfg.model == USER_MODEL:  # the user's block: its factory and input (the batch its first axis)
+        parts = [f"--model-module {shlex.quote(cfg.model_module)}",
+                 f"--input-shape {','.join(map(str, cfg.input_shape))}"]
+    else:
+        parts = [f"--model {cfg.model}", f"--width {cfg.width}"] + ([f"--batch {cfg.batch}"] if batch else [])
+    if cfg.model in SEQ_MODELS:
+        parts.append(f"--seq {cfg.seq}")
+    if cfg.model in ("transformer", "llm"):
+        parts.append(f"--heads {cfg.heads}")
+    if cfg.model == "llm":  # every field, so a preset's later change cannot alter the command
+        parts += [*([f"--preset {cfg.preset}"] if cfg.preset else []), f"--kv-heads {cfg.kv_heads}",
+                  f"--head-dim {cfg.head_dim}", f"--mlp-dim {cfg.mlp_dim}", f"--vocab {cfg.vocab}",
+                  "--tie-embeddings" if cfg.tie_embeddings else "--no-tie-embeddings",
+                  *([f"--param-dtype {cfg.param_dtype}"] if cfg.param_dtype else [])]
+    if cfg.optimizer_dtype:  # AdamW's moments, when not the parameters' dtype by default
+        parts.append(f"--optimizer-dtype {cfg.optimizer_dtype}")
+    if cfg.model == "llm":  # loss_chunks always (a preset field); the attention's when not default
+        parts.append(f"--loss-chunks {cfg.loss_chunks}")
+        parts += [f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in ("attention", "attention_block")
+                  if getattr(cfg, k) != getattr(RunConfig, k)]
+    parts.append(f"--depth {cfg.depth}")
+    if cfg.depth > 1:
+        parts.append(f"--stack {cfg.stack}")
+    parts.append(f"--dtype {cfg.dtype}")
+    if cfg.step != "grad":
+        parts.append(f"--step {cfg.step}")
+    if cfg.microbatches > 1:
+        parts.append(f"--microbatches {cfg.microbatches}")
+    return parts + (["--compile-only"] if cfg.compile_only else [])
+
+
+def name_flags(cfg: RunConfig) -> list[str]:
+    """``--save-names``/``--offload-names``: the custom policy's choices, where given."""
+    return [f"--{k.replace('_', '-')} {','.join(getattr(cfg, k))}" for k in NAME_FIELDS if getattr(cfg, k)]
+
+
+def target_flags(cfg: RunConfig) -> list[str]:
+    """``--target`` (and its devices) for a configuration compiled for a named accelerator."""
+    if cfg.target == "local":
+        return []
+    return [f"--target {cfg.target}"] + ([f"--target-devices {cfg.target_devices}"]
+                                          if cfg.target_devices > 1 else [])
