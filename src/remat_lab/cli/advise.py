@@ -10,6 +10,7 @@ import time
 from remat_lab.cli.common import (
     add_llm_args,
     add_model_args,
+    add_target_args,
     config_from,
     engine_errors,
     int_arg,
@@ -17,7 +18,7 @@ from remat_lab.cli.common import (
 )
 from remat_lab.cli.format import format_table
 from remat_lab.cli.progress import stderr_progress
-from remat_lab.config import LIMITS, TARGET_NAMES, human_bytes, mesh_devices, parse_mesh
+from remat_lab.config import LIMITS, human_bytes, mesh_devices, parse_mesh
 from remat_lab.model.models import SEQ_MODELS
 from remat_lab.present.advisor_tables import advice_display_frame, decision_lines
 from remat_lab.studies.advisor_decision import STOPPED, precision_sentence, sig
@@ -44,13 +45,8 @@ def add_parsers(sub) -> None:
                                         "memory budget, and the fastest policy at its largest batch")
     add_model_args(adv)
     add_llm_args(adv)
-    adv.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET",
-                     help="size for this accelerator without it (see `targets`); no timing there")
-    adv.add_argument("--target-devices", type=int_arg("target_devices"), default=1, metavar="N",
-                     help="devices of the target (with a --mesh over all of them)")
-    adv.add_argument("--mesh", default="", metavar="data=D,fsdp=F,tensor=T",
-                     help="the mesh over the target's (or the local) devices: the batch is "
-                          "searched per device")
+    add_target_args(adv, "size for this accelerator without it (see `targets`); no timing there",
+                    "the mesh over the target's (or the local) devices: the batch is searched per device")
     adv.add_argument("--budget", default=None, metavar="SIZE",
                      help="device memory to fit, e.g. 256M or 16G (default: the device's memory "
                           "limit, or the run budget on CPU: half the machine's or container's "

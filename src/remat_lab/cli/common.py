@@ -274,14 +274,21 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="policy custom (in --policies): checkpoint names offloaded to the host")
 
 
-def add_mesh_args(p: argparse.ArgumentParser) -> None:
-    """The device mesh and where its devices come from (sharding.py, distributed.py)."""
-    p.add_argument("--mesh", default="", metavar="data=D,fsdp=F,tensor=T",
-                   help="shard the step over a device mesh (any subset of the axes; default: one device)")
-    p.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET",
-                   help="compile for this accelerator without it (see `targets`); default: local, run")
+def add_target_args(p: argparse.ArgumentParser,
+                    target_help: str = "compile for this accelerator without it (see `targets`); "
+                                       "default: local, run",
+                    mesh_help: str = "shard the step over a device mesh (any subset of the axes; "
+                                     "default: one device)") -> None:
+    """``--mesh``, ``--target`` and ``--target-devices`` (run, advise, synthesize)."""
+    p.add_argument("--mesh", default="", metavar="data=D,fsdp=F,tensor=T", help=mesh_help)
+    p.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET", help=target_help)
     p.add_argument("--target-devices", type=count_arg("target devices", 256), default=1, metavar="N",
                    help="devices of the target the program is placed on (with a --mesh over all of them)")
+
+
+def add_mesh_args(p: argparse.ArgumentParser) -> None:
+    """The device mesh and where its devices come from (sharding.py, distributed.py)."""
+    add_target_args(p)
     p.add_argument("--host-devices", type=count_arg("host devices", 512), default=None, metavar="N",
                    help="emulate N CPU devices (default: $REMAT_LAB_HOST_DEVICES); GPU/TPU use their own")
     p.add_argument("--coordinator", default=None, metavar="HOST:PORT",

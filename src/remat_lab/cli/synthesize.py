@@ -9,12 +9,13 @@ from remat_lab.cli.advise import progress_lines
 from remat_lab.cli.common import (
     add_llm_args,
     add_model_args,
+    add_target_args,
     config_from,
     engine_errors,
     int_arg,
     policies_arg,
 )
-from remat_lab.config import LIMITS, TARGET_NAMES, human_bytes, parse_mesh
+from remat_lab.config import LIMITS, human_bytes, parse_mesh
 
 GOALS = ("max-batch", "min-recompute")
 
@@ -26,12 +27,8 @@ def add_parsers(sub) -> None:
                                             "recomputation, every answer compiled")
     add_model_args(syn)
     add_llm_args(syn)
-    syn.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET",
-                     help="compile for this accelerator without it (see `targets`)")
-    syn.add_argument("--target-devices", type=int_arg("target_devices"), default=1, metavar="N",
-                     help="devices of the target (with a --mesh over all of them)")
-    syn.add_argument("--mesh", default="", metavar="data=D,fsdp=F,tensor=T",
-                     help="the mesh over the target's devices: batches are per device")
+    add_target_args(syn, "compile for this accelerator without it (see `targets`)",
+                    "the mesh over the target's devices: batches are per device")
     syn.add_argument("--budget", default=None, metavar="SIZE",
                      help="device memory to fit, e.g. 256M or 16G (default: as advise's)")
     syn.add_argument("--goal", choices=GOALS, default="max-batch",
