@@ -58,6 +58,8 @@ def pytest_xdist_make_scheduler(config, log):
     so its module fixtures compile once, handed out in collection order (the slowest files first).
     xdist's own ``loadgroup`` marks no longer group anything under pytest 9 (they rename
     ``item._nodeid``, which pytest 9 no longer reads): every module fixture compiled once per worker."""
+    if config.getvalue("dist") != "loadfile":  # the project's default; another --dist is the user's
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
