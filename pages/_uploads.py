@@ -4,7 +4,10 @@ Streamlit keeps an uploaded file's bytes in its upload manager (and the widget's
 widget drops it or the session ends. ``bound`` puts the server's manager under the upload budget
 (``store.upload_budget``: one file per session, bytes per session and in all); ``receive`` parses
 the uploader's file, removes it from the manager and moves the page to a fresh, empty uploader, so
-the bytes are freed at once and only the parse (in the byte-bounded cache) stays.
+the bytes are freed at once and only the parse (in the byte-bounded cache) stays. Every session is
+also handed to ``upload_budget.REAPER``, which ends it once its tab has been gone for the server's
+``server.disconnectedSessionTTL``: Streamlit then forgets the session without ending it, so its
+files, budget, open parses and table sources would stay in memory for good.
 """
 
 from __future__ import annotations
@@ -34,6 +37,29 @@ def bound() -> None:
     manager = getattr(ctx, "uploaded_file_mgr", None) if ctx is not None else None
     if manager is not None:
         upload_budget.bound_manager(manager, ended=uploads.OPENED.end)
+        _reaped(manager, ctx.session_id)
+
+
+def _reaped(manager, session: str) -> None:
+    """``session`` watched by the reaper; the reaper started (once) where a real server runs."""
+    from streamlit.runtime import Runtime
+
+    if not Runtime.exists():  # AppTest and bare mode: no server, nobody leaves
+        return
+    upload_budget.REAPER.seen(session)
+    if upload_budget.REAPER.end is not None:
+        return
+    rt = Runtime.instance()
+
+    def end(sid: str) -> None:  # what Streamlit's own session shutdown lets go of
+        manager.remove_session_files(sid)  # its files, its budget, its open parses (bound_manager)
+        rt.media_file_mgr.clear_session_refs(sid)
+        rt.media_file_mgr.remove_orphaned_files()
+        rt.dataframe_source_mgr.clear_all_for_session(sid)
+        upload_budget.give_back_memory()
+
+    upload_budget.REAPER.watch(rt.is_active_session, end, st.get_option("server.disconnectedSessionTTL"))
+    upload_budget.REAPER.start()
 
 
 def uploader_key() -> str:

@@ -78,7 +78,12 @@ def cgroup_stats(cg: Path) -> dict:
     oom = read("memory.oom_control") or read("memory.events") or ""
     kills = next((int(line.split()[1]) for line in oom.splitlines() if line.startswith("oom_kill ")), None)
     peak = read("memory.max_usage_in_bytes") or read("memory.peak")
-    return {"cgroup_peak_mib": round(int(peak) / MIB, 1) if peak else None, "oom_kills": kills}
+    stat = dict(line.split() for line in (read("memory.stat") or "").splitlines() if len(line.split()) == 2)
+    anon = stat.get("total_rss", stat.get("anon"))  # v1, v2: the processes' own memory, now
+    cache = stat.get("total_cache", stat.get("file"))  # the page cache charged to it (reclaimable)
+    return {"cgroup_peak_mib": round(int(peak) / MIB, 1) if peak else None, "oom_kills": kills,
+            "cgroup_anon_mib": round(int(anon) / MIB, 1) if anon else None,
+            "cgroup_cache_mib": round(int(cache) / MIB, 1) if cache else None}
 
 
 def children(pid: int) -> list[int]:
@@ -144,6 +149,8 @@ class Bench:
         cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                "--server.port", str(port), "--server.address", "127.0.0.1",
                "--server.fileWatcherType", "none"]
+        if args.server_session_ttl is not None:  # Streamlit's default: 120 s
+            cmd += ["--server.disconnectedSessionTTL", str(args.server_session_ttl)]
         self.log = open(args.log, "w")
         self.server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                        preexec_fn=_join_cgroup(self.cg / "cgroup.procs"))
@@ -286,14 +293,19 @@ def main(argv=None) -> int:
     ap.add_argument("--log", default="/tmp/remat_lab_load_server.log")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-uploads", action="store_true", help="skip the Open results upload steps")
-    ap.add_argument("--only", choices=("uploads", "hog", "new", "round3"), default=None,
+    ap.add_argument("--only", choices=("uploads", "hog", "new", "round3", "round3-uploads"),
+                    default=None,
                     help="run only the upload steps, the Advisor hog, or both (new: issue 21's cases); "
-                         "round3: issue 33's (many uploads from several sessions, one client's tabs)")
+                         "round3: issue 33's (many uploads from several sessions, one client's tabs); "
+                         "round3-uploads: its uploads alone")
     ap.add_argument("--upload-sessions", type=int, default=5)
     ap.add_argument("--upload-files", type=int, default=5)
     ap.add_argument("--upload-mb", type=float, default=None, help="file size (default: the widget's most)")
-    ap.add_argument("--session-ttl", type=float, default=130.0,
-                    help="seconds to follow the server's RSS after the tabs close")
+    ap.add_argument("--session-ttl", type=float, default=300.0,
+                    help="at most this many seconds following the server's RSS after the tabs close "
+                         "(it stops once the RSS is within 50 MiB of idle and the session TTL has passed)")
+    ap.add_argument("--server-session-ttl", type=int, default=None,
+                    help="the server's server.disconnectedSessionTTL (seconds; Streamlit's default 120)")
     ap.add_argument("--upload-dir", default="/tmp/remat_lab_load_uploads")
     args = ap.parse_args(argv)
     folder = Path(args.upload_dir)
@@ -309,12 +321,14 @@ def main(argv=None) -> int:
                 upload_steps(b, folder)
             if args.only in ("hog", "new"):
                 hog_steps(b)
-            if args.only == "round3":
+            if args.only.startswith("round3"):
                 size = int(args.upload_mb * 1000 ** 2) if args.upload_mb else None
                 if args.upload_sessions:  # 0: the fair-queue case alone
                     many_upload_steps(b, folder, args.upload_sessions, args.upload_files,
-                                      **({"size": size} if size else {}), ttl_s=args.session_ttl)
-                visitor_steps(b)
+                                      **({"size": size} if size else {}), follow_s=args.session_ttl,
+                                      server_ttl_s=args.server_session_ttl or 120)
+                if args.only == "round3":
+                    visitor_steps(b)
         else:
             classic_steps(b, args, folder)
     finally:

@@ -10,6 +10,9 @@ session holds at most one file at a time and ``per_session`` bytes, all sessions
 session's next page run reads why (``take_refusals``: one sentence each, the file's name apart so
 the page escapes it). The page removes a file from the manager as soon as it is parsed, which gives
 its bytes back to the budget; a session that ends gives back everything it held (``on_end``).
+A closed tab's session is never ended by the web server itself (it is kept for a reconnection, then
+dropped without its files being removed): ``SessionReaper`` ends the sessions it has not seen
+connected for that long.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import threading
+import time
 from collections.abc import Callable, Hashable
 
 from remat_lab.config import human_bytes
@@ -131,6 +135,91 @@ def bound_manager(manager, budget: UploadBudget = BUDGET,
     manager.remove_session_files = remove_session_files
     manager._remat_lab_budget = budget
     return manager
+
+
+class SessionReaper:
+    """Ends the sessions the web server let go without ending them; thread-safe.
+
+    Streamlit keeps a closed tab's session ``server.disconnectedSessionTTL`` seconds for a
+    reconnection, then drops it from its storage without shutting it down, so nothing removes its
+    files from the upload manager, gives back its upload budget or closes its open parses.
+    ``seen(session)`` records a session (each script run); ``sweep`` ends, through ``end(session)``,
+    each recorded session that ``alive`` has said is not connected for ``grace_s`` seconds on end
+    (measured from the first sweep that found it gone: between ``grace_s`` and ``grace_s`` plus one
+    sweep's period after the tab closed); ``start`` sweeps every ``period_s`` in a daemon thread.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._gone_since: dict[Hashable, float | None] = {}  # session -> first seen gone (None: alive)
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._thread: threading.Thread | None = None
+        self.alive: Callable[[Hashable], bool] | None = None
+        self.end: Callable[[Hashable], None] | None = None
+        self.grace_s = 120.0
+
+    def watch(self, alive: Callable[[Hashable], bool], end: Callable[[Hashable], None],
+              grace_s: float) -> None:
+        """How to tell a session is connected, how to end one, and how long it may be gone."""
+        self.alive, self.end, self.grace_s = alive, end, float(grace_s)
+
+    def seen(self, session: Hashable) -> None:
+        with self._lock:
+            self._gone_since[session] = None
+
+    def watched(self) -> int:
+        """Sessions recorded and not ended yet."""
+        with self._lock:
+            return len(self._gone_since)
+
+    def sweep(self) -> list[Hashable]:
+        """End the sessions gone for ``grace_s``; those ended."""
+        alive, end = self.alive, self.end
+        if alive is None or end is None:
+            return []
+        now = self._clock()
+        with self._lock:
+            states = list(self._gone_since.items())
+        over, marks = [], {}
+        for session, since in states:
+            if alive(session):
+                marks[session] = None
+            elif since is None:
+                marks[session] = now
+            elif now - since >= self.grace_s:
+                over.append(session)
+        with self._lock:
+            for session, mark in marks.items():
+                if session in self._gone_since:  # not ended meanwhile
+                    self._gone_since[session] = mark
+            for session in over:
+                self._gone_since.pop(session, None)
+        for session in over:
+            try:
+                end(session)
+            except Exception:  # noqa: BLE001 - one session's clean-up must not stop the others'
+                pass
+        return over
+
+    def start(self, period_s: float = 10.0) -> None:
+        """Sweep every ``period_s`` seconds in a daemon thread (once per process)."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._loop, args=(period_s,), daemon=True,
+                                            name="remat-lab-session-reaper")
+            self._thread.start()
+
+    def _loop(self, period_s: float) -> None:
+        while True:
+            time.sleep(period_s)
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - the sweeper outlives a bad sweep
+                pass
+
+
+REAPER = SessionReaper()  # the server's
 
 
 _LIBC: list = []

@@ -1,0 +1,95 @@
+"""A closed tab's session is ended once gone for the session TTL: its upload bytes, budget and parses go."""
+
+import pytest
+
+from remat_lab.store import upload_budget, uploads
+from remat_lab.store.bytecache import ByteCache
+
+MIB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _setup():
+    pytest.importorskip("streamlit")
+    from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
+    from streamlit.runtime.uploaded_file_manager import UploadedFileRec
+
+    budget = upload_budget.UploadBudget(per_session=10 * MIB, total=15 * MIB)
+    cache = ByteCache(4 * MIB)
+    opened = uploads.Opened(cache)
+    mgr = upload_budget.bound_manager(MemoryUploadedFileManager("/upload"), budget, opened.end)
+    # A's tab closed while its 8 MiB file was still to be read; both have a parse open.
+    mgr.add_file("A", UploadedFileRec(file_id="a1", name="a.jsonl", type="application/json",
+                                      data=b"x" * (8 * MIB)))
+    for session, key in (("A", ("sa", "a.jsonl")), ("B", ("sb", "b.jsonl"))):
+        cache.put(key, {"parse": key}, MIB)
+        opened.add(session, key)
+    return budget, cache, mgr
+
+
+def test_a_session_gone_for_the_ttl_gives_back_its_upload_its_budget_and_its_parses():
+    budget, cache, mgr = _setup()
+    clock, connected = Clock(), {"A": False, "B": True}
+    reaper = upload_budget.SessionReaper(clock)
+    assert reaper.sweep() == []  # not told how to end a session yet
+    ended = []
+
+    def end(sid):
+        ended.append(sid)
+        mgr.remove_session_files(sid)
+
+    reaper.watch(connected.__getitem__, end, grace_s=60)
+    reaper.seen("A")
+    reaper.seen("B")
+    assert reaper.sweep() == [] and budget.in_flight() == 8 * MIB  # A first found gone now
+    clock.t += 59
+    assert reaper.sweep() == [] and ("sa", "a.jsonl") in cache  # not for the TTL yet
+    clock.t += 1
+    assert reaper.sweep() == ["A"] and ended == ["A"]
+    assert budget.in_flight() == 0 and mgr._total_bytes == 0 and mgr.get_files("A", ["a1"]) == []
+    assert ("sa", "a.jsonl") not in cache and ("sb", "b.jsonl") in cache  # B's parse still open
+    assert reaper.watched() == 1  # B, still connected
+    clock.t += 1000
+    assert reaper.sweep() == [] and ended == ["A"]  # ended once
+
+
+def test_a_session_that_reconnects_within_the_ttl_is_not_ended():
+    clock, connected, ended = Clock(), {"A": False}, []
+    reaper = upload_budget.SessionReaper(clock)
+    reaper.watch(connected.__getitem__, ended.append, grace_s=60)
+    reaper.seen("A")
+    reaper.sweep()
+    clock.t += 50
+    connected["A"] = True  # the tab came back
+    assert reaper.sweep() == []
+    connected["A"] = False
+    clock.t += 20
+    assert reaper.sweep() == []  # gone again, its 60 s count from now
+    clock.t += 59
+    assert reaper.sweep() == []
+    clock.t += 1
+    assert reaper.sweep() == ["A"] and ended == ["A"] and reaper.watched() == 0
+
+
+def test_one_failing_clean_up_does_not_stop_the_others():
+    clock, ended = Clock(), []
+
+    def end(sid):
+        if sid == "A":
+            raise RuntimeError("boom")
+        ended.append(sid)
+
+    reaper = upload_budget.SessionReaper(clock)
+    reaper.watch(lambda sid: False, end, grace_s=1)
+    reaper.seen("A")
+    reaper.seen("B")
+    reaper.sweep()
+    clock.t += 1
+    assert sorted(reaper.sweep()) == ["A", "B"] and ended == ["B"] and reaper.watched() == 0
