@@ -50,6 +50,7 @@ def _reaped(manager, session: str) -> None:
     if upload_budget.REAPER.end is not None:
         return
     rt = Runtime.instance()
+    upload_budget.tune_allocator()  # once, at the server's first run: large blocks freed to the system
 
     def end(sid: str) -> None:  # what Streamlit's own session shutdown lets go of
         manager.remove_session_files(sid)  # its files, its budget, its open parses (bound_manager)

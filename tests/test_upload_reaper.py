@@ -93,3 +93,13 @@ def test_one_failing_clean_up_does_not_stop_the_others():
     reaper.sweep()
     clock.t += 1
     assert sorted(reaper.sweep()) == ["A", "B"] and ended == ["B"] and reaper.watched() == 0
+
+
+def test_the_allocator_is_tuned_where_glibc_runs():
+    import ctypes.util
+    import platform
+
+    tuned = upload_budget.tune_allocator()
+    glibc = platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
+    assert tuned is glibc  # glibc took the fixed mmap threshold; elsewhere nothing is claimed
+    upload_budget.give_back_memory()  # callable after it, on any platform

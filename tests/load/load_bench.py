@@ -146,6 +146,8 @@ class Bench:
         env = {**os.environ, "REMAT_LAB_MEMORY_BUDGET": args.budget, "REMAT_LAB_WORKERS": "1",
                "REMAT_LAB_PUBLIC": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src"),
                "REMAT_LAB_TRUSTED_PROXIES": "127.0.0.1"}  # X-Forwarded-For names the bench's visitors
+        if args.malloc_arena_max:  # glibc reads it at the server's start (README: a shared host's command)
+            env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
         cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                "--server.port", str(port), "--server.address", "127.0.0.1",
                "--server.fileWatcherType", "none"]
@@ -306,6 +308,8 @@ def main(argv=None) -> int:
                          "(it stops once the RSS is within 50 MiB of idle and the session TTL has passed)")
     ap.add_argument("--server-session-ttl", type=int, default=None,
                     help="the server's server.disconnectedSessionTTL (seconds; Streamlit's default 120)")
+    ap.add_argument("--malloc-arena-max", type=int, default=None,
+                    help="the server's MALLOC_ARENA_MAX (glibc's malloc arenas; its default: 8 per core)")
     ap.add_argument("--upload-dir", default="/tmp/remat_lab_load_uploads")
     args = ap.parse_args(argv)
     folder = Path(args.upload_dir)

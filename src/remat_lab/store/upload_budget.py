@@ -223,12 +223,11 @@ REAPER = SessionReaper()  # the server's
 
 
 _LIBC: list = []
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD = 128 << 10  # glibc's starting value, kept: blocks this large and larger are mmapped
 
 
-def give_back_memory() -> None:
-    """Ask the C allocator to return freed heap pages to the system (glibc's ``malloc_trim``), so
-    the server's resident memory falls after an upload's bytes and parse are freed; elsewhere a
-    no-op. (glibc keeps a freed block of a few MiB on its heap once its mmap threshold has grown.)"""
+def _libc():
     if not _LIBC:
         name = ctypes.util.find_library("c")
         lib = None
@@ -237,5 +236,25 @@ def give_back_memory() -> None:
         except OSError:
             pass
         _LIBC.append(lib if lib is not None and hasattr(lib, "malloc_trim") else None)
-    if _LIBC[0] is not None:
-        _LIBC[0].malloc_trim(0)
+    return _LIBC[0]
+
+
+def tune_allocator() -> bool:
+    """For the long-lived web server (glibc; elsewhere a no-op, False): the mmap threshold fixed at
+    ``MMAP_THRESHOLD``. glibc raises it each time a large mmapped block is freed, up to 32 MiB, so
+    later large blocks (a figure's JSON, an upload's lines, a table's Arrow bytes) land on the heap
+    and stay resident after they are freed; mmapped, they go back to the system when freed. (The
+    number of malloc arenas, one per thread up to 8 per core, cannot be lowered once the server's
+    threads run: that is the environment's ``MALLOC_ARENA_MAX``, set before it starts.) True when
+    glibc took the setting."""
+    lib = _libc()
+    return lib is not None and hasattr(lib, "mallopt") and bool(lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+def give_back_memory() -> None:
+    """Ask the C allocator to return freed heap pages to the system (glibc's ``malloc_trim``), so
+    the server's resident memory falls after an upload's bytes and parse are freed; elsewhere a
+    no-op. (glibc keeps a freed block of a few MiB on its heap once its mmap threshold has grown.)"""
+    lib = _libc()
+    if lib is not None:
+        lib.malloc_trim(0)
