@@ -220,6 +220,12 @@ class Bench:
         except subprocess.TimeoutExpired:
             self.server.kill()
         time.sleep(1)
+        for pid in (self.cg / "cgroup.procs").read_text().split():  # a worker left by a killed server
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(1)
         try:
             self.cg.rmdir()
         except OSError:
