@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from remat_lab.analysis.costs import program_flops
 from remat_lab.config import RunConfig
 from remat_lab.model.models import build_model
 from remat_lab.studies.synthesize import synthesize
@@ -18,14 +19,15 @@ MLP = RunConfig(model="mlp", width=64, depth=2, stack="scan", batch=1)
 BUDGET = 400 << 10
 
 
-def _plain_peak(config: RunConfig, save: list[str], offload: list[str], remat_layers: int,
-                batch: int) -> int:
+def _plain(config: RunConfig, save: list[str], offload: list[str], remat_layers: int,
+           batch: int) -> tuple[int, float]:
     """The lab's model compiled without the lab's policies or stacks: the stacked blocks split by
     hand, a ``lax.scan`` over the first ``remat_layers`` under ``jax.checkpoint`` with
     ``save_and_offload_only_these_names``, the rest under a plain scan; the gradient of the
-    output's float32 sum. XLA's compiled peak less its generated code."""
+    output's float32 sum. ``(XLA's compiled peak less its generated code, the program's flops with
+    the loop bodies scaled by their trip counts)``."""
     model = build_model(config.model, config.width, config.depth, seed=0, dtype=jnp.float32,
-                        stack=config.stack)
+                        stack=config.stack, heads=config.heads)
     graphdef, state = nnx.split(model.blocks)
     policy = jax.checkpoint_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=save, names_which_can_be_offloaded=offload,
@@ -39,17 +41,24 @@ def _plain_peak(config: RunConfig, save: list[str], offload: list[str], remat_la
     def loss(st, x):
         head = jax.tree.map(lambda a: a[:remat_layers], st)
         tail = jax.tree.map(lambda a: a[remat_layers:], st)
-        x, _ = jax.lax.scan(lambda h, s: (remat(s, h), None), x, head)
+        if remat_layers:
+            x, _ = jax.lax.scan(lambda h, s: (remat(s, h), None), x, head)
         if config.depth > remat_layers:
             x, _ = jax.lax.scan(lambda h, s: (apply(s, h), None), x, tail)
         return jnp.sum(x, dtype=jnp.float32)
 
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
-    x = jax.ShapeDtypeStruct((batch, config.width), jnp.float32)
-    ma = jax.jit(jax.value_and_grad(loss)).lower(abstract, x).compile(
-        compiler_options=OPTIONS).memory_analysis()
-    return (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+    x = jax.ShapeDtypeStruct((batch, *config.input_shape[1:]), jnp.float32)
+    compiled = jax.jit(jax.value_and_grad(loss)).lower(abstract, x).compile(compiler_options=OPTIONS)
+    ma = compiled.memory_analysis()
+    peak = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
             + ma.temp_size_in_bytes)
+    return peak, program_flops(compiled, compiled.as_text())[0]
+
+
+def _plain_peak(config: RunConfig, save: list[str], offload: list[str], remat_layers: int,
+                batch: int) -> int:
+    return _plain(config, save, offload, remat_layers, batch)[0]
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +70,12 @@ def test_the_answer_is_a_compiled_plan_that_a_plain_checkpoint_reproduces(doc):
     assert doc["kind"] == "synthesis" and doc["names"] == ["l1", "l2"]
     assert doc["offload"]["allowed"] is False  # XLA CPU: no host memory space, said so
     assert all(not c["plan"]["offload"] for c in doc["candidates"])
-    best = next(c for c in doc["candidates"] if c["plan"] == doc["plan"] and c["fits"])
+    best = next(c for c in doc["candidates"]
+                if c["plan"] == doc["plan"] and c["fits"] and c["max_batch"] == doc["max_batch"])
     p = best["plan"]
     assert set(p["save"]) | set(p["recompute"]) == {"l1", "l2"}
     b = best["max_batch"]
+    assert "probes" in best  # an exact batch search: the batch after it compiled too
     lab = next(r for r in best["probes"] if r["batch"] == b)["peak_bytes"]
     # the plain compile of the same names: the same peak (generated code apart), within the budget,
     # and the next batch over it
@@ -84,6 +95,69 @@ def test_never_worse_than_the_named_policies(doc):
     for r in at_best:  # at the same batch, no more recomputation
         assert doc["recomputed_flops"] <= r["recomputed_flops"] * (1 + 1e-6)
     assert doc["compiles"] <= 3 * len(doc["names"]) + 12 + 4  # measure + candidates (+ flops)
+
+
+def _beats_the_named_by_plain_compiles(doc: dict, config: RunConfig, budget: int) -> dict:
+    """The refinement's claims checked by plain ``jax.checkpoint`` compiles of the same names at the
+    named policy's batch: the plan's peak within the budget, fewer recomputed flops than the named
+    policy's, each lab figure the plain compile's (generated code apart). Returns the refinement."""
+    rec = doc["refine"]
+    named = next(r for r in doc["named"] if r["policy"] == rec["from"])
+    b = rec["per_device_batch"]
+    assert rec["max_batch"] == named["max_batch"] == b  # local: one example per device
+    assert rec["outcome"] == "beats"
+    start, p = rec["start"], rec["plan"]
+    row = next(c for c in doc["candidates"]
+               if c["source"] == "refine" and c["plan"] == p and c["batch"] == b)
+    assert row["fits"] and row["peak_bytes"] <= budget
+    # the answer: at least the named batch, and at the named batch no more recomputation
+    assert doc["per_device_batch"] >= named["per_device_batch"]
+    assert row["recomputed_flops"] < named["recomputed_flops"]
+    # independently: plain jax.checkpoint of the named policy's names, the plan's, and no_remat
+    peak_n, flops_n = _plain(config, start["save"], start["offload"], start["remat_layers"], b)
+    peak_p, flops_p = _plain(config, p["save"], p["offload"], p["remat_layers"], b)
+    _, flops_0 = _plain(config, [], [], 0, b)
+    code = named["peak_bytes"] - peak_n
+    assert 0 <= code < 64 << 10, (named["peak_bytes"], peak_n)  # XLA's generated code
+    assert 0 <= row["peak_bytes"] - peak_p < 64 << 10, (row["peak_bytes"], peak_p)
+    assert peak_p <= budget
+    assert flops_p < flops_n  # fewer recomputed flops than the named policy, by the plain compiles
+    # the lab's recomputed flops are the plain programs' less no_remat's, floored at 0 as the lab's
+    # (a stack split in two scans can count fewer flops than one scan: XLA drops a one-trip loop)
+    for lab, plain in ((row["recomputed_flops"], flops_p - flops_0),
+                       (named["recomputed_flops"], flops_n - flops_0)):
+        assert abs(lab - max(plain, 0.0)) <= 1e-4 * flops_0, (lab, plain)
+    return rec
+
+
+def test_the_refinement_from_the_best_named_policy_beats_it(doc):
+    """mlp: nothing_saveable (every name recomputed, both layers remat'd) is the best named
+    policy; the refinement remats one layer fewer at its batch."""
+    rec = _beats_the_named_by_plain_compiles(doc, MLP, BUDGET)
+    assert rec["from"] == "nothing_saveable"
+    assert rec["start"] == {"save": [], "offload": [], "recompute": ["l1", "l2"], "remat_layers": 2}
+    assert doc["within_limit"] and doc["compiles"] - doc["xla_forced_compiles"] <= doc["compile_limit"]
+
+
+TRANSFORMER = RunConfig(model="transformer", width=32, depth=2, stack="scan", batch=1)
+T_BUDGET = 600_000
+
+
+def test_the_refinement_from_a_maxtext_recipe_saves_more_names_at_its_batch():
+    """The tiny transformer against save_out_proj alone: from that recipe as a plan (save
+    out_proj), moves saving more names at its batch, each kept only when compiled to fit with
+    fewer recomputed flops; checked by plain compiles of the same names."""
+    doc = synthesize(TRANSFORMER, T_BUDGET, policies=["save_out_proj"], workers=1)
+    rec = _beats_the_named_by_plain_compiles(doc, TRANSFORMER, T_BUDGET)
+    assert rec["start"]["save"] == ["out_proj"] and rec["start"]["remat_layers"] == 2
+    assert set(rec["plan"]["save"]) > {"out_proj"}
+    kept = [s for s in rec["steps"] if s["kept"]]
+    assert kept and all(s["fits"] for s in kept)
+    flops = [s["recomputed_flops"] for s in kept]
+    assert flops == sorted(flops, reverse=True) and len(set(flops)) == len(flops)  # each kept: fewer
+    assert doc["within_limit"] and doc["compiles"] - doc["xla_forced_compiles"] <= doc["compile_limit"]
+    if doc["answer"] == "plan":  # the answer is at least as good as the refined plan
+        assert doc["recomputed_flops"] <= rec["recomputed_flops"]
 
 
 def test_the_plan_as_code_flags_and_yaml(doc):

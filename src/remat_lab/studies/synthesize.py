@@ -17,7 +17,7 @@ from remat_lab.model.policies import POLICIES, get_policy
 from remat_lab.program.backend import environment
 from remat_lab.program.footprint import fit
 from remat_lab.studies.advisor import advice_budget
-from remat_lab.studies.advisor_search import MAX_BATCH, batch_unit, largest_batch, probe
+from remat_lab.studies.advisor_search import MAX_BATCH, batch_unit, largest_batch, probe, probed_flops
 from remat_lab.studies.advisor_sizing import model_flops_at, size_policies
 from remat_lab.studies.synthesize_costs import (
     Meter,
@@ -28,6 +28,8 @@ from remat_lab.studies.synthesize_costs import (
     plan_config,
     planned_compiles,
 )
+from remat_lab.studies.synthesize_refine import objective as _key
+from remat_lab.studies.synthesize_refine import refine, refine_note, start_from
 from remat_lab.studies.synthesize_solve import Model, Plan, min_recompute, solve
 from remat_lab.studies.synthesize_text import (
     METHOD,
@@ -41,22 +43,14 @@ from remat_lab.studies.synthesize_text import (
 GOALS = ("max-batch", "min-recompute")
 ROUNDS = 2  # solve, compile; once more with the budget moved by the model's error
 TOP = 3  # candidates compiled per round
+REFINE = 2  # compiles kept for the refinement beyond one per name (when a named policy is a plan)
+SEARCH = 5  # a candidate's batch search: a bracket and the batch it predicts, and no_remat's flops
 
 
 def named_policies(config: RunConfig) -> list[str]:
     """JAX's named policies, and MaxText's recipes where the model has their names."""
     groups = ("jax", "maxtext") if config.model in ("transformer", "llm") else ("jax",)
     return [p for p, spec in POLICIES.items() if spec.group in groups]
-
-
-def _key(row: dict, goal: str) -> tuple:
-    """A compiled row's objective, smaller is better (no fit is worst)."""
-    if not row.get("fits", True) or not row.get("max_batch", 1):
-        return (1, 0, 0, 0, 0)
-    flops = row.get("recomputed_flops")
-    flops = float("inf") if flops is None else flops
-    batch = -row["max_batch"] if goal == "max-batch" else 0
-    return (0, batch, flops, row.get("offloaded_bytes") or 0.0, row.get("peak_bytes") or 0)
 
 
 class _Run:
@@ -75,11 +69,16 @@ class _Run:
             self.flops[b] = self.meter.plan(Plan((), (), 0), b)["written_flops"]
         return self.flops[b]
 
-    def prefill(self, batches: set[int]) -> None:
+    def prefill(self, batches: set[int]) -> int:
         """No_remat's flops at these per-device batches: compiled, or read on the line through its
-        compiled counts where they lie on one (the Advisor's ``model_flops_at``)."""
+        compiled counts where they lie on one (the Advisor's ``model_flops_at``). Returns the
+        compiles it took (each new probe, and its recompile where XLA's own pass rewrote it)."""
+        before = set(probed_flops(self.base))
         found, _ = model_flops_at(self.base, {b * self.unit for b in batches if b > 0})
         self.flops.update({k // self.unit: v for k, v in found.items()})
+        new = [b for b in probed_flops(self.base) if b not in before]
+        return len(new) + sum(bool((probe(self.base.replace(batch=b)).get("xla_remat") or {}).get("applied"))
+                              for b in new)
 
     def recomputed(self, flops: float | None, b: int) -> float | None:
         base = self.model_flops(b)
@@ -92,7 +91,7 @@ class _Run:
         self.meter.compiles += not found["cached"]
         return found
 
-    def compile_max(self, plan: Plan, model: Model, predicted_b: int) -> dict:
+    def compile_max(self, plan: Plan, model: Model, predicted_b: int, source: str = "solve") -> dict:
         """``plan``'s exact largest batch (``largest_batch``, from the model's prediction)."""
         cfg = plan_config(self.base, plan, 1)
         found = largest_batch(cfg, self.budget, guess=max(predicted_b, 1) * self.unit,
@@ -100,17 +99,18 @@ class _Run:
                               progress=lambda m: self.meter.say(f"candidate {m}"))
         b = found["max_batch"] // self.unit
         at = b or max(predicted_b, 1)
-        figures = self.meter.plan(plan, at)
+        figures = self.meter.plan(plan, at, written=False)
         row = self._row(plan, model, at, figures)
         row.update(max_batch=found["max_batch"], per_device_batch=found["per_device_batch"],
-                   predicted_max_batch=predicted_b * self.unit, fits=b > 0, probes=found["probes"])
+                   predicted_max_batch=predicted_b * self.unit, fits=b > 0, probes=found["probes"],
+                   source=source)
         return row
 
-    def compile_at(self, plan: Plan, model: Model, b: int) -> dict:
+    def compile_at(self, plan: Plan, model: Model, b: int, source: str = "solve") -> dict:
         """``plan`` compiled at per-device batch ``b``: does it fit, what does it recompute."""
-        row = self._row(plan, model, b, self.meter.plan(plan, b))
+        row = self._row(plan, model, b, self.meter.plan(plan, b, written=False))
         row.update(max_batch=b * self.unit, per_device_batch=b * self.base.microbatches,
-                   fits=row["peak_bytes"] <= self.budget)
+                   fits=row["peak_bytes"] <= self.budget, source=source)
         return row
 
     def _row(self, plan: Plan, model: Model, b: int, figures: dict) -> dict:
@@ -128,6 +128,14 @@ class _Run:
         return row
 
 
+def _give_back(meter: Meter, before: tuple[int, int]) -> int:
+    """The compiles since ``before`` (``(compiles, forced)``), taken off the meter: the named
+    policies', counted apart."""
+    spent = meter.compiles - before[0]
+    meter.compiles, meter.forced = before
+    return spent
+
+
 def _named_rows(run: _Run, policies: Sequence[str], goal: str, b: int | None,
                 workers: int) -> tuple[list, int]:
     """Each named policy on the same goal, compiled: ``(rows, compiles)``."""
@@ -137,44 +145,54 @@ def _named_rows(run: _Run, policies: Sequence[str], goal: str, b: int | None,
     if goal == "max-batch":
         sized = size_policies(configs, run.budget, max_batch=run.max_batch, workers=workers,
                               progress=lambda m: run.meter.say(f"named {m}"))
-        run.prefill({f["max_batch"] // unit for f in sized.values()})
+        compiles += run.prefill({f["max_batch"] // unit for f in sized.values()})
+        before = run.meter.compiles, run.meter.forced
         for p in policies:
             found = sized[p]
             compiles += found["compiles"]
             pb = found["max_batch"] // unit
-            flops = None
-            if pb:
+            got = {"flops": None, "host_bytes": None}
+            if pb:  # its probe at that batch, compiled by the search (written=False: no recompile)
                 at = configs[p].replace(batch=found["max_batch"])
-                flops = run.recomputed(run.meter.figures(at, f"{p} at its largest batch")["flops"], pb)
+                got = run.meter.figures(at, f"{p} at its largest batch", written=False)
             rows.append({"policy": p, "max_batch": found["max_batch"],
                          "per_device_batch": found["per_device_batch"], "peak_bytes": found["peak_bytes"],
-                         "recomputed_flops": flops, "offloaded_bytes": None, "fits": pb > 0})
-        return rows, compiles
+                         "recomputed_flops": run.recomputed(got["flops"], pb) if pb else None,
+                         "offloaded_bytes": got["host_bytes"], "fits": pb > 0})
+        return rows, compiles + _give_back(run.meter, before)  # (probes the cache had let go)
     for p in policies:
         if run.meter.should_stop():
             raise Stopped("named")
-        before = run.meter.compiles
-        got = run.meter.figures(configs[p].replace(batch=b * unit), f"{p} at batch {b * unit}")
-        compiles += run.meter.compiles - before
-        run.meter.compiles = before
+        before = run.meter.compiles, run.meter.forced
+        got = run.meter.figures(configs[p].replace(batch=b * unit), f"{p} at batch {b * unit}",
+                                written=False)
+        compiles += _give_back(run.meter, before)
         rows.append({"policy": p, "max_batch": b * unit, "per_device_batch": b * base.microbatches,
                      "peak_bytes": got["peak_bytes"], "recomputed_flops": run.recomputed(got["flops"], b),
                      "offloaded_bytes": got["host_bytes"], "fits": got["peak_bytes"] <= run.budget})
     return rows, compiles
 
 
-def _search(run: _Run, model: Model, goal: str, b: int | None, named_b: int = 0) -> None:
+def _search(run: _Run, model: Model, goal: str, b: int | None, named_b: int = 0,
+            cap: int = 1 << 30) -> None:
     """Solve, compile the best candidates, move the budget by the model's error, again; for
     max-batch, then the fewest recomputed flops at the largest batch anything compiled fits
-    (``named_b``: the best named policy's, per device)."""
+    (``named_b``: the best named policy's, per device). A candidate is started only while the
+    meter's own compiles leave room under ``cap`` for it (``SEARCH``; a compile at the batch: two,
+    no_remat's flops there included)."""
+    room = lambda need: run.meter.own() + need <= cap  # noqa: E731
     budget = float(run.budget)
     for _ in range(ROUNDS):
         solved = solve(model, budget, goal, b, top=TOP)
         fresh = [c for c in solved["candidates"] if c["plan"] not in run.compiled]
-        if not fresh:
+        rows = []
+        for c in fresh:
+            if not room(SEARCH if goal == "max-batch" else 2):
+                break
+            rows.append(run.compile_max(c["plan"], model, solved["batch"]) if goal == "max-batch"
+                        else run.compile_at(c["plan"], model, b))
+        if not rows:
             break
-        rows = [run.compile_max(c["plan"], model, solved["batch"]) if goal == "max-batch"
-                else run.compile_at(c["plan"], model, b) for c in fresh]
         errors = [r["error_bytes"] for r in rows]
         if goal == "max-batch":
             if max(r["max_batch"] for r in rows) >= solved["batch"] * run.unit:
@@ -191,7 +209,7 @@ def _search(run: _Run, model: Model, goal: str, b: int | None, named_b: int = 0)
     if errors:  # the model's typical error on what was compiled: its budget moved by it
         budget = run.budget - errors[len(errors) // 2]
     for c in min_recompute(model, budget, top_b, TOP):
-        if c["plan"] not in run.compiled:
+        if c["plan"] not in run.compiled and room(SEARCH):
             run.compile_max(c["plan"], model, top_b)
 
 
@@ -227,8 +245,9 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
     run = _Run(base, budget_bytes, meter, max_batch)
     notes = [offload_why]
     static = fit(base, budget_bytes)
-    model = probes = None
+    model = probes = record = None
     stopped = None
+    limit = 3 * k + 12
     named, named_compiles = [], 0
     try:
         if not static["fits"]:
@@ -243,14 +262,47 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
             named, named_compiles = _named_rows(run, chosen, goal, b, workers)
             if model is not None:
                 named_b = max((r["max_batch"] // unit for r in named if r["fits"]), default=0)
-                _search(run, model, goal, b, named_b)
+                row, start, why = start_from(named, names, base.depth, goal)
+                _search(run, model, goal, b, named_b, cap=limit - (REFINE + k if start else 0))
+                if why:
+                    notes.append(why)
+                if start is not None:
+                    record = _refine(run, model, row, start, goal, limit)
+                    notes.append(refine_note(record))
     except Stopped as err:
         stopped = f"stopped before compiling {err}"
     doc = _document(run, base, config, model, probes, named, goal, b, budget_bytes, budget_source,
                     offload, notes, static, chosen)
-    doc.update(compiles=meter.compiles, named_compiles=named_compiles,
-               compile_limit=3 * k + 12, wall_s=time.perf_counter() - t0, stopped_because=stopped)
+    if meter.forced:
+        notes.append(f"XLA's own rematerialization pass rewrote {meter.forced} of the probes; each was "
+                     "compiled again with its limit lifted to read the program as the policy wrote it "
+                     f"({meter.forced} more compiles, outside the 3k + 12 = {limit} count)")
+    doc.update(compiles=meter.compiles, xla_forced_compiles=meter.forced,
+               within_limit=meter.own() <= limit, refine=record, named_compiles=named_compiles,
+               compile_limit=limit, wall_s=time.perf_counter() - t0,
+               stopped_because=stopped or (record or {}).get("stopped"))
     return doc
+
+
+def _refine(run: _Run, model: Model, row: dict, start: Plan, goal: str, limit: int) -> dict:
+    """The refinement from the named ``row`` (``synthesize_refine.refine``) at its per-device batch;
+    for max-batch, when it beat the named policy and the limit leaves room, its plan's exact
+    largest batch searched from there (``searched_max_batch``; None: not searched, the plan fits
+    at least the named batch)."""
+    b = row["max_batch"] // run.unit
+    record = refine(run, model, row, start, b, goal, limit)
+    record["searched_max_batch"] = None
+    if goal == "max-batch" and record["outcome"] == "beats" and not record["stopped"] \
+            and run.meter.own() + SEARCH <= limit:
+        p = record["plan"]
+        plan = Plan(tuple(p["save"]), tuple(p["offload"]), p["remat_layers"])
+        before = run.meter.own()
+        try:
+            record["searched_max_batch"] = run.compile_max(plan, model, b, source="refine")["max_batch"]
+        except Stopped as err:
+            record["stopped"] = f"stopped before compiling {err}"
+        record["compiles"] += run.meter.own() - before
+    return record
 
 
 def _document(run: _Run, base: RunConfig, config: RunConfig, model: Model | None, probes, named: list,

@@ -75,31 +75,42 @@ class Meter:
     def __init__(self, base: RunConfig, progress: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, planned: int = 0):
         self.base, self.compiles, self.planned = base, 0, planned
+        self.forced = 0  # of ``compiles``: probes XLA's own pass rewrote, compiled again as written
         self.say = progress or (lambda message: None)
         self.should_stop = should_stop or (lambda: False)
 
-    def figures(self, config: RunConfig, what: str) -> dict:
+    def own(self) -> int:
+        """The compiles that count against the 3k + 12 limit: all but XLA's forced recompiles."""
+        return self.compiles - self.forced
+
+    def figures(self, config: RunConfig, what: str, written: bool = True) -> dict:
         """``{"peak_bytes", "flops", "host_bytes", "written_peak_bytes", "written_flops",
         "xla_remat"}`` of ``config``'s compiled program: ``peak_bytes`` and ``flops`` the compiled
         program's (XLA's own rematerialization included), ``written_*`` the program as the policy
-        wrote it (where XLA's pass rewrote it: compiled again with its limit lifted)."""
+        wrote it (where XLA's pass rewrote it: compiled again with its limit lifted; ``written``
+        False: not asked, the compiled program's)."""
         if self.should_stop():
             raise Stopped(what)
         self.say(f"compile {self.compiles + 1}/{max(self.planned, self.compiles + 1)}: {what}")
         found = probe(config)
         self.compiles += not found["cached"]
         applied = bool((found.get("xla_remat") or {}).get("applied"))
+        traffic = found.get("traffic") or {}
+        if not written:
+            return {"peak_bytes": found["peak_bytes"], "flops": found.get("flops"),
+                    "written_peak_bytes": found["peak_bytes"], "written_flops": found.get("flops"),
+                    "host_bytes": traffic.get("to_host_bytes") or 0.0, "xla_remat": applied}
         free = xla_free(config) if found.get("flops") is not None else {"flops": None, "xla_remat": {}}
         self.compiles += applied
-        traffic = found.get("traffic") or {}
+        self.forced += applied
         written = (free.get("xla_remat") or {}).get("from_bytes") if applied else None
         return {"peak_bytes": found["peak_bytes"], "flops": found.get("flops"),
                 "written_peak_bytes": written or found["peak_bytes"],
                 "written_flops": free["flops"] if free["flops"] is not None else found.get("flops"),
                 "host_bytes": traffic.get("to_host_bytes") or 0.0, "xla_remat": applied}
 
-    def plan(self, plan: Plan, batch: int) -> dict:
-        return self.figures(plan_config(self.base, plan, batch), _words(plan, batch))
+    def plan(self, plan: Plan, batch: int, written: bool = True) -> dict:
+        return self.figures(plan_config(self.base, plan, batch), _words(plan, batch), written)
 
 
 def _words(plan: Plan, batch: int) -> str:

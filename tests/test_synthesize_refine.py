@@ -1,0 +1,154 @@
+"""The refinement from the best named policy: named policies as plans, and the local search on synthetic
+compiles (no XLA: a compile is the additive model plus an interaction the model does not know)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from remat_lab.studies.synthesize_refine import (
+    keeps_at_least,
+    moves,
+    named_plan,
+    objective,
+    refine,
+    start_from,
+)
+from remat_lab.studies.synthesize_solve import Model, Plan
+
+LLM_NAMES = ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
+
+
+def test_named_policies_as_per_name_plans():
+    assert named_plan("qkv_proj_offloaded", LLM_NAMES, 32) == Plan(
+        (), ("query_proj", "key_proj", "value_proj"), 32)
+    assert named_plan("save_qkv_proj", LLM_NAMES, 32) == Plan(
+        ("query_proj", "key_proj", "value_proj"), (), 32)  # qkv_proj: a fused name the model lacks
+    assert named_plan("minimal", LLM_NAMES, 32).save == tuple(n for n in LLM_NAMES if n != "context")
+    for p in ("nothing_saveable", "nnx_remat_default", "full"):
+        assert named_plan(p, LLM_NAMES, 32) == Plan((), (), 32)
+    assert named_plan("no_remat", LLM_NAMES, 32) == Plan((), (), 0)
+    for p in ("dots_saveable", "dots_with_no_batch_dims_saveable", "offload_dot_with_no_batch_dims",
+              "everything_saveable"):
+        assert named_plan(p, LLM_NAMES, 32) is None  # per primitive, not per name
+
+
+def _row(policy: str, batch: int, flops: float, fits: bool = True) -> dict:
+    return {"policy": policy, "max_batch": batch, "per_device_batch": batch, "peak_bytes": 100,
+            "recomputed_flops": flops, "offloaded_bytes": 0.0, "fits": fits}
+
+
+def test_the_start_is_the_best_named_policy_that_is_a_plan():
+    named = [_row("dots_saveable", 4, 1.0), _row("save_qkv_proj", 4, 5.0), _row("full", 4, 9.0),
+             _row("save_out_proj", 3, 0.0)]
+    row, plan, why = start_from(named, LLM_NAMES, 2, "max-batch")
+    assert row["policy"] == "save_qkv_proj" and "dots_saveable" in why  # the best is not a plan: said
+    assert plan.save == ("query_proj", "key_proj", "value_proj")
+    row, plan, why = start_from(named[:1] + named[3:], LLM_NAMES, 2, "max-batch")
+    assert row is None and plan is None and "dots_saveable" in why  # none at its batch
+    assert start_from(named, (), 2, "max-batch")[1] is None  # no names: nothing to refine
+
+
+def _model(seed: int, k: int = 5, offload: bool = True) -> Model:
+    rng = random.Random(seed)
+    names = tuple(f"n{i}" for i in range(k))
+    sizes, flops, host = {}, {}, {}
+    for n in names:
+        b, f = rng.randint(1, 40) * 1000.0, rng.randint(1, 90) * 1e6
+        sizes[(n, "save")], flops[(n, "save")], host[(n, "save")] = b, f, 0.0
+        sizes[(n, "offload")], flops[(n, "offload")], host[(n, "offload")] = rng.randint(0, 3) * 100.0, f, b
+    return Model(names=names, layers=4, layer_counts=tuple(range(5)), intercept_full=2e6, slope_full=3e5,
+                 intercept_base=2e6, slope_base=5e4, recompute=sum(f for (_, c), f in flops.items()
+                                                                   if c == "save") + 5e7,
+                 bytes=sizes, flops=flops, host=host, offload=offload)
+
+
+class _Meter:
+    def __init__(self):
+        self.compiled = 0
+
+    def own(self) -> int:
+        return self.compiled
+
+
+class _Run:
+    """Compiles by the model plus ``extra`` bytes per example for each name kept beyond the first
+    two (an interaction the additive model misses): what ``refine`` reads of a synthesis's run."""
+
+    def __init__(self, model: Model, budget: float, extra: float):
+        self.model, self.budget, self.extra, self.unit = model, budget, extra, 1
+        self.candidates, self.meter, self.at = [], _Meter(), []
+
+    def compile_at(self, plan: Plan, model: Model, b: int, source: str = "solve") -> dict:
+        self.meter.compiled += 1
+        self.at.append(plan)
+        got = model.predict(plan, b)
+        kept = len(plan.save) + len(plan.offload)
+        peak = got["peak_bytes"] + self.extra * b * max(kept - 2, 0)
+        row = {"plan": plan.as_dict(model.names), "batch": b, "max_batch": b, "peak_bytes": int(peak),
+               "recomputed_flops": got["recomputed_flops"], "offloaded_bytes": got["offloaded_bytes"],
+               "fits": peak <= self.budget, "source": source}
+        self.candidates.append(row)
+        return row
+
+
+def _named(model: Model, plan: Plan, b: int, policy: str = "x") -> dict:
+    got = model.predict(plan, b)
+    return {"policy": policy, "max_batch": b, "per_device_batch": b, "peak_bytes": got["peak_bytes"],
+            "recomputed_flops": got["recomputed_flops"], "offloaded_bytes": got["offloaded_bytes"],
+            "fits": True}
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("extra", [0.0, 4e4])
+def test_never_worse_than_the_start_and_within_the_limit(seed, extra):
+    model = _model(seed)
+    b, start = 6, Plan((), (), 4)
+    start_peak = model.predict(start, b)["peak_bytes"]
+    budget = start_peak + random.Random(seed).uniform(0.05, 0.5) * b * 1e5
+    run = _Run(model, budget, extra)
+    limit = 7
+    named = _named(model, start, b)
+    rec = refine(run, model, named, start, b, "max-batch", limit)
+    assert run.meter.own() <= limit and rec["compiles"] == run.meter.own()
+    final = Plan(tuple(rec["plan"]["save"]), tuple(rec["plan"]["offload"]), rec["plan"]["remat_layers"])
+    assert keeps_at_least(final, start, model.names)
+    if rec["outcome"] == "equals":
+        assert final == start and not any(s["kept"] for s in rec["steps"])
+        return
+    row = next(c for c in run.candidates if c["plan"] == rec["plan"])
+    assert row["fits"] and objective(row, "max-batch") < objective({**named}, "max-batch")
+    # each kept move compiled to fit and improved on the one before; a move keeping at least what a
+    # plan that did not fit kept was never compiled
+    kept = [s for s in rec["steps"] if s["kept"]]
+    assert all(s["fits"] for s in kept)
+    flops = [s["recomputed_flops"] for s in kept]
+    assert flops == sorted(flops, reverse=True)
+    failed = [p for p, c in zip(run.at, run.candidates, strict=True) if not c["fits"]]
+    for i, p in enumerate(run.at):
+        assert not any(keeps_at_least(p, f, model.names) for f in failed if run.at.index(f) < i)
+
+
+def test_when_no_move_fits_the_answer_only_equals_the_named_policy():
+    model = dataclasses.replace(_model(3, offload=False), layer_counts=(0, 4))  # moves: names only
+    b, start = 6, Plan(("n0",), (), 4)
+    run = _Run(model, model.predict(start, b)["peak_bytes"], 0.0)  # not a byte to spare
+    # the model says nothing fits either: no compile at all
+    rec = refine(run, model, _named(model, start, b), start, b, "max-batch", 10)
+    assert rec["outcome"] == "equals" and rec["compiles"] == 0 and rec["plan"] == start.as_dict(model.names)
+    # the model is optimistic (every move predicted to fit), the compiles say none does
+    run = _Run(model, model.predict(start, b)["peak_bytes"] + 1e9, 1e12)
+    start2 = Plan(("n0", "n1"), (), 4)
+    run.budget = model.predict(start2, b)["peak_bytes"] + 1e6
+    rec = refine(run, model, _named(model, start2, b), start2, b, "max-batch", 10)
+    assert rec["outcome"] == "equals" and rec["steps"] and not any(s["fits"] for s in rec["steps"])
+
+
+def test_moves_turn_one_name_up_or_remat_one_layer_fewer():
+    model = _model(0, k=2)
+    got = set(moves(Plan((), ("n1",), 3), model))
+    assert got == {Plan(("n0",), ("n1",), 3), Plan((), ("n0", "n1"), 3), Plan(("n1",), (), 3),
+                   Plan((), ("n1",), 2)}
+    assert moves(Plan(("n0", "n1"), (), 1), model) == []  # everything kept, one layer: no move
