@@ -57,10 +57,25 @@ def _reaped(manager, session: str) -> None:
         rt.media_file_mgr.clear_session_refs(sid)
         rt.media_file_mgr.remove_orphaned_files()
         rt.dataframe_source_mgr.clear_all_for_session(sid)
+        forget_expired(getattr(rt, "_session_mgr", None))
         upload_budget.give_back_memory()
 
     upload_budget.REAPER.watch(rt.is_active_session, end, st.get_option("server.disconnectedSessionTTL"))
     upload_budget.REAPER.start()
+
+
+def forget_expired(session_mgr) -> int:
+    """Drop the sessions past their TTL from Streamlit's session storage (it keeps an expired one,
+    with its state, until a later session is stored); how many. A no-op (0) where this Streamlit
+    keeps its sessions otherwise (``tests/test_upload_reaper.py`` checks this one's)."""
+    lock = getattr(session_mgr, "_storage_lock", None)
+    cache = getattr(getattr(session_mgr, "_session_storage", None), "_cache", None)
+    if lock is None or not callable(getattr(cache, "expire", None)) or not hasattr(cache, "_data"):
+        return 0
+    with lock:
+        before = len(cache._data)
+        cache.expire()
+        return before - len(cache._data)
 
 
 def uploader_key() -> str:

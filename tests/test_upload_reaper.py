@@ -103,3 +103,34 @@ def test_the_allocator_is_tuned_where_glibc_runs():
     glibc = platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
     assert tuned is glibc  # glibc took the fixed mmap threshold; elsewhere nothing is claimed
     upload_budget.give_back_memory()  # callable after it, on any platform
+
+
+def test_streamlits_expired_sessions_are_dropped_from_its_storage():
+    pytest.importorskip("streamlit")
+    import threading
+
+    from streamlit.runtime.memory_session_storage import MemorySessionStorage
+    from streamlit.runtime.session_manager import SessionInfo
+
+    from pages import _uploads
+
+    class Session:
+        def __init__(self, sid):
+            self.id = sid
+
+    class Manager:  # the attributes of Streamlit's WebsocketSessionManager that forget_expired uses
+        def __init__(self):
+            self._storage_lock = threading.Lock()
+            self._session_storage = MemorySessionStorage(ttl_seconds=60)
+
+    mgr, clock = Manager(), Clock()
+    mgr._session_storage._cache._timer = clock
+    mgr._session_storage.save(SessionInfo(client=None, session=Session("A")))
+    clock.t += 30
+    mgr._session_storage.save(SessionInfo(client=None, session=Session("B")))
+    clock.t += 29
+    assert _uploads.forget_expired(mgr) == 0 and len(mgr._session_storage._cache._data) == 2
+    clock.t += 1  # A stored 60 s ago (its TTL), B 30 s
+    assert _uploads.forget_expired(mgr) == 1
+    assert [i.session.id for i in mgr._session_storage._cache._data.values()] == ["B"]
+    assert _uploads.forget_expired(None) == 0  # another Streamlit: nothing done

@@ -148,6 +148,7 @@ class Bench:
                "REMAT_LAB_TRUSTED_PROXIES": "127.0.0.1"}  # X-Forwarded-For names the bench's visitors
         if args.malloc_arena_max:  # glibc reads it at the server's start (README: a shared host's command)
             env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
+        env.update(kv.split("=", 1) for kv in args.server_env)
         cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                "--server.port", str(port), "--server.address", "127.0.0.1",
                "--server.fileWatcherType", "none"]
@@ -316,6 +317,8 @@ def main(argv=None) -> int:
                     help="the server's server.disconnectedSessionTTL (seconds; Streamlit's default 120)")
     ap.add_argument("--malloc-arena-max", type=int, default=None,
                     help="the server's MALLOC_ARENA_MAX (glibc's malloc arenas; its default: 8 per core)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="one more variable of the server's environment (e.g. PYTHONMALLOC=malloc)")
     ap.add_argument("--upload-dir", default="/tmp/remat_lab_load_uploads")
     args = ap.parse_args(argv)
     folder = Path(args.upload_dir)
