@@ -100,11 +100,15 @@ def format_synthesis(doc: dict) -> str:
     lines += ["", "candidates compiled (predicted vs compiled peak at the batch):"]
     for c in doc["candidates"]:
         p = c["plan"]
-        lines.append(f"  save={','.join(p['save']) or '-'} offload={','.join(p['offload']) or '-'} "
+        lines.append(f"  {c.get('source', 'solve')}: save={','.join(p['save']) or '-'} "
+                     f"offload={','.join(p['offload']) or '-'} "
                      f"layers={p['remat_layers']}: batch {c['max_batch']}, peak "
                      f"{human_bytes(c['peak_bytes'])} (model {human_bytes(c['predicted_peak_bytes'])},"
                      f" error {c['error_share']:+.1%}), recomputes {_flops(c['recomputed_flops'])}")
-    lines.append(f"{doc['compiles']} compiles (limit 3k+12 = {doc['compile_limit']}), "
+    forced = doc.get("xla_forced_compiles") or 0
+    lines.append(f"{doc['compiles']} compiles" + (f" ({forced} forced by XLA's own pass)" if forced else "")
+                 + f" (limit 3k+12 = {doc['compile_limit']}"
+                 + ("" if doc.get("within_limit", True) else ", passed") + "), "
                  f"{doc['named_compiles']} for the named policies; {doc['wall_s']:.1f} s")
     lines += [f"note: {n}" for n in doc["notes"]]
     return "\n".join(lines)

@@ -53,6 +53,10 @@ def named_policies(config: RunConfig) -> list[str]:
     return [p for p, spec in POLICIES.items() if spec.group in groups]
 
 
+class OverCap(Exception):
+    """A candidate's batch search would pass the compiles allowed it: the candidate is dropped."""
+
+
 class _Run:
     """One synthesis: the meter, the no_remat flops by batch, the compiled candidates."""
 
@@ -60,8 +64,10 @@ class _Run:
         self.base, self.budget, self.meter, self.max_batch = base, budget, meter, max_batch
         self.unit = batch_unit(base)
         self.candidates: list[dict] = []
+        self.notes: list[str] = []
         self.compiled: set[Plan] = set()
         self.flops: dict[int, float | None] = {}  # no_remat's, by per-device batch
+        self.cap = 1 << 30  # a batch search stops at this many of the meter's own compiles
 
     def model_flops(self, b: int) -> float | None:
         """no_remat's flops at per-device batch ``b`` as it wrote them (XLA's pass left out)."""
@@ -87,6 +93,8 @@ class _Run:
     def probe(self, cfg: RunConfig) -> dict:
         if self.meter.should_stop():
             raise Stopped("candidate")
+        if self.meter.own() >= self.cap:
+            raise OverCap(self.cap)
         found = probe(cfg)
         self.meter.compiles += not found["cached"]
         return found
@@ -181,6 +189,16 @@ def _search(run: _Run, model: Model, goal: str, b: int | None, named_b: int = 0,
     meter's own compiles leave room under ``cap`` for it (``SEARCH``; a compile at the batch: two,
     no_remat's flops there included)."""
     room = lambda need: run.meter.own() + need <= cap  # noqa: E731
+    run.cap = cap
+    try:
+        _rounds(run, model, goal, b, named_b, room)
+    except OverCap:
+        run.notes.append(f"a candidate's batch search was stopped at the compiles left to it ({cap} "
+                         "of the limit, the rest kept for the refinement): that candidate is left out")
+    run.cap = 1 << 30
+
+
+def _rounds(run: _Run, model: Model, goal: str, b: int | None, named_b: int, room) -> None:
     budget = float(run.budget)
     for _ in range(ROUNDS):
         solved = solve(model, budget, goal, b, top=TOP)
@@ -264,6 +282,7 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
                 named_b = max((r["max_batch"] // unit for r in named if r["fits"]), default=0)
                 row, start, why = start_from(named, names, base.depth, goal)
                 _search(run, model, goal, b, named_b, cap=limit - (REFINE + k if start else 0))
+                notes += run.notes
                 if why:
                     notes.append(why)
                 if start is not None:
@@ -296,11 +315,14 @@ def _refine(run: _Run, model: Model, row: dict, start: Plan, goal: str, limit: i
             and run.meter.own() + SEARCH <= limit:
         p = record["plan"]
         plan = Plan(tuple(p["save"]), tuple(p["offload"]), p["remat_layers"])
-        before = run.meter.own()
+        before, run.cap = run.meter.own(), limit
         try:
             record["searched_max_batch"] = run.compile_max(plan, model, b, source="refine")["max_batch"]
         except Stopped as err:
             record["stopped"] = f"stopped before compiling {err}"
+        except OverCap:
+            record["stopped"] = f"its batch search stopped at the compile limit ({limit})"
+        run.cap = 1 << 30
         record["compiles"] += run.meter.own() - before
     return record
 

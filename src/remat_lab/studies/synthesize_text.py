@@ -96,6 +96,23 @@ METHOD = {
                "where the model was wrong the budget it solves against is lowered by its largest "
                "under-prediction and the new best compiled too. The answer is always a compiled "
                "program's figures, never the model's",
+    "refine": "from the best named policy that is a per-name plan (MaxText's recipes, "
+              "nothing_saveable, nnx.remat's default; JAX's dots_* and everything_saveable decide per "
+              "primitive and are skipped, said so), at the per-device batch where it fits: a local "
+              "search whose moves save or offload one recomputed name, save an offloaded one or remat "
+              "one layer fewer; the model, anchored at the last compiled plan's peak, ranks the moves it "
+              "predicts fit by the flops (then offload traffic) they spare; the best is compiled at "
+              "that batch and kept only when its compiled program fits with a better objective; a move "
+              "keeping at least what a plan that did not fit keeps is not compiled. The answer is "
+              "therefore never worse than that named policy (the document's refine.outcome says "
+              "whether it beats or only equals it); a plan that beats it gets its exact largest batch "
+              "searched when the limit leaves room",
+    "compiles": "3k + 12 for k names: the measurement, the candidates (each batch search started "
+                "only with room for it, k + 2 kept for the refinement) and the refinement's moves; "
+                "recompiles forced by XLA's own rematerialization pass (a probe it rewrote, compiled "
+                "again with its limit lifted to read the flops as written) are counted in compiles "
+                "and apart (xla_forced_compiles), outside that limit; the named policies' apart "
+                "(named_compiles)",
     "named": "every named policy (JAX's, and MaxText's recipes where the model has their names) "
              "searched by the same exact batch search on the same budget (the Advisor's sizing); "
              "if none of the synthesized plans beats the best of them, that policy is the answer",
