@@ -190,8 +190,11 @@ frame = synthesis_frame(doc)
 st.plotly_chart(charts.make_synthesis_figure(frame, doc["budget_bytes"] / (1 << 20)), width="stretch",
                 key="synth_chart")
 st.dataframe(frame, hide_index=True, key="synth_table")
+forced = doc.get("xla_forced_compiles") or 0
 st.caption(md(f"{doc['compiles']} compiles for the plan (3k + 12 = {doc['compile_limit']} for its "
-              f"{len(doc['names'])} names), {doc['named_compiles']} for the named policies; "
+              f"{len(doc['names'])} names"
+              + (f"; {forced} of them forced by XLA's own pass, outside it" if forced else "")
+              + f"), {doc['named_compiles']} for the named policies; "
               f"{doc['wall_s']:.1f} s."
               + (f" Stopped: {doc['stopped_because']}." if doc.get("stopped_because") else "")))
 for n in doc["notes"]:

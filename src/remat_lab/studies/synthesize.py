@@ -182,19 +182,22 @@ def _named_rows(run: _Run, policies: Sequence[str], goal: str, b: int | None,
 
 
 def _search(run: _Run, model: Model, goal: str, b: int | None, named_b: int = 0,
-            cap: int = 1 << 30) -> None:
+            cap: int = 1 << 30, limit: int = 1 << 30) -> None:
     """Solve, compile the best candidates, move the budget by the model's error, again; for
     max-batch, then the fewest recomputed flops at the largest batch anything compiled fits
     (``named_b``: the best named policy's, per device). A candidate is started only while the
     meter's own compiles leave room under ``cap`` for it (``SEARCH``; a compile at the batch: two,
-    no_remat's flops there included)."""
-    room = lambda need: run.meter.own() + need <= cap  # noqa: E731
-    run.cap = cap
+    no_remat's flops there included); the solver's first candidate under ``limit``."""
+    def room(need: int) -> bool:
+        run.cap = cap if run.candidates else limit
+        return run.meter.own() + need <= run.cap
+
     try:
         _rounds(run, model, goal, b, named_b, room)
     except OverCap:
-        run.notes.append(f"a candidate's batch search was stopped at the compiles left to it ({cap} "
-                         "of the limit, the rest kept for the refinement): that candidate is left out")
+        where = (f"the compile limit ({limit})" if run.cap >= limit else
+                 f"{run.cap} of the limit {limit}, k + 2 kept for the refinement")
+        run.notes.append(f"a candidate's batch search was stopped at {where}: it is left out")
     run.cap = 1 << 30
 
 
@@ -210,6 +213,9 @@ def _rounds(run: _Run, model: Model, goal: str, b: int | None, named_b: int, roo
             rows.append(run.compile_max(c["plan"], model, solved["batch"]) if goal == "max-batch"
                         else run.compile_at(c["plan"], model, b))
         if not rows:
+            if fresh and not run.candidates:
+                run.notes.append("no compiles left for the solver's candidates within the limit: the "
+                                 "answer comes from the named policies and the refinement")
             break
         errors = [r["error_bytes"] for r in rows]
         if goal == "max-batch":
@@ -281,7 +287,7 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
             if model is not None:
                 named_b = max((r["max_batch"] // unit for r in named if r["fits"]), default=0)
                 row, start, why = start_from(named, names, base.depth, goal)
-                _search(run, model, goal, b, named_b, cap=limit - (REFINE + k if start else 0))
+                _search(run, model, goal, b, named_b, limit - (REFINE + k if start else 0), limit)
                 notes += run.notes
                 if why:
                     notes.append(why)
