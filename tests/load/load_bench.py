@@ -2,6 +2,8 @@
 
     PYTHONPATH=src python tests/load/load_bench.py [--small 200 --wide 20 --sessions 8] [--json out.json]
     PYTHONPATH=src python tests/load/load_bench.py --only new --json out.json   # issue 21's cases only
+    PYTHONPATH=src python tests/load/load_bench.py --only round3-uploads --server-session-ttl 30 \
+        --malloc-arena-max 2 --server-env PYTHONMALLOC=malloc --json out.json   # issue 33's uploads
 
 Root only (it creates a cgroup-v1 child of this process's memory cgroup, or a v2 child where v2
 has the memory controller; ``prlimit --as`` cannot stand in, JAX reserves address space far beyond
