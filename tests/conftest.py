@@ -7,10 +7,20 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
+# The tests compile over a thousand small programs and run each a few times: LLVM's optimisation is
+# off for them (XLA's HLO passes and buffer assignment, which give every figure the tests check, are
+# unchanged: tests/test_analysis_compile.py compares against XLA's defaults given explicitly). About a
+# third less CPU per compile (tests/test_attention.py alone: 111 s -> 74 s). REMAT_LAB_TEST_XLA_DEFAULTS=1
+# keeps XLA's defaults. Set before JAX starts; subprocesses and test servers inherit it.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if os.environ.get("REMAT_LAB_TEST_XLA_DEFAULTS") != "1" and "optimization_level" not in os.environ.get(
+        "XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
 
-from remat_lab.config import RunConfig
-from remat_lab.studies.experiment import run_experiment
+import pytest  # noqa: E402
+
+from remat_lab.config import RunConfig  # noqa: E402
+from remat_lab.studies.experiment import run_experiment  # noqa: E402
 
 # The app's page modules (``from pages import _running, _shared, _sidebar``) import from the repository root.
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
@@ -36,13 +46,16 @@ os.environ.setdefault("REMAT_LAB_WORKERS", "0")
 os.environ.setdefault("REMAT_LAB_PUBLIC", "0")
 
 
-# The slowest files, slowest first (each file's summed ``--durations=0``, measured on 2 cores). Under
+# The slowest files, slowest first (each file's summed ``--durations=0``, 2 cores, a cold cache). Under
 # pytest-xdist they are handed out first, so no worker is left alone with a long file at the end.
 SLOW_FIRST = (
-    "tests/test_targets_app.py", "tests/e2e/test_public_e2e.py", "tests/e2e/test_app_e2e.py",
-    "tests/test_llm_mesh.py", "tests/test_sharding.py", "tests/e2e/test_results_e2e.py",
-    "tests/e2e/test_begin_e2e.py", "tests/test_targets.py", "tests/e2e/test_advisor_e2e.py",
-    "tests/test_bench.py", "tests/test_synthesize.py", "tests/test_tpu_memory.py",
+    "tests/e2e/test_app_e2e.py", "tests/test_compiled_truth.py", "tests/e2e/test_public_e2e.py",
+    "tests/test_targets_app.py", "tests/test_bench.py", "tests/test_llm.py", "tests/test_attention.py",
+    "tests/test_synthesize.py", "tests/test_llm_mesh.py", "tests/test_transformer.py",
+    "tests/e2e/test_results_e2e.py", "tests/test_app.py", "tests/test_tpu_memory.py",
+    "tests/test_reliability.py", "tests/test_gradcheck.py", "tests/test_sharding.py",
+    "tests/test_loss_chunks.py", "tests/e2e/test_page_state_e2e.py", "tests/test_targets.py",
+    "tests/e2e/test_begin_e2e.py", "tests/test_advisor.py", "tests/e2e/test_layout_e2e.py",
 )
 
 
@@ -50,6 +63,13 @@ def pytest_collection_modifyitems(config, items):
     """The slowest files first (a stable sort: each file's own order is kept)."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under ``-p no:xdist``
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per core and one more (``--maxprocesses`` caps it). Many tests wait on a
+    subprocess, a server or a browser: with a worker per core the suite used 1.63 of 2 cores."""
+    return (os.cpu_count() or 1) + 1
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under ``-p no:xdist``

@@ -120,7 +120,8 @@ def test_on_a_mesh_per_device_memory_is_the_training_steps_as_memory():
     """Two emulated CPU devices, fsdp=2, step train: sharding.per_device is the training step's
     memory (with its kinds), not the gradient step's."""
     done = subprocess.run([sys.executable, "-c", MESH_SCRIPT], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+                          env={**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=2"})
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout.strip().splitlines()[-1])
     per, mem = doc["sharding"]["per_device"], doc["memory"]

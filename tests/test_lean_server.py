@@ -168,7 +168,7 @@ def test_comparing_on_a_mesh_is_a_worker_job():
         print(json.dumps([[r["policy"], r["peak_bytes"]] for r in rows]))
     """)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

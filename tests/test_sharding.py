@@ -154,7 +154,8 @@ print(json.dumps(rows))
 @pytest.fixture(scope="module")
 def four_devices(tmp_path_factory):
     """The rows of SCRIPT run with 4 emulated CPU devices (one subprocess for the module)."""
-    env = {**os.environ, "PYTHONPATH": SRC, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    env = {**os.environ, "PYTHONPATH": SRC,
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
            "REMAT_LAB_CACHE_DIR": str(tmp_path_factory.mktemp("jaxcache"))}
     env.pop("REMAT_LAB_HOST_DEVICES", None)
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
