@@ -18,7 +18,8 @@ link, ``--wide`` distinct width-2048 models, ``--small`` distinct small configur
 ``--no-uploads``; ``--only uploads`` runs just these; ``--only round3`` issue 33's: five sessions
 uploading five files each, three at once, RSS after the tabs close, and one client's four tabs of
 slow runs against another visitor's tiny one, told apart by X-Forwarded-For from a trusted
-127.0.0.1) uploads on Open results: a 20 MiB junk file, a
+127.0.0.1, and an H100 compile of the default configuration; ``round3-target`` that alone)
+uploads on Open results: a 20 MiB junk file, a
 20 MiB file of valid sweep rows, one after the other, then both from two sessions at once; then
 the Advisor hog (``hog_steps``: 1000T over every transformer policy, then the largest advice public
 mode allows, and a second visitor's small run meanwhile). After each step: the server alive?, its
@@ -47,7 +48,13 @@ from streamlit_driver import INIT_JS, url, wait_idle  # noqa: E402
 from remat_lab.config import limits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_cases import hog_steps, many_upload_steps, upload_steps, visitor_steps  # noqa: E402
+from load_cases import (  # noqa: E402
+    hog_steps,
+    many_upload_steps,
+    target_steps,
+    upload_steps,
+    visitor_steps,
+)
 
 MIB = 1 << 20
 
@@ -304,11 +311,11 @@ def main(argv=None) -> int:
     ap.add_argument("--log", default="/tmp/remat_lab_load_server.log")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-uploads", action="store_true", help="skip the Open results upload steps")
-    ap.add_argument("--only", choices=("uploads", "hog", "new", "round3", "round3-uploads"),
+    ap.add_argument("--only", choices=("uploads", "hog", "new", "round3", "round3-uploads", "round3-target"),
                     default=None,
                     help="run only the upload steps, the Advisor hog, or both (new: issue 21's cases); "
                          "round3: issue 33's (many uploads from several sessions, one client's tabs); "
-                         "round3-uploads: its uploads alone")
+                         "round3-uploads: its uploads alone; round3-target: its H100 compile alone")
     ap.add_argument("--upload-sessions", type=int, default=5)
     ap.add_argument("--upload-files", type=int, default=5)
     ap.add_argument("--upload-mb", type=float, default=None, help="file size (default: the widget's most)")
@@ -338,12 +345,14 @@ def main(argv=None) -> int:
                 hog_steps(b)
             if args.only.startswith("round3"):
                 size = int(args.upload_mb * 1000 ** 2) if args.upload_mb else None
-                if args.upload_sessions:  # 0: the fair-queue case alone
+                if args.upload_sessions and args.only != "round3-target":  # 0: the fair-queue case alone
                     many_upload_steps(b, folder, args.upload_sessions, args.upload_files,
                                       **({"size": size} if size else {}), follow_s=args.session_ttl,
                                       server_ttl_s=args.server_session_ttl or 120)
                 if args.only == "round3":
                     visitor_steps(b)
+                if args.only in ("round3", "round3-target"):
+                    target_steps(b)
         else:
             classic_steps(b, args, folder)
     finally:

@@ -286,3 +286,26 @@ def visitor_steps(b, tabs: int = 4) -> None:
              client_all_done_s=round(time.perf_counter() - t0, 1))
     for q in a + [other]:
         q.context.close()
+
+
+def target_steps(b) -> None:
+    """Issue 33's named-target compile in public mode: a visitor opens Explore for an H100 (the
+    default configuration otherwise) and clicks Run; the compile for the absent GPU runs in the
+    1 GiB cgroup's worker. Its seconds to an answer, what the page says, and the memory after."""
+    page = _client_page(b, "198.51.100.3")[0]
+    t0 = time.perf_counter()
+    page.goto(url(b.base, "", target="h100"), wait_until="domcontentloaded")
+    wait_idle(page, timeout=300_000)
+    button = page.get_by_role("button", name="Run this configuration")
+    if button.count():
+        button.click()
+        page.wait_for_timeout(1000)
+        wait_idle(page, timeout=900_000)
+    main = " ".join(page.get_by_test_id("stMain").inner_text().split())
+    errors = _texts(page, "stAlertContentError")
+    status = _texts(page, "stExpander")
+    b.record("issue 33: an H100 compile of the default configuration, public mode",
+             seconds=round(time.perf_counter() - t0, 2), served=not errors and "H100" in main,
+             said={"errors": errors[:2], "warnings": _texts(page, "stAlertContentWarning")[:2],
+                   "status": status[:1]})
+    page.context.close()
