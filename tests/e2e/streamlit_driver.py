@@ -154,3 +154,16 @@ def choose(page, label: str, option: str) -> None:
     box.click()
     page.keyboard.type(option)
     page.get_by_role("option", name=option, exact=True).click()
+
+
+# A page script's box helpers (``tol``: the pixels two boxes may share): a drawn element's box or
+# null, two boxes overlapping, one inside another, a box in words. The layout checks start with it.
+BOX_JS = """  const box = (el) => { const r = el && el.getBoundingClientRect();
+                        return r && r.width > 0 && r.height > 0 ? r : null; };
+  const overlap = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > tol
+                         && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > tol;
+  const inside = (a, b) => a.left >= b.left - tol && a.right <= b.right + tol
+                        && a.top >= b.top - tol && a.bottom <= b.bottom + tol;
+  const px = Math.round;
+  const fmt = (r) => `[${px(r.left)},${px(r.top)} ${px(r.width)}x${px(r.height)}]`;
+"""

@@ -10,7 +10,7 @@ scroller). One small configuration (width 64, depth 2). Skipped loudly without P
 from __future__ import annotations
 
 import pytest
-from streamlit_driver import assert_no_error, open_app, rerun_after
+from streamlit_driver import BOX_JS, assert_no_error, open_app, rerun_after
 
 pytestmark = pytest.mark.e2e
 
@@ -21,15 +21,7 @@ MIN_CHART_PX = 340  # narrower and ticks, titles and legends crowd (the issue's 
 TOL_PX = 1.0
 
 # Every drawn chart's and table's problems, in words.
-_LAYOUT_JS = """(tol) => {
-  const box = (el) => { const r = el && el.getBoundingClientRect();
-                        return r && r.width > 0 && r.height > 0 ? r : null; };
-  const overlap = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > tol
-                         && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > tol;
-  const inside = (a, b) => a.left >= b.left - tol && a.right <= b.right + tol
-                        && a.top >= b.top - tol && a.bottom <= b.bottom + tol;
-  const px = Math.round;
-  const fmt = (r) => `[${px(r.left)},${px(r.top)} ${px(r.width)}x${px(r.height)}]`;
+_LAYOUT_JS = "(tol) => {\n" + BOX_JS + """
   const texts = (root, sel) => [...root.querySelectorAll(sel)]
     .filter((t) => t.textContent.trim() && getComputedStyle(t).opacity !== '0'
                    && getComputedStyle(t).display !== 'none')

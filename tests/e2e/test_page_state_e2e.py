@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from playwright.sync_api import expect
-from streamlit_driver import assert_no_error, assert_no_exception, url, wait_idle
+from streamlit_driver import BOX_JS, assert_no_error, assert_no_exception, url, wait_idle
 
 from remat_lab.model.policies import POLICIES
 
@@ -26,15 +26,7 @@ TOL_PX = 1.0  # boxes may touch; antialiased text edges round to a pixel
 SLOW_MS = 420_000  # a run on a loaded 2-core machine (CI shares it with other jobs)
 
 # Every drawn Plotly chart on the page: its title and each problem found in its boxes.
-_CHART_BOXES_JS = """(tol) => {
-  const box = (el) => { const r = el && el.getBoundingClientRect();
-                        return r && r.width > 0 && r.height > 0 ? r : null; };
-  const overlap = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > tol
-                         && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > tol;
-  const inside = (a, b) => a.left >= b.left - tol && a.right <= b.right + tol
-                        && a.top >= b.top - tol && a.bottom <= b.bottom + tol;
-  const px = Math.round;
-  const fmt = (r) => `[${px(r.left)},${px(r.top)} ${px(r.width)}x${px(r.height)}]`;
+_CHART_BOXES_JS = "(tol) => {\n" + BOX_JS + """
   const out = [];
   document.querySelectorAll('[data-testid="stPlotlyChart"]').forEach((chart, i) => {
     const svg = chart.querySelector('svg.main-svg');
