@@ -7,20 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-# The tests compile over a thousand small programs and run each a few times: LLVM's optimisation is
-# off for them (XLA's HLO passes and buffer assignment, which give every figure the tests check, are
-# unchanged: tests/test_analysis_compile.py compares against XLA's defaults given explicitly). About a
-# third less CPU per compile (tests/test_attention.py alone: 111 s -> 74 s). REMAT_LAB_TEST_XLA_DEFAULTS=1
-# keeps XLA's defaults. Set before JAX starts; subprocesses and test servers inherit it.
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-if os.environ.get("REMAT_LAB_TEST_XLA_DEFAULTS") != "1" and "optimization_level" not in os.environ.get(
-        "XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
+import pytest
 
-import pytest  # noqa: E402
-
-from remat_lab.config import RunConfig  # noqa: E402
-from remat_lab.studies.experiment import run_experiment  # noqa: E402
+from remat_lab.config import RunConfig
+from remat_lab.studies.experiment import run_experiment
 
 # The app's page modules (``from pages import _running, _shared, _sidebar``) import from the repository root.
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
@@ -63,13 +53,6 @@ def pytest_collection_modifyitems(config, items):
     """The slowest files first (a stable sort: each file's own order is kept)."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
-@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under ``-p no:xdist``
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: a worker per core and one more (``--maxprocesses`` caps it). Many tests wait on a
-    subprocess, a server or a browser: with a worker per core the suite used 1.63 of 2 cores."""
-    return (os.cpu_count() or 1) + 1
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under ``-p no:xdist``

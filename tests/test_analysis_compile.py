@@ -12,8 +12,8 @@ from remat_lab.config import RunConfig
 from remat_lab.program.analysis_compile import ANALYSIS_ONLY, compile_for_analysis
 from remat_lab.studies import advisor_search
 
-# XLA's own defaults for the two options, given explicitly: the test session runs with LLVM's
-# optimisation off in XLA_FLAGS (tests/conftest.py), and the truth here is the default compile.
+# XLA's own defaults for the two options, given explicitly: the truth here is the default compile,
+# whatever XLA_FLAGS the tests run under.
 XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False}
 
 CASES = [
