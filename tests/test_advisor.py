@@ -85,7 +85,7 @@ def test_model_flops_between_compiled_counts_hold_against_compiles_of_their_own(
 
 
 def test_timed_advice_has_consistent_rates():
-    doc = advisor.advise(SMALL, BUDGET, policies=["no_remat", "nothing_saveable"], time_budget_s=1.0)
+    doc = advisor.advise(SMALL, BUDGET, policies=["no_remat", "nothing_saveable"], time_budget_s=10.0)
     assert doc["timed"] and doc["recommended"] in ("no_remat", "nothing_saveable")
     assert doc["reason"].startswith(doc["recommended"])
     for r in doc["rows"]:

@@ -71,6 +71,21 @@ def test_a_stop_keeps_the_finished_rounds(monkeypatch):
     assert "stopped on request" in doc["decision"]["why"]
 
 
+def test_the_time_budget_keeps_the_compiles_for_timing():
+    """A budget spent by the first compile for timing compiles no other program: the others say so,
+    and the one compiled is warmed up by one call and timed (the budget plus one step of each)."""
+    policies = ["no_remat", "nothing_saveable"]
+    doc = advisor.advise(SMALL, 1 << 20, policies=policies, time_budget_s=1e-3)
+    timed = [r for r in doc["rows"] if r["step_time_s"] is not None]
+    untimed = [r for r in doc["rows"] if r["step_time_s"] is None]
+    assert len(timed) == 1 and len(untimed) == 1 and doc["timed"]
+    assert untimed[0]["not_timed"] == ("not timed: the time budget (0.001 s) was spent compiling 1 of "
+                                       "the 2 programs before it for timing")
+    assert timed[0]["rounds"] == doc["rounds"] == 1 and doc["stopped_because"] == "time budget"
+    roomy = advisor.advise(SMALL, 1 << 20, policies=policies, time_budget_s=30.0)
+    assert all(r["step_time_s"] is not None for r in roomy["rows"])  # room for both: both timed
+
+
 def test_rounds_stop_when_the_intervals_separate():
     batches = {"a": 10, "b": 10}
     apart = {"a": [1.0, 1.01, 0.99, 1.0, 1.0], "b": [2.0, 2.02, 1.98, 2.0, 2.0]}

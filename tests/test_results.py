@@ -33,7 +33,7 @@ def advice_doc() -> dict:
     from remat_lab.studies.advisor import advise
 
     doc = advise(TINY.replace(depth=2), 1 << 18, policies=["no_remat", "nothing_saveable"],
-                 time_budget_s=0.5)
+                 time_budget_s=5.0)
     return json.loads(json.dumps(doc))
 
 

@@ -6,7 +6,10 @@ width-based estimate: the timed set holds, at once, every timed executable's par
 overhead of the memory model (``config.budget.COMPILE_WORKSPACE``); it must fit what this process
 may allocate now (``allowance``). A policy left out gets a ``not_timed`` text with those numbers.
 
-Rounds run round-robin in a shuffled order (as Compare does), one call per policy each, as a
+The time budget counts from the first compile for timing: a program is compiled only while its
+compile (the slowest so far) would end within the budget (the likeliest winners first where the
+roofline estimates them; the others get a ``not_timed`` saying so), and each is warmed up by one
+call. Rounds run round-robin in a shuffled order (as Compare does), one call per policy each, as a
 race (``_run_rounds``): from ``MIN_ROUNDS`` on, a policy whose interval of examples/s lies wholly
 below the leader's leaves it, close ones get more rounds; it ends when one is left
 (``"separated"``), when the time budget has less than one more round left (so the timed phase
@@ -229,11 +232,20 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
                "timing_s": 0.0, "allowance_bytes": allow, "allowance_source": allow_why,
                "timed_set_bytes": used}
     by_policy = {r["policy"]: r for r in rows}
-    executables = {}
+    if all(by_policy[p].get("examples_per_s_estimate") for p in chosen):  # likeliest winners first
+        chosen = sorted(chosen, key=lambda p: -by_policy[p]["examples_per_s_estimate"])
+    executables, compile_s = {}, []
     for i, p in enumerate(chosen, 1):
         if should_stop is not None and should_stop():
             break
         r = by_policy[p]
+        if compile_s and time.perf_counter() + max(compile_s) > deadline:  # the budget keeps compiles
+            for q in chosen[i - 1:]:
+                by_policy[q]["not_timed"] = (
+                    f"not timed: the time budget ({time_budget_s:g} s) was spent compiling "
+                    f"{len(executables)} of the {len(chosen)} programs before it for timing")
+            break
+        t_compile = time.perf_counter()
         say(Step(f"compiling {p} at batch {r['max_batch']} for timing ({i} of {len(chosen)})", done=i - 1,
                  planned=len(chosen), unit="programs compiled for timing", item="program",
                  left_s=max(deadline - time.perf_counter(), 0.0), left_why="of the time budget"))
@@ -244,6 +256,7 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
             r["not_timed"] = f"not timed: {xla_error('compiling', err)}"
             continue
         executables[p] = (compiled, problem.args)
+        compile_s.append(time.perf_counter() - t_compile)
     if not executables:
         why = should_stop() if should_stop is not None else None
         summary["stopped_because"] = ((why if isinstance(why, str) else "stopped") if why else
@@ -252,9 +265,9 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
     batches = {p: by_policy[p]["max_batch"] for p in executables}
     with timing_slot(lambda stage: say("waiting: another run is timing (one timing at a time)")):
         try:
-            times, why, raced_out = _run_rounds(executables, batches, warmup=min(
-                configs[p].warmup for p in executables), deadline=deadline, seed=seed, say=say,
-                should_stop=should_stop, budget_s=time_budget_s)
+            times, why, raced_out = _run_rounds(executables, batches, warmup=1, deadline=deadline,
+                                                seed=seed, say=say, should_stop=should_stop,
+                                                budget_s=time_budget_s)
         except Exception as err:
             raise xla_error("running", err) from err
     rounds = max(len(s) for s in times.values())
