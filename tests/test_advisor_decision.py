@@ -82,8 +82,10 @@ def test_the_time_budget_keeps_the_compiles_for_timing():
     assert untimed[0]["not_timed"] == ("not timed: the time budget (0.001 s) was spent compiling 1 of "
                                        "the 2 programs before it for timing")
     assert timed[0]["rounds"] == doc["rounds"] == 1 and doc["stopped_because"] == "time budget"
+    assert doc["timing"]["warmed_up"] is False  # the one round carried the first call
     roomy = advisor.advise(SMALL, 1 << 20, policies=policies, time_budget_s=30.0)
     assert all(r["step_time_s"] is not None for r in roomy["rows"])  # room for both: both timed
+    assert roomy["timing"]["warmed_up"] is True
 
 
 def test_rounds_stop_when_the_intervals_separate():

@@ -163,20 +163,22 @@ def _race_out(samples: dict[str, list[float]], racing: list[str], batches: dict[
 
 def _run_rounds(executables: dict[str, tuple], batches: dict[str, int], *, warmup: int,
                 deadline: float, seed: int, say: Progress, should_stop: Callable[[], bool] | None,
-                budget_s: float = 0.0) -> tuple[dict[str, list[float]], str, dict]:
+                budget_s: float = 0.0, warm: bool = True) -> tuple[dict[str, list[float]], str, dict]:
     """A race of round-robin rounds: ``(seconds per call per policy, why it stopped, {policy left
     out: (after how many rounds, the leader then)})``.
 
     Each program is warmed up on its own, then rounds of one call per program still in the race
     run in a shuffled order. From ``MIN_ROUNDS`` on, a program whose examples/s interval lies
     wholly below the leader's leaves the race (it keeps its samples); close ones keep running.
-    The race ends when one program is left (``"separated"``), the time left is less than one more
+    Without ``warm`` (the compiles spent the budget) there is no separate warm-up: the one round
+    that runs carries each program's first call (``"warmed_up": False`` in the summary). The race ends when
+    one program is left (``"separated"``), the time left is less than one more
     round of the programs still racing (``"time budget"``: so the timed phase ends within the
     budget plus at most one call of each; below ``MIN_ROUNDS``, rounds that together cost at most
     ``CHEAP_SHARE`` of ``budget_s`` still run), ``MAX_ROUNDS``, or ``should_stop()``."""
     clock = time.perf_counter
     names = list(executables)
-    for compiled, args in executables.values():  # each warmed up on its own first
+    for compiled, args in executables.values() if warm else ():  # each warmed up on its own first
         time_executable(compiled, args, warmup=warmup, repeats=0, min_warmup_s=MIN_WARMUP_S)
     samples: dict[str, list[float]] = {n: [] for n in names}
     racing, out = list(names), {}
@@ -265,9 +267,10 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
     batches = {p: by_policy[p]["max_batch"] for p in executables}
     with timing_slot(lambda stage: say("waiting: another run is timing (one timing at a time)")):
         try:
+            summary["warmed_up"] = time.perf_counter() < deadline
             times, why, raced_out = _run_rounds(executables, batches, warmup=1, deadline=deadline,
                                                 seed=seed, say=say, should_stop=should_stop,
-                                                budget_s=time_budget_s)
+                                                budget_s=time_budget_s, warm=summary["warmed_up"])
         except Exception as err:
             raise xla_error("running", err) from err
     rounds = max(len(s) for s in times.values())
