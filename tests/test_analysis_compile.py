@@ -12,10 +12,6 @@ from remat_lab.config import RunConfig
 from remat_lab.program.analysis_compile import ANALYSIS_ONLY, compile_for_analysis
 from remat_lab.studies import advisor_search
 
-# XLA's own defaults for the two options, given explicitly: the truth here is the default compile,
-# whatever XLA_FLAGS the tests run under.
-XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False}
-
 CASES = [
     RunConfig(model="transformer", width=64, seq=32, heads=4, depth=3, stack="scan", batch=4,
               policy="dots_saveable"),
@@ -34,7 +30,7 @@ CASES = [
 @pytest.mark.parametrize("config", CASES, ids=lambda c: f"{c.target}-{c.model}-{c.stack}-{c.step}")
 def test_read_only_compile_reads_what_the_default_compile_reads(config):
     _, lowered = advisor_search._lowered(config)
-    default = lowered.compile(compiler_options=XLA_DEFAULTS)
+    default = lowered.compile()
     read_only = compile_for_analysis(lowered)
     assert read_only.as_text() == default.as_text()
     assert memory_report(read_only) == memory_report(default)
@@ -51,6 +47,6 @@ def test_a_probe_reads_the_default_compiles_peak():
     advisor_search.clear_cache()
     got = advisor_search.probe(config)
     _, lowered = advisor_search._lowered(config)
-    default = memory_report(lowered.compile(compiler_options=XLA_DEFAULTS))
+    default = memory_report(lowered.compile())
     assert got["peak_bytes"] == default["peak_bytes"]
     assert got["memory"]["temp_bytes"] == default["temp_bytes"]
