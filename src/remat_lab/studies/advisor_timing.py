@@ -8,9 +8,9 @@ may allocate now (``allowance``). A policy left out gets a ``not_timed`` text wi
 
 The time budget counts from the first compile for timing: a program is compiled only while its
 compile (the slowest so far) would end within the budget (the likeliest winners first where the
-roofline estimates them; the others get a ``not_timed`` saying so), and each is warmed up by one
-call. Rounds run round-robin in a shuffled order (as Compare does), one call per policy each, as a
-race (``_run_rounds``): from ``MIN_ROUNDS`` on, a policy whose interval of examples/s lies wholly
+roofline estimates them; the others get a ``not_timed`` saying so); each program's first round is
+its warm-up (its samples dropped when later rounds follow, ``timing.warmed_up``). Rounds run
+round-robin in a shuffled order (as Compare does), one call per policy each, as a race (``_run_rounds``): from ``MIN_ROUNDS`` on, a policy whose interval of examples/s lies wholly
 below the leader's leaves it, close ones get more rounds; it ends when one is left
 (``"separated"``), when the time budget has less than one more round left (so the timed phase
 keeps the budget plus at most one call of each policy still racing), at ``MAX_ROUNDS``, or when
@@ -170,8 +170,8 @@ def _run_rounds(executables: dict[str, tuple], batches: dict[str, int], *, warmu
     Each program is warmed up on its own, then rounds of one call per program still in the race
     run in a shuffled order. From ``MIN_ROUNDS`` on, a program whose examples/s interval lies
     wholly below the leader's leaves the race (it keeps its samples); close ones keep running.
-    Without ``warm`` (the compiles spent the budget) there is no separate warm-up: the one round
-    that runs carries each program's first call (``"warmed_up": False`` in the summary). The race ends when
+    Without ``warm`` (the advice's timing) there is no separate warm-up: the first round carries
+    each program's first call (the caller drops it when later rounds follow). The race ends when
     one program is left (``"separated"``), the time left is less than one more
     round of the programs still racing (``"time budget"``: so the timed phase ends within the
     budget plus at most one call of each; below ``MIN_ROUNDS``, rounds that together cost at most
@@ -267,10 +267,13 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
     batches = {p: by_policy[p]["max_batch"] for p in executables}
     with timing_slot(lambda stage: say("waiting: another run is timing (one timing at a time)")):
         try:
-            summary["warmed_up"] = time.perf_counter() < deadline
+            # No warm-up call apart: the first round is each program's warm-up, its samples
+            # dropped when later rounds follow (a step that takes seconds is not run twice first).
             times, why, raced_out = _run_rounds(executables, batches, warmup=1, deadline=deadline,
                                                 seed=seed, say=say, should_stop=should_stop,
-                                                budget_s=time_budget_s, warm=summary["warmed_up"])
+                                                budget_s=time_budget_s, warm=False)
+            summary["warmed_up"] = all(len(t) > 1 for t in times.values() if t)
+            times = {p: t[1:] if len(t) > 1 else t for p, t in times.items()}
         except Exception as err:
             raise xla_error("running", err) from err
     rounds = max(len(s) for s in times.values())
