@@ -10,8 +10,9 @@ The time budget counts from the first compile for timing: a program is compiled 
 compile (the slowest so far) would end within the budget (the likeliest winners first where the
 roofline estimates them; the others get a ``not_timed`` saying so); each program's first round is
 its warm-up (its samples dropped when later rounds follow, ``timing.warmed_up``). Rounds run
-round-robin in a shuffled order (as Compare does), one call per policy each, as a race (``_run_rounds``): from ``MIN_ROUNDS`` on, a policy whose interval of examples/s lies wholly
-below the leader's leaves it, close ones get more rounds; it ends when one is left
+round-robin in a shuffled order (as Compare does), one call per policy each, as a race
+(``_run_rounds``): from ``MIN_ROUNDS`` on, a policy whose interval of examples/s lies wholly below
+the leader's leaves it, close ones get more rounds; it ends when one is left
 (``"separated"``), when the time budget has less than one more round left (so the timed phase
 keeps the budget plus at most one call of each policy still racing), at ``MAX_ROUNDS``, or when
 ``should_stop()`` says stop (checked between rounds; finished rounds are kept; a string it returns
