@@ -82,6 +82,11 @@ def test_the_time_budget_keeps_the_compiles_for_timing():
     assert untimed[0]["not_timed"] == ("not timed: the time budget (0.001 s) was spent compiling 1 of "
                                        "the 2 programs before it for timing")
     assert timed[0]["rounds"] == doc["rounds"] == 1 and doc["stopped_because"] == "time budget"
+    # a policy sharing the untimed program (everything_saveable compiles to no_remat's) says the same
+    three = advisor.advise(SMALL, 1 << 20, policies=[*policies, "everything_saveable"], time_budget_s=1e-3)
+    rows = {r["policy"]: r for r in three["rows"]}
+    assert rows["no_remat"]["step_time_s"] is None and rows["everything_saveable"]["step_time_s"] is None
+    assert rows["everything_saveable"]["not_timed"] == rows["no_remat"]["not_timed"] != None  # noqa: E711
     assert doc["timing"]["warmed_up"] is False  # the one round carried the first call
     roomy = advisor.advise(SMALL, 1 << 20, policies=policies, time_budget_s=30.0)
     assert all(r["step_time_s"] is not None for r in roomy["rows"])  # room for both: both timed
