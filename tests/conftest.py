@@ -28,6 +28,20 @@ def _history_in_temp(tmp_path_factory):
         os.environ.pop("REMAT_LAB_HOME", None)
     else:
         os.environ["REMAT_LAB_HOME"] = saved
+
+
+@pytest.fixture(autouse=True)
+def _apptest_session_ends():
+    """Every AppTest runs as the same session ("test session id"), so what one test opened on the
+    Open results page would still be open in the next: each test's session ends with the test, as a
+    closed tab's does."""
+    yield
+    from remat_lab.store import upload_budget, uploads
+
+    uploads.OPENED.end("test session id")
+    upload_budget.BUDGET.take_refusals("test session id")
+
+
 # The app's runs go to a worker process (remat_lab.serve.worker); the AppTest pages run them in-process
 # instead, so tests can patch the engine. tests/test_worker.py and the e2e server use real workers.
 os.environ.setdefault("REMAT_LAB_WORKERS", "0")
