@@ -4,17 +4,41 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from remat_lab.config import RunConfig
+from remat_lab.program import backend
 from remat_lab.studies.experiment import run_experiment
 
 # The app's page modules (``from pages import _running, _shared, _sidebar``) import from the repository root.
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
     sys.path.insert(0, _root)
+
+
+_SHARED_CACHE = "REMAT_LAB_TEST_COMPILE_CACHE"  # set by the run's first process, inherited by the rest
+
+
+def pytest_configure(config):
+    """One persistent compile cache for the whole run, in a fresh folder: the workers, the CLI and
+    worker subprocesses and the browser tests' servers compile each program once (tests that need
+    a cache of their own set ``REMAT_LAB_CACHE_DIR`` themselves). Never the developer's cache."""
+    path = os.environ.get(_SHARED_CACHE)
+    if path is None:  # the controller, or a run without xdist: the folder is this process's to remove
+        path = tempfile.mkdtemp(prefix="remat_lab_test_cache_")
+        os.environ[_SHARED_CACHE] = config._remat_lab_cache = path
+    os.environ["REMAT_LAB_CACHE_DIR"] = path
+    backend.enable_compilation_cache(path)
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_remat_lab_cache", None):
+        shutil.rmtree(config._remat_lab_cache, ignore_errors=True)
+        os.environ.pop(_SHARED_CACHE, None)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,6 +8,7 @@ objectives, both dtypes and every policy.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -34,6 +35,7 @@ GRID = [
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
+@functools.cache  # the no_remat baseline is every policy's
 def _truth(cfg: RunConfig) -> tuple[int, float, list[int]]:
     """(product instructions, XLA flops, while-loop trip counts) of ``cfg``'s step, compiled here."""
     problem = build_problem(cfg)

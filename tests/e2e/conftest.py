@@ -142,7 +142,9 @@ def server(request, artifacts, tmp_path_factory) -> str:
     """One server for the session; its base URL. The log goes to the artifacts."""
     log_path = artifacts / "server.log"
     request.config.stash[_LOG_KEY] = log_path
-    with start_server(log_path, tmp_path_factory.mktemp("remat_lab_cache")) as url:
+    shared = os.environ.get("REMAT_LAB_TEST_COMPILE_CACHE")  # the run's compile cache (tests/conftest.py)
+    cache = Path(shared) if shared else tmp_path_factory.mktemp("remat_lab_cache")
+    with start_server(log_path, cache) as url:
         yield url
 
 
