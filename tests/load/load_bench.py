@@ -2,13 +2,14 @@
 
     PYTHONPATH=src python tests/load/load_bench.py [--small 200 --wide 20 --sessions 8] [--json out.json]
     PYTHONPATH=src python tests/load/load_bench.py --only new --json out.json   # issue 21's cases only
-    PYTHONPATH=src python tests/load/load_bench.py --only round3-uploads --server-session-ttl 30 \
-        --malloc-arena-max 2 --server-env PYTHONMALLOC=malloc --json out.json   # issue 33's uploads
+    PYTHONPATH=src python tests/load/load_bench.py --only round3 --server-session-ttl 30 --json out.json
+                                                            # issue 33's cases, one after the other
 
 Root only (it creates a cgroup-v1 child of this process's memory cgroup, or a v2 child where v2
 has the memory controller; ``prlimit --as`` cannot stand in, JAX reserves address space far beyond
 its use). The server runs with the README's settings (``REMAT_LAB_MEMORY_BUDGET=512M``, one
-worker, ``REMAT_LAB_PUBLIC=1``) and joins the cgroup in its own process before it execs (its pid
+worker, ``REMAT_LAB_PUBLIC=1``, the shared host's ``PYTHONMALLOC=malloc MALLOC_ARENA_MAX=2``) and
+joins the cgroup in its own process before it execs (its pid
 written to ``cgroup.procs`` by ``preexec_fn``), so its workers are in it too: every row records
 whether the server and each worker are members (``in_cgroup``), and the benchmark stops if the
 server is not. The sequence:
@@ -324,12 +325,16 @@ def main(argv=None) -> int:
                          "(it stops once the RSS is within 50 MiB of idle and the session TTL has passed)")
     ap.add_argument("--server-session-ttl", type=int, default=None,
                     help="the server's server.disconnectedSessionTTL (seconds; Streamlit's default 120)")
-    ap.add_argument("--malloc-arena-max", type=int, default=None,
-                    help="the server's MALLOC_ARENA_MAX (glibc's malloc arenas; its default: 8 per core)")
-    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="one more variable of the server's environment (e.g. PYTHONMALLOC=malloc)")
+    ap.add_argument("--malloc-arena-max", type=int, default=2,
+                    help="the server's MALLOC_ARENA_MAX (default 2, the README's shared-host command; "
+                         "0: glibc's own, 8 per core)")
+    ap.add_argument("--server-env", action="append", default=None, metavar="NAME=VALUE",
+                    help="one more variable of the server's environment (default PYTHONMALLOC=malloc, "
+                         "the README's shared-host command; given, only those given)")
     ap.add_argument("--upload-dir", default="/tmp/remat_lab_load_uploads")
     args = ap.parse_args(argv)
+    if args.server_env is None:
+        args.server_env = ["PYTHONMALLOC=malloc"]
     folder = Path(args.upload_dir)
     folder.mkdir(parents=True, exist_ok=True)
     b = Bench(args)
