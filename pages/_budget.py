@@ -33,7 +33,7 @@ def budget_or_none() -> int | None:
 
 def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
     """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None. On a
-    named target nothing is allocated: never too large (compile-only, ``COMPILE_ONLY_BYTES``)."""
+    named target nothing is allocated: never too large (compile-only, ``targets.compile_only_bytes``)."""
     if cfg.target != LOCAL:
         return None
     need, budget = estimate_bytes(cfg), budget_or_none()

@@ -110,7 +110,7 @@ class _CachedKind:
         cfg = RunConfig(**dict(items))
         return cached_call(self.kind, _caches()[self.kind], items, {"config": cfg.as_dict()},
                            progress, need=(estimate_process_bytes(cfg) if cfg.target == "local"
-                                           else targets.COMPILE_ONLY_BYTES), clean=self.clean)
+                                           else targets.compile_only_bytes(cfg.target)), clean=self.clean)
 
     def clear(self) -> None:
         _caches()[self.kind].clear()

@@ -145,3 +145,83 @@ def test_advisor_on_h100_is_exact_to_one_batch():
     assert "roofline estimate" in doc["reason"]
     usable, source = advice_budget(target="h100")
     assert usable == int(0.75 * get_target("h100").memory_bytes) and "75%" in source
+
+
+_FIRST_COMPILES = """
+import json
+from remat_lab.config import RunConfig
+from remat_lab.program import targets
+from remat_lab.studies.experiment import run_experiment
+
+def kib(field):
+    return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith(field + ":"))
+
+import sys
+from remat_lab.analysis import roofline
+from remat_lab.program import backend
+
+backend.enable_compilation_cache(sys.argv[1])  # as a worker starts (serve/in_worker.py)
+targets.start_backend_quietly()
+run_experiment(RunConfig(width=16, batch=2, repeats=1, warmup=0))  # its first local run
+roofline.calibrate()  # this machine's roofs: measured once per machine, before the first estimate
+out = {}
+for name in ("h100", "tpu-v5e"):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak RSS (VmHWM) starts again from the RSS now
+    out[name] = [kib("VmRSS")]
+    run_experiment(RunConfig(target=name), timing=False)
+    out[name].append(kib("VmHWM"))
+print(json.dumps(out))
+"""
+
+
+def test_what_a_first_compile_for_a_target_adds_to_a_worker_is_within_its_need(tmp_path):
+    """The per-click need of a compile-only run (``targets.compile_only_bytes``) bounds what the
+    first compile for each platform adds to a worker's peak RSS, measured in a fresh process."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("reads /proc/self/status (Linux)")
+    proc = subprocess.run([sys.executable, "-c", _FIRST_COMPILES, str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kib = json.loads(proc.stdout.strip().splitlines()[-1])
+    need = targets.COMPILE_ONLY_BYTES
+    (gpu0, gpu1), (tpu0, tpu1) = kib["h100"], kib["tpu-v5e"]
+    assert 0 < (gpu1 - gpu0) << 10 <= targets.compile_only_bytes("h100") == need["cuda"]
+    assert 0 < (tpu1 - tpu0) << 10 <= targets.compile_only_bytes("tpu-v5e") == need["tpu"]
+    assert targets.compile_only_bytes("no-such-target") == max(targets.COMPILE_ONLY_BYTES.values())
+
+
+def test_programs_for_an_absent_target_stay_out_of_the_compile_cache(tmp_path):
+    """JAX cannot read a compile-only program back from its persistent cache, so the lab keeps them
+    out: compiled twice with the cache on, no entry is written and nothing warns; a CPU program
+    still gets its entry."""
+    import subprocess
+    import sys
+
+    code = """
+import os, sys, warnings
+import jax, jax.numpy as jnp
+from remat_lab.program import backend, targets
+backend.enable_compilation_cache(sys.argv[1])
+def f(x):
+    return jnp.tanh(x @ x).sum()
+on_gpu = jax.sharding.SingleDeviceSharding(targets.target_devices("h100", 1)[0])
+with warnings.catch_warnings():
+    warnings.filterwarnings("error", message=".*persistent compilation cache.*")
+    for _ in range(2):  # a fresh function each time: the second would read the first's entry
+        jax.jit(lambda x: f(x)).lower(jax.ShapeDtypeStruct((256, 256), jnp.float32,
+                                                            sharding=on_gpu)).compile()
+    before = len(os.listdir(sys.argv[1]))
+    jax.jit(lambda x: f(x)).lower(jax.ShapeDtypeStruct((256, 256), jnp.float32)).compile()
+print(before, len(os.listdir(sys.argv[1])))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    gpu_entries, after_cpu = map(int, proc.stdout.split()[-2:])
+    assert gpu_entries == 0 and after_cpu == 1

@@ -21,10 +21,24 @@ from pathlib import Path
 from remat_lab.config import ConfigError, get_target
 
 SPECS = Path(__file__).with_name("target_specs")
-# What a compile-only run on a named target may add to a process: nothing of the model's size is
-# allocated; measured +20 MiB for an H100 compile and +140 MiB for a first v5e one (libtpu loads) of
-# an 8-block width-1024 MLP at batch 4096; twice the larger, for bigger programs' texts and dumps.
-COMPILE_ONLY_BYTES = 320 << 20
+# What a compile-only run on a named target may add to a worker (backends started, a local run done,
+# the machine's roofs calibrated; nothing of the model's size is allocated), measured 2026-12-02 on the
+# default configuration (an 8-block width-1024 MLP) as peak RSS over the RSS before: the first H100
+# compile +76 MiB (the GPU compiler's start), the first v5e one +213 MiB (libtpu's compiler loads at
+# the first compile); a second, twice as wide, +20 and +3 MiB. The need: the first compile's share
+# rounded up, and 64 MiB for the program (three times the larger second; bigger programs' texts).
+# tests/test_targets.py measures it again.
+COMPILE_ONLY_BYTES = {"cuda": (128 + 64) << 20, "tpu": (256 + 64) << 20}
+
+
+def compile_only_bytes(name: str) -> int:
+    """What a compile-only run for named target ``name`` may add to a worker (COMPILE_ONLY_BYTES)."""
+    try:
+        return COMPILE_ONLY_BYTES[get_target(name).platform]
+    except KeyError:  # not a named target: the larger
+        return max(COMPILE_ONLY_BYTES.values())
+
+
 _LOCK = threading.Lock()
 _DEVICES: dict[tuple[str, int, str | None], list] = {}
 
