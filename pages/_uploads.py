@@ -57,10 +57,13 @@ def _reaped(manager, session: str) -> None:
         rt.media_file_mgr.clear_session_refs(sid)
         rt.media_file_mgr.remove_orphaned_files()
         rt.dataframe_source_mgr.clear_all_for_session(sid)
-        forget_expired(getattr(rt, "_session_mgr", None))
-        upload_budget.give_back_memory()
 
-    upload_budget.REAPER.watch(rt.is_active_session, end, st.get_option("server.disconnectedSessionTTL"))
+    def after() -> None:  # once per sweep that ended sessions
+        forget_expired(getattr(rt, "_session_mgr", None))
+        upload_budget.give_back_memory(collect=True)
+
+    upload_budget.REAPER.watch(rt.is_active_session, end, st.get_option("server.disconnectedSessionTTL"),
+                               after=after)
     upload_budget.REAPER.start()
 
 

@@ -134,3 +134,35 @@ def test_streamlits_expired_sessions_are_dropped_from_its_storage():
     assert _uploads.forget_expired(mgr) == 1
     assert [i.session.id for i in mgr._session_storage._cache._data.values()] == ["B"]
     assert _uploads.forget_expired(None) == 0  # another Streamlit: nothing done
+
+
+def test_after_runs_once_per_sweep_that_ended_sessions_and_frees_cycles():
+    import gc
+    import weakref
+
+    clock, calls = Clock(), []
+    reaper = upload_budget.SessionReaper(clock)
+    reaper.watch(lambda sid: False, lambda sid: None, grace_s=1, after=lambda: calls.append("after"))
+    reaper.seen("A")
+    reaper.seen("B")
+    reaper.sweep()
+    assert calls == []  # nothing ended yet
+    clock.t += 1
+    assert sorted(reaper.sweep()) == ["A", "B"] and calls == ["after"]  # two ended, one clean-up
+    clock.t += 1
+    assert reaper.sweep() == [] and calls == ["after"]
+
+    class State:  # what an ended session leaves: objects only a reference cycle keeps
+        pass
+
+    gc.disable()  # as on an idle server: nothing allocates, so the collector would not run
+    try:
+        a, b = State(), State()
+        a.other, b.other = b, a
+        gone = weakref.ref(a)
+        del a, b
+        assert gone() is not None  # only the collector frees a cycle
+        upload_budget.give_back_memory(collect=True)
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -156,12 +157,14 @@ class SessionReaper:
         self._thread: threading.Thread | None = None
         self.alive: Callable[[Hashable], bool] | None = None
         self.end: Callable[[Hashable], None] | None = None
+        self.after: Callable[[], None] | None = None
         self.grace_s = 120.0
 
     def watch(self, alive: Callable[[Hashable], bool], end: Callable[[Hashable], None],
-              grace_s: float) -> None:
-        """How to tell a session is connected, how to end one, and how long it may be gone."""
-        self.alive, self.end, self.grace_s = alive, end, float(grace_s)
+              grace_s: float, after: Callable[[], None] | None = None) -> None:
+        """How to tell a session is connected, how to end one, how long it may be gone, and what to
+        do once after a sweep that ended any (``after``: e.g. collect and give memory back)."""
+        self.alive, self.end, self.grace_s, self.after = alive, end, float(grace_s), after
 
     def seen(self, session: Hashable) -> None:
         with self._lock:
@@ -198,6 +201,11 @@ class SessionReaper:
             try:
                 end(session)
             except Exception:  # noqa: BLE001 - one session's clean-up must not stop the others'
+                pass
+        if over and self.after is not None:
+            try:
+                self.after()
+            except Exception:  # noqa: BLE001 - the sweeper outlives a bad clean-up
                 pass
         return over
 
@@ -251,10 +259,14 @@ def tune_allocator() -> bool:
     return lib is not None and hasattr(lib, "mallopt") and bool(lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-def give_back_memory() -> None:
+def give_back_memory(collect: bool = False) -> None:
     """Ask the C allocator to return freed heap pages to the system (glibc's ``malloc_trim``), so
     the server's resident memory falls after an upload's bytes and parse are freed; elsewhere a
-    no-op. (glibc keeps a freed block of a few MiB on its heap once its mmap threshold has grown.)"""
+    no-op. (glibc keeps a freed block of a few MiB on its heap once its mmap threshold has grown.)
+    ``collect``: first free what only reference cycles keep (an ended session's state is such: on
+    an idle server nothing else would start Python's collector)."""
+    if collect:
+        gc.collect()
     lib = _libc()
     if lib is not None:
         lib.malloc_trim(0)
