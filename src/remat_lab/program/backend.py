@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 import sys
@@ -99,8 +100,11 @@ def _skip_compile_only_programs() -> None:
     from jax._src import compilation_cache  # pinned jax: the runtimes the cache leaves alone
 
     unsupported = getattr(compilation_cache, "_UNSUPPORTED_RUNTIMES", None)
-    if isinstance(unsupported, set):
+    if isinstance(unsupported, set) and "compile_only_runtime" not in unsupported:
         unsupported.add("compile_only_runtime")
+        # ... and JAX says so at WARNING on every such compile: not a thing for the user's terminal.
+        logging.getLogger(compilation_cache.__name__).addFilter(
+            lambda record: "Unsupported runtime: compile_only_runtime" not in record.getMessage())
 
 
 def enable_compilation_cache(path: str | None = None) -> str:
