@@ -210,10 +210,12 @@ class Bench:
         print(json.dumps(row), flush=True)
         return row
 
-    def visit(self, page, path: str = "", timeout_s: float = 300, **params) -> tuple[float, str]:
-        """Load a configuration; seconds until the page is idle, and what the main area says."""
+    def visit(self, page, path: str = "", timeout_s: float = 300, base: str | None = None,
+              **params) -> tuple[float, str]:
+        """Load a configuration (through ``base``, default the server's own address); seconds until
+        the page is idle, and what the main area says."""
         t0 = time.perf_counter()
-        page.goto(url(self.base, path, **params), wait_until="domcontentloaded")
+        page.goto(url(base or self.base, path, **params), wait_until="domcontentloaded")
         wait_idle(page, timeout=int(timeout_s * 1000))
         took = time.perf_counter() - t0
         alerts = page.get_by_test_id("stAlertContentError").all_inner_texts()
