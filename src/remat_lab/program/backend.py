@@ -107,6 +107,18 @@ def _skip_compile_only_programs() -> None:
             lambda record: "Unsupported runtime: compile_only_runtime" not in record.getMessage())
 
 
+def _on_compile_done(event: str, _duration: float, **_kwargs) -> None:
+    """JAX's duration event at the end of each compile, after any cache write: a write that went
+    over the bound (a new entry larger than the room made for it) is trimmed before the compile
+    returns, not at some later compile (there may be none)."""
+    try:
+        if event == "/jax/core/compile/backend_compile_duration" and _CACHE["dirty"]:
+            _CACHE["dirty"] = False
+            prune_compilation_cache()
+    except Exception:  # noqa: BLE001 - a listener must never break a compile
+        pass
+
+
 def enable_compilation_cache(path: str | None = None) -> str:
     """Turn on JAX's persistent compilation cache (default ``~/.cache/remat_lab/jax``), held to
     ``$REMAT_LAB_CACHE_MAX_BYTES`` (default 256 MiB, least recently used entries out)."""
@@ -131,6 +143,7 @@ def enable_compilation_cache(path: str | None = None) -> str:
     if not _CACHE["listening"]:
         _CACHE["listening"] = True
         jax.monitoring.register_event_listener(_on_cache_event)
+        jax.monitoring.register_event_duration_secs_listener(_on_compile_done)
     prune_compilation_cache(path)  # start-up: a smaller bound than last time takes effect now
     return path
 
