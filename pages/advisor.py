@@ -76,8 +76,8 @@ cfg = _shared.page_start(
 default_bytes, default_source = _default_budget(cfg.target)
 public = history.public_mode()
 ss = st.session_state
-default = [p for p, entry in POLICIES.items()
-           if entry.group == "jax" or (entry.group == "maxtext" and cfg.model == "transformer")]
+default = [p for p, entry in POLICIES.items()  # MaxText's recipes where the block names its tensors
+           if entry.group == "jax" or (entry.group == "maxtext" and cfg.model in ("transformer", "llm"))]
 if public:  # a shared server: a bounded advice per click (serve/quotas.py)
     default = default[:quotas.PUBLIC_ADVISOR_MAX_POLICIES]
 on_target = cfg.target != LOCAL

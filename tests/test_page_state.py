@@ -150,3 +150,19 @@ def test_history_filter_without_runs_warns_and_is_left_off(recorded):
     assert len(warnings) == 1 and "`models`" in warnings[0] and "no filter" in warnings[0]
     assert at.multiselect(key="history_models").value == []
     assert at.multiselect(key="history_backends").value == ["cpu"]
+
+
+def test_the_advisor_offers_maxtexts_recipes_by_default_for_an_llm():
+    """Issue 32: for an llm (whose blocks name their tensors) the default list is JAX's policies and
+    MaxText's recipes, as the CLI's ``advise`` has it; for the MLP JAX's only."""
+    from remat_lab.model.policies import POLICIES
+    from remat_lab.studies.advisor import _policy_list
+
+    llm = _app("advisor.py", model="llm", preset="llama3.2-1b", width="64", heads="4", depth="2",
+               seq="32", vocab="128").run()
+    assert not llm.exception, llm.exception
+    chosen = llm.multiselect(key="advisor_policies").value
+    assert chosen == _policy_list(None, "llm")  # the CLI's default, in the same order
+    assert {POLICIES[p].group for p in chosen} == {"jax", "maxtext"} and "qkv_proj_offloaded" in chosen
+    mlp = _app("advisor.py", model="mlp").run()
+    assert {POLICIES[p].group for p in mlp.multiselect(key="advisor_policies").value} == {"jax"}
