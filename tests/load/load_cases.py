@@ -263,8 +263,8 @@ def many_upload_steps(b, folder: Path, sessions: int = 5, files: int = 5,
 def visitor_steps(b, tabs: int = 4) -> None:
     """Issue 33's fair queue: one client (one address) opens ``tabs`` tabs, each clicks a slow run
     (1000 timed repeats of a width-1024, batch-768 step: about 12 times the flops of the width-512,
-    batch-256 one these runs had, which a faster machine finished before the third tab clicked; the
-    largest such step whose need fits beside the server and worker under 1 GiB); then another
+    batch-256 one these runs had, which a faster machine finished before the third tab clicked; its
+    need, about 193 MiB, fits beside the server and worker under 1 GiB, 355 MiB did not); then another
     visitor's tiny run. Its seconds to an
     answer against the bound the README states (the run deadline, for the job running, plus its own
     length), and what the client's tabs were told (a visitor has at most 2 jobs in flight)."""

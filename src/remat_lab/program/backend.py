@@ -94,9 +94,8 @@ def _on_cache_event(event: str, **_kwargs) -> None:
 
 def _skip_compile_only_programs() -> None:
     """Keep programs compiled for a target that is not attached out of the cache: JAX would write
-    them (serializing a GPU executable: +180 MiB of peak RSS on the default configuration) but can
-    never read them back ("PjRtCompiler must be constructed with a Client"), so each such compile
-    paid for a useless entry, and each repeat read it, warned and compiled again."""
+    them but can never read them back ("PjRtCompiler must be constructed with a Client"), so each
+    such compile paid for a useless entry, and each repeat read it, warned and compiled again."""
     from jax._src import compilation_cache  # pinned jax: the runtimes the cache leaves alone
 
     unsupported = getattr(compilation_cache, "_UNSUPPORTED_RUNTIMES", None)
