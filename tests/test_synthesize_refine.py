@@ -14,6 +14,7 @@ from remat_lab.studies.synthesize_refine import (
     named_plan,
     objective,
     refine,
+    refine_note,
     start_from,
 )
 from remat_lab.studies.synthesize_solve import Model, Plan
@@ -152,3 +153,14 @@ def test_moves_turn_one_name_up_or_remat_one_layer_fewer():
     assert got == {Plan(("n0",), ("n1",), 3), Plan((), ("n0", "n1"), 3), Plan(("n1",), (), 3),
                    Plan((), ("n1",), 2)}
     assert moves(Plan(("n0", "n1"), (), 1), model) == []  # everything kept, one layer: no move
+
+
+def test_the_note_names_what_decided_a_tie_in_recomputed_flops():
+    """A plan kept for less offload at equal recomputed flops is not said to recompute "0.0% fewer"."""
+    record = {"from": "minimal_offloaded", "per_device_batch": 2, "outcome": "beats", "stopped": None,
+              "steps": [{"kept": True}], "recomputed_flops": 1e14, "named_recomputed_flops": 1e14,
+              "offloaded_bytes": 1 << 30, "named_offloaded_bytes": 3 << 30}
+    note = refine_note(record)
+    assert "same recomputed flops and 2.00 GiB less offloaded per step" in note and "0.0%" not in note
+    fewer = refine_note({**record, "recomputed_flops": 0.75e14})
+    assert "25.0% fewer recomputed flops" in fewer

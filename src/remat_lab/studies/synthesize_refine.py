@@ -164,6 +164,8 @@ def refine(run, model: Model, named_row: dict, start: Plan, b: int, goal: str, l
             "outcome": "beats" if current != start else "equals",
             "recomputed_flops": best.get("recomputed_flops"),
             "named_recomputed_flops": named_row.get("recomputed_flops"),
+            "offloaded_bytes": best.get("offloaded_bytes"),
+            "named_offloaded_bytes": named_row.get("offloaded_bytes"),
             "steps": steps, "compiles": run.meter.own() - first, "stopped": stopped}
 
 
@@ -176,5 +178,12 @@ def refine_note(record: dict) -> str:
         return (head + f"; no move fitted with a better objective, so the answer only equals "
                 f"{record['from']}" + (f" ({record['stopped']})" if record["stopped"] else ""))
     ours, theirs = record["recomputed_flops"], record["named_recomputed_flops"]
-    share = f" with {1 - ours / theirs:.1%} fewer recomputed flops" if theirs and ours is not None else ""
+    if theirs and ours is not None and ours < theirs:
+        share = f" with {1 - ours / theirs:.1%} fewer recomputed flops"
+    elif ours is not None and ours == theirs:  # the objective's next terms decided it
+        saved = (record.get("named_offloaded_bytes") or 0) - (record.get("offloaded_bytes") or 0)
+        share = (f" with the same recomputed flops and {saved / 2**30:.2f} GiB less offloaded per step"
+                 if saved > 0 else " with the same recomputed flops and offload, and a lower peak")
+    else:
+        share = ""
     return head + f"; the plan beats {record['from']} at its batch{share}"
