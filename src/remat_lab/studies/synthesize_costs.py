@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import jax
 
-from remat_lab.config import LOCAL, ConfigError, RunConfig
+from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target
 from remat_lab.model.models import block_names
 from remat_lab.studies.advisor_search import batch_unit, probe
 from remat_lab.studies.advisor_sizing import xla_free
@@ -152,8 +152,9 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
         base.append(fig(Plan((), (), depth), hi, "every name recomputed"))
         full.append(fig(Plan((), (), 0), hi, "no_remat"))
     if base[-1]["flops"] is None or full[-1]["flops"] is None:
-        raise ConfigError("this backend's compiled programs give no flop count, so recomputation "
-                          "cannot be measured here.")
+        which = full[-1] if full[-1]["flops"] is None else base[-1]
+        raise ConfigError(_no_flops(meter.base, "no_remat" if which is full[-1] else
+                                    "every name recomputed", hi, which["peak_bytes"]))
     recompute = max(base[-1]["flops"] - full[-1]["flops"], 0.0) / hi
     sizes, spared, host = {}, {}, {}
     for n in names:
@@ -168,6 +169,18 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
                   slope_full=s_full, intercept_base=a_base, slope_base=s_base, recompute=recompute,
                   bytes=sizes, flops=spared, host=host, offload=offload)
     return model, rows
+
+
+def _no_flops(config: RunConfig, what: str, batch: int, peak: int) -> str:
+    """Why recomputation cannot be measured: a TPU refuses a program over its HBM at compile time
+    (so it has no flop count), other backends give none."""
+    if config.target != LOCAL and get_target(config.target).platform == "tpu":
+        return (f"{what} at {batch} per device needs {peak / 2**30:.1f} GiB, over the "
+                f"{config.target}'s HBM, and libtpu refuses a program over its HBM when it compiles "
+                "it, so there is no flop count: recomputation (a program's flops less no_remat's at "
+                "the same batch) cannot be measured at this size on this target. A smaller model or "
+                "sequence, or a target with more HBM (e.g. tpu-v5p), can be synthesized.")
+    return "this backend's compiled programs give no flop count, so recomputation cannot be measured here."
 
 
 def planned_compiles(k: int, offload: bool) -> int:
