@@ -152,9 +152,9 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
         base.append(fig(Plan((), (), depth), hi, "every name recomputed"))
         full.append(fig(Plan((), (), 0), hi, "no_remat"))
     if base[-1]["flops"] is None or full[-1]["flops"] is None:
-        which = full[-1] if full[-1]["flops"] is None else base[-1]
-        raise ConfigError(_no_flops(meter.base, "no_remat" if which is full[-1] else
-                                    "every name recomputed", hi, which["peak_bytes"]))
+        missing = full[-1]["flops"] is None
+        what, got = ("no_remat", full[-1]) if missing else ("every name recomputed", base[-1])
+        raise ConfigError(_no_flops(meter.base, what, hi, got["peak_bytes"]))
     recompute = max(base[-1]["flops"] - full[-1]["flops"], 0.0) / hi
     sizes, spared, host = {}, {}, {}
     for n in names:
