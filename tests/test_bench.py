@@ -171,11 +171,12 @@ def test_advise_transformer_structure():
             ADVISE_TRANSFORMER.heads, ADVISE_TRANSFORMER.depth) == ("transformer", 512, 256, 8, 8)
     assert "custom" not in ALL_POLICIES and len(ALL_POLICIES) >= 17
     out = bench.advise_transformer(TINY_TRANSFORMER, 1 << 20, ("no_remat", "nothing_saveable"),
-                                   cache=bench.temporary_cache_dir)
+                                   cache=bench.temporary_cache_dir, time_budget_s=1.0)
     for key in ("no_time", "timed"):
         assert _positive(out[key]["s"]) and set(out[key]["max_batch"]) == {"no_remat", "nothing_saveable"}
     assert out["no_time"]["timed"] == 0 and out["timed"]["timed"] >= 1
     t = out["timed"]  # the target's terms, each reported
+    assert t["time_budget_s"] == 1.0
     assert t["bound_s"] == pytest.approx(t["compile_only_s"] + t["time_budget_s"] + t["one_step_each_s"])
     assert t["compile_only_s"] == out["no_time"]["s"] and 0 < t["timing_s"] and t["one_step_each_s"] > 0
     doc = {"details": {"advise_transformer": out}}

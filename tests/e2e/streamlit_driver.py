@@ -78,6 +78,12 @@ def rerun_after(page, action, timeout: int = RUN_TIMEOUT_MS) -> None:
     wait_idle(page, timeout)
 
 
+def assert_no_page_not_found(page) -> None:
+    """Streamlit answers an unknown URL path with a blocking "Page not found" dialog."""
+    assert page.get_by_role("dialog").count() == 0, page.get_by_role("dialog").all_inner_texts()
+    assert "Page not found" not in page.locator("body").inner_text()
+
+
 def open_app(page, server: str, path: str = "", **params) -> None:
     """Load a page of the app, wait for its first run, check it is ours and shows no exception."""
     page.goto(url(server, path, **params), wait_until="domcontentloaded")

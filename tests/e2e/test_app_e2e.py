@@ -14,6 +14,7 @@ from streamlit_driver import (
     SMALL,
     assert_no_error,
     assert_no_exception,
+    assert_no_page_not_found,
     choose,
     grid_rows,
     metrics,
@@ -140,32 +141,10 @@ def test_default_configuration_shows_policies_differ_in_memory(page, server, sho
     shots(page, "compare")
 
 
-def assert_no_page_not_found(page) -> None:
-    """Streamlit answers an unknown URL path with a blocking "Page not found" dialog."""
-    assert page.get_by_role("dialog").count() == 0, page.get_by_role("dialog").all_inner_texts()
-    assert "Page not found" not in page.locator("body").inner_text()
-
-
 def _heading(page) -> str:
     heading = page.get_by_test_id("stMain").get_by_role("heading", level=2).first
     heading.wait_for(timeout=30_000)
     return heading.inner_text()
-
-
-@pytest.mark.parametrize("path,title", [("explore", "Explore")])  # other pages: test_public_e2e
-def test_shared_link_to_a_page_on_a_fresh_server_gets_the_app(page, fresh_server, path, title):
-    """A server's first request naming a page must not fall into the legacy ``pages/`` mode, and the
-    hidden ``/explore`` address keeps the link's settings."""
-    open_app(page, fresh_server, path, width="64", batch="8", repeats="3")
-    links = page.get_by_test_id("stTopNavLink")
-    links.first.wait_for(timeout=30_000)
-    titles = [t.strip() for t in links.all_inner_texts()]
-    assert any(t.endswith("Compare policies") for t in titles), titles
-    assert page.get_by_test_id("stSidebarNav").count() == 0  # no list of files from pages/
-    assert title in _heading(page)
-    assert slider_value(page, "Width D (features)") == "64"
-    assert_no_exception(page)
-    assert_no_page_not_found(page)
 
 
 @pytest.mark.parametrize("path", list(PAGES.values()))

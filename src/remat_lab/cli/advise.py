@@ -20,7 +20,6 @@ from remat_lab.cli.format import format_table
 from remat_lab.cli.progress import stderr_progress
 from remat_lab.config import LIMITS, human_bytes, mesh_devices, parse_mesh
 from remat_lab.model.models import SEQ_MODELS
-from remat_lab.present.advisor_tables import advice_display_frame, decision_lines
 from remat_lab.studies.advisor_decision import STOPPED, precision_sentence, sig
 
 TIME_BUDGET_S = 60.0  # the CLI's default --time-budget
@@ -117,6 +116,8 @@ def format_advice(doc: dict) -> str:
         timing = (f"timed at each policy's largest batch, interleaved: {doc.get('rounds')} rounds, "
                   f"stopped because {STOPPED.get(doc.get('stopped_because'), doc.get('stopped_because'))}"
                   f" (time budget {doc.get('time_budget_s'):.0f} s)")
+    from remat_lab.present.advisor_tables import advice_display_frame, decision_lines  # pandas: on use
+
     table = advice_display_frame(doc).fillna("")
     rows = table.to_dict("records")
     searched = (f"searched in {doc['search_s']:.1f} s by compiling only (XLA's compiled peak on "

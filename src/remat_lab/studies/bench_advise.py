@@ -22,9 +22,11 @@ ALL_POLICIES = tuple(p for p in POLICIES if p != "custom")
 
 
 def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADVISE_TRANSFORMER_BUDGET,
-                       policies: tuple[str, ...] = ALL_POLICIES, cache=None, timed: bool = True) -> dict:
+                       policies: tuple[str, ...] = ALL_POLICIES, cache=None, timed: bool = True,
+                       time_budget_s: float | None = None) -> dict:
     """Seconds to the advice without and (``timed``) with timing; ``cache``: a context manager
-    factory giving an empty persistent cache directory (``bench.temporary_cache_dir``). The timed
+    factory giving an empty persistent cache directory (``bench.temporary_cache_dir``);
+    ``time_budget_s``: the timed advice's budget (default: the Advisor's). The timed
     advice runs every fitting program at its largest batch: over 40 minutes on 2 CPU cores (the
     README says why), so ``bench --quick`` leaves it out."""
     from contextlib import nullcontext
@@ -39,7 +41,8 @@ def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADV
             clear_caches()
             advisor.clear_cache()
             t0 = time.perf_counter()
-            doc = advisor.advise(config, budget, timing=timing, policies=list(policies))
+            budget_kw = {} if time_budget_s is None else {"time_budget_s": time_budget_s}
+            doc = advisor.advise(config, budget, timing=timing, policies=list(policies), **budget_kw)
             rows = doc["rows"]
             out[key] = {"s": time.perf_counter() - t0, "search_s": doc["search_s"],
                         "recommended": doc["recommended"],
