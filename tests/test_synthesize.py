@@ -230,23 +230,3 @@ def test_on_h100_offload_is_a_choice_and_the_answer_compiles_as_plain_checkpoint
     assert plain <= budget
     _, named_flops = _plain(cfg, [], [], cfg.depth, b, device)
     assert flops <= named_flops
-
-
-def test_on_a_tpu_a_no_remat_over_the_hbm_is_named_as_why_recomputation_cannot_be_measured():
-    """libtpu refuses a program over its HBM when it compiles it, so no_remat there has no flop
-    count; the synthesizer says that (and what can be synthesized), not that the backend counts no
-    flops. The refusal itself is libtpu's: the probe's peak is the HBM libtpu said it needs."""
-    import re
-
-    from remat_lab.config import ConfigError, get_target
-    from remat_lab.studies.advisor_search import probe
-    from remat_lab.studies.synthesize_costs import Meter, measure
-
-    cfg = RunConfig(model="transformer", width=128, seq=512, heads=4, depth=2, stack="scan",
-                    dtype="bfloat16", target="tpu-v5e", batch=1, policy="no_remat")
-    with pytest.raises(ConfigError, match=r"no_remat at \d+ per device needs [\d.]+ GiB, over the "
-                       r"tpu-v5e's HBM, and libtpu refuses") as err:
-        measure(Meter(cfg), ("query_proj",), True, False, 15 << 30)
-    b = int(re.search(r"no_remat at (\d+) per device", str(err.value)).group(1))
-    over = probe(cfg.replace(batch=b))  # the measurement's own probe (cached)
-    assert over["flops"] is None and over["peak_bytes"] > get_target("tpu-v5e").memory_bytes

@@ -84,15 +84,23 @@ def format_synthesis(doc: dict) -> str:
         lines.append("Nothing fits: " + "; ".join(doc["notes"][1:] or ["no plan fits batch 1"]) + ".")
     else:
         who = "the synthesized plan" if doc["answer"] == "plan" else f"named policy {doc['answer']}"
+        vs = ("(vs no_remat)" if doc['recomputed_flops'] is not None else
+              "(no_remat has no flop count at this batch: over the HBM; see the best named below)")
         lines.append(f"Answer: {who}: batch {doc['max_batch']} ({doc['per_device_batch']} per device), "
                      f"compiled peak {human_bytes(doc['peak_bytes'])}, recomputes "
-                     f"{_flops(doc['recomputed_flops'])} (vs no_remat)")
+                     f"{_flops(doc['recomputed_flops'])} {vs}; {_flops(doc.get('flops'))} per step")
     best = doc.get("best_named")
     if best:
         share = best.get("recompute_saved_share")
         lines.append(f"Best named: {best['policy']} at batch {best['max_batch']}, recomputes "
                      f"{_flops(best['recomputed_flops'])}"
                      + (f"; the plan recomputes {share:.1%} less" if share is not None else ""))
+        at = best.get("at_named_batch")
+        if at:
+            base = ("recomputed flops vs no_remat" if at["baseline"] == "no_remat" else
+                    "each program's own flops: no_remat has no flop count there")
+            lines.append(f"At {best['policy']}'s batch {at['max_batch']}: the best plan compiled there "
+                         f"has {_flops(at['fewer_flops'])} fewer flops per step ({base})")
     if plan:
         lines += ["", f"Plan: save {plan['save'] or '-'}; offload {plan['offload'] or '-'}; recompute "
                       f"{plan['recompute'] or '-'}; {plan['remat_layers']} layers remat'd",

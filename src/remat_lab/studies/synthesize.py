@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target
+from remat_lab.config import ConfigError, RunConfig
 from remat_lab.model.policies import POLICIES, get_policy
-from remat_lab.program.backend import environment
+from remat_lab.program.backend import ExecutionError
 from remat_lab.program.footprint import fit
 from remat_lab.studies.advisor import advice_budget
 from remat_lab.studies.advisor_search import MAX_BATCH, batch_unit, largest_batch, probe, probed_flops
@@ -25,20 +25,14 @@ from remat_lab.studies.synthesize_costs import (
     choice_names,
     host_memory,
     measure,
+    over_hbm,
     plan_config,
     planned_compiles,
 )
-from remat_lab.studies.synthesize_refine import objective as _key
+from remat_lab.studies.synthesize_doc import document
 from remat_lab.studies.synthesize_refine import refine, refine_note, start_from
 from remat_lab.studies.synthesize_solve import Model, Plan, min_recompute, solve
-from remat_lab.studies.synthesize_text import (
-    METHOD,
-    command,
-    custom_flags,
-    jax_code,
-    maxtext_yaml,
-    run_command,
-)
+from remat_lab.studies.synthesize_text import custom_flags
 
 GOALS = ("max-batch", "min-recompute")
 ROUNDS = 2  # solve, compile; once more with the budget moved by the model's error
@@ -80,7 +74,12 @@ class _Run:
         compiled counts where they lie on one (the Advisor's ``model_flops_at``). Returns the
         compiles it took (each new probe, and its recompile where XLA's own pass rewrote it)."""
         before = set(probed_flops(self.base))
-        found, _ = model_flops_at(self.base, {b * self.unit for b in batches if b > 0})
+        try:
+            found, _ = model_flops_at(self.base, {b * self.unit for b in batches if b > 0})
+        except ExecutionError as err:  # one of them over a TPU's HBM as written: each read alone
+            if not over_hbm(err):
+                raise
+            found = {}
         self.flops.update({k // self.unit: v for k, v in found.items()})
         new = [b for b in probed_flops(self.base) if b not in before]
         return len(new) + sum(bool((probe(self.base.replace(batch=b)).get("xla_remat") or {}).get("applied"))
@@ -129,7 +128,7 @@ class _Run:
                "predicted_peak_bytes": int(predicted["peak_bytes"]), "peak_bytes": figures["peak_bytes"],
                "error_bytes": int(error), "error_share": error / figures["peak_bytes"],
                "predicted_recomputed_flops": predicted["recomputed_flops"],
-               "recomputed_flops": self.recomputed(figures["flops"], b),
+               "flops": figures["flops"], "recomputed_flops": self.recomputed(figures["flops"], b),
                "offloaded_bytes": figures["host_bytes"], "xla_remat": figures["xla_remat"],
                "custom": custom_flags(plan, self.base.depth)}
         self.candidates.append(row)
@@ -165,6 +164,7 @@ def _named_rows(run: _Run, policies: Sequence[str], goal: str, b: int | None,
                 got = run.meter.figures(at, f"{p} at its largest batch", written=False)
             rows.append({"policy": p, "max_batch": found["max_batch"],
                          "per_device_batch": found["per_device_batch"], "peak_bytes": found["peak_bytes"],
+                         "flops": got["flops"],
                          "recomputed_flops": run.recomputed(got["flops"], pb) if pb else None,
                          "offloaded_bytes": got["host_bytes"], "fits": pb > 0})
         return rows, compiles + _give_back(run.meter, before)  # (probes the cache had let go)
@@ -176,7 +176,8 @@ def _named_rows(run: _Run, policies: Sequence[str], goal: str, b: int | None,
                                 written=False)
         compiles += _give_back(run.meter, before)
         rows.append({"policy": p, "max_batch": b * unit, "per_device_batch": b * base.microbatches,
-                     "peak_bytes": got["peak_bytes"], "recomputed_flops": run.recomputed(got["flops"], b),
+                     "peak_bytes": got["peak_bytes"], "flops": got["flops"],
+                     "recomputed_flops": run.recomputed(got["flops"], b),
                      "offloaded_bytes": got["host_bytes"], "fits": got["peak_bytes"] <= run.budget})
     return rows, compiles
 
@@ -296,8 +297,8 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
                     notes.append(refine_note(record))
     except Stopped as err:
         stopped = f"stopped before compiling {err}"
-    doc = _document(run, base, config, model, probes, named, goal, b, budget_bytes, budget_source,
-                    offload, notes, static, chosen)
+    doc = document(run, base, config, model, probes, named, goal, b, budget_bytes, budget_source,
+                   offload, notes, static, chosen, named_policies(base))
     if meter.forced:
         notes.append(f"XLA's own rematerialization pass rewrote {meter.forced} of the probes; each was "
                      "compiled again with its limit lifted to read the program as the policy wrote it "
@@ -331,67 +332,3 @@ def _refine(run: _Run, model: Model, row: dict, start: Plan, goal: str, limit: i
         run.cap = 1 << 30
         record["compiles"] += run.meter.own() - before
     return record
-
-
-def _document(run: _Run, base: RunConfig, config: RunConfig, model: Model | None, probes, named: list,
-              goal: str, b: int | None, budget: int, budget_source: str, offload: bool, notes: list,
-              static: dict, chosen: list[str]) -> dict:
-    names = model.names if model else ()
-    fits = [c for c in run.candidates if c.get("fits")]
-    best = min(fits, key=lambda r: _key(r, goal), default=None)
-    best_named = min((r for r in named if r["fits"]), key=lambda r: _key(r, goal), default=None)
-    beats = best is not None and (best_named is None or _key(best, goal) <= _key(best_named, goal))
-    answer = best if beats else best_named
-    if best is not None and not beats:
-        notes.append(f"no synthesized plan beats {best_named['policy']} on this goal (same compiles): "
-                     "the answer is that named policy")
-    plan = Plan(tuple(best["plan"]["save"]), tuple(best["plan"]["offload"]),
-                best["plan"]["remat_layers"]) if best else None
-    vs = {}
-    if best is not None and best_named is not None:
-        theirs, ours = best_named.get("recomputed_flops"), best.get("recomputed_flops")
-        vs = {"policy": best_named["policy"], "max_batch": best_named["max_batch"],
-              "batch_gain": best["max_batch"] - best_named["max_batch"],
-              "recomputed_flops": theirs,
-              "recompute_saved_share": (1 - ours / theirs) if theirs and ours is not None else None}
-    at = (answer or {}).get("max_batch") or 0
-    host_bw = get_target(base.target).host_bandwidth_bytes_per_s if base.target != LOCAL else None
-    offloaded = (answer or {}).get("offloaded_bytes")
-    return {
-        "schema": 1, "kind": "synthesis", "goal": goal,
-        "config": {k: v for k, v in config.as_dict().items()
-                   if k not in ("batch", "policy", "save_names", "offload_names", "remat_layers")},
-        "budget_bytes": budget, "budget_source": budget_source, "static": static,
-        "names": list(names), "offload": {"allowed": offload, "why": notes[0]},
-        "answer": ("plan" if beats else best_named["policy"]) if answer else None,
-        "plan": plan.as_dict(names) if plan else None,
-        "max_batch": at, "per_device_batch": (answer or {}).get("per_device_batch") or 0,
-        "peak_bytes": (answer or {}).get("peak_bytes"),
-        "recomputed_flops": (answer or {}).get("recomputed_flops"),
-        "model_flops": run.model_flops(at // run.unit) if at and model else None,
-        "offloaded_bytes": offloaded,
-        "offload_s": 2 * offloaded / host_bw if offloaded and host_bw else None,
-        "named": named, "best_named": vs or None,
-        "candidates": run.candidates, "probes": probes or [],
-        "costs": _costs(model) if model else None,
-        "custom": custom_flags(plan, base.depth) if plan else None,
-        "code": jax_code(plan) if plan else None,
-        "maxtext_yaml": maxtext_yaml(plan, names, base.depth) if plan else None,
-        "command": command(config, budget, goal, b * run.unit if b else None,
-                           chosen if chosen != named_policies(base) else None),
-        "policies": chosen,
-        "run_command": run_command(base, plan, at or run.unit) if plan else None,
-        "notes": notes, "method": METHOD, "environment": environment(),
-        **({"target": get_target(base.target).as_dict()} if base.target != LOCAL else {}),
-    }
-
-
-def _costs(model: Model) -> dict:
-    """The fitted model as data: per name and choice, bytes and flops per example (per device)."""
-    return {"intercept_full": model.intercept_full, "slope_full": model.slope_full,
-            "intercept_base": model.intercept_base, "slope_base": model.slope_base,
-            "recompute_per_example": model.recompute, "layers": model.layers,
-            "names": [{"name": n, "choice": c, "bytes_per_example": model.bytes[(n, c)],
-                       "flops_spared_per_example": model.flops[(n, c)],
-                       "host_bytes_per_example": model.host[(n, c)]}
-                      for n in model.names for c in ("save", "offload") if (n, c) in model.bytes]}

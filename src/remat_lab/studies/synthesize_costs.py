@@ -12,6 +12,14 @@ probe XLA's own rematerialization pass rewrote is compiled again with its limit 
 recomputed flops of a program are its flops less no_remat's at the same batch (the model is fitted to
 the programs as written; a candidate's answer is its compiled program's, XLA's recomputation in):
 2k + 6 compiles for k names with offload, k + 6 without.
+
+On a TPU, libtpu refuses a program over the chip's HBM when it compiles it, so such a program has
+no flop count: the names are probed at the largest batch no_remat fits by its line (every plan
+keeps at most what no_remat keeps, so all compile as written); where no_remat is refused at the
+batch probed (the goal's), recompute-everything's recomputation per example is read at batch 1;
+where it is refused at every batch, only plans with every layer remat'd are solved for, the names'
+spared flops still each program's own (``Model.recompute_basis`` says which). No no_remat figure
+is ever estimated.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import jax
 
 from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target
 from remat_lab.model.models import block_names
+from remat_lab.program.backend import ExecutionError
 from remat_lab.studies.advisor_search import batch_unit, probe
 from remat_lab.studies.advisor_sizing import xla_free
 from remat_lab.studies.synthesize_solve import MAX_NAMES, Model, Plan
@@ -100,13 +109,20 @@ class Meter:
             return {"peak_bytes": found["peak_bytes"], "flops": found.get("flops"),
                     "written_peak_bytes": found["peak_bytes"], "written_flops": found.get("flops"),
                     "host_bytes": traffic.get("to_host_bytes") or 0.0, "xla_remat": applied}
-        free = xla_free(config) if found.get("flops") is not None else {"flops": None, "xla_remat": {}}
+        free, refused = {"flops": None, "xla_remat": {}}, False
+        if found.get("flops") is not None:
+            try:
+                free = xla_free(config)
+            except ExecutionError as err:  # as written, over a TPU's HBM: libtpu refuses it
+                if not (_refuses(config) and over_hbm(err)):
+                    raise
+                refused = True
         self.compiles += applied
         self.forced += applied
         written = (free.get("xla_remat") or {}).get("from_bytes") if applied else None
+        as_written = None if refused else free["flops"] if free["flops"] is not None else found.get("flops")
         return {"peak_bytes": found["peak_bytes"], "flops": found.get("flops"),
-                "written_peak_bytes": written or found["peak_bytes"],
-                "written_flops": free["flops"] if free["flops"] is not None else found.get("flops"),
+                "written_peak_bytes": written or found["peak_bytes"], "written_flops": as_written,
                 "host_bytes": traffic.get("to_host_bytes") or 0.0, "xla_remat": applied}
 
     def plan(self, plan: Plan, batch: int, written: bool = True) -> dict:
@@ -147,15 +163,31 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
 
     (a_full, s_full), (a_base, s_base) = line(full), line(base)
     hi = at or (int((budget - a_base) // s_base) if s_base > 0 else HI)
+    if at is None and _refuses(meter.base) and s_full > 0:  # a TPU compiles nothing over its HBM
+        hi = min(hi, int((budget - a_full) // s_full))  # as written: where no_remat fits, so do all
     hi = min(max(hi, HI), 4096)
     if hi != HI:
         base.append(fig(Plan((), (), depth), hi, "every name recomputed"))
+        over = base[-1]["peak_bytes"] - budget
+        if at is None and over > 0 and hi > HI:  # its line from batches 1-2 under-predicted: the
+            s_hi = (base[-1]["peak_bytes"] - a_base) / hi  # batch its compiled peak there gives
+            hi = max(min(int((budget - a_base) // s_hi), hi - 1), HI)
+            base.append(fig(Plan((), (), depth), hi, "every name recomputed"))
         full.append(fig(Plan((), (), 0), hi, "no_remat"))
-    if base[-1]["flops"] is None or full[-1]["flops"] is None:
-        missing = full[-1]["flops"] is None
-        what, got = ("no_remat", full[-1]) if missing else ("every name recomputed", base[-1])
-        raise ConfigError(_no_flops(meter.base, what, hi, got["peak_bytes"]))
-    recompute = max(base[-1]["flops"] - full[-1]["flops"], 0.0) / hi
+    if base[-1]["flops"] is None:
+        raise ConfigError(_no_flops(meter.base, "every name recomputed", hi, base[-1]["peak_bytes"]))
+    counts = tuple(range(depth + 1)) if partial else (0, depth)
+    basis = f"no_remat at {hi} per device"
+    if full[-1]["flops"] is not None:
+        recompute = max(base[-1]["flops"] - full[-1]["flops"], 0.0) / hi
+    elif full[0]["flops"] is not None and base[0]["flops"] is not None:  # over the HBM at hi only
+        recompute = max(base[0]["flops"] - full[0]["flops"], 0.0) / LO
+        basis = f"no_remat at {LO} per device ({_refused(meter.base, hi, full[-1])})"
+    elif _refuses(meter.base):  # no_remat compiles at no batch: every layer remat'd, flops vs the names
+        counts, recompute = (depth,), None
+        basis = f"the names' own spared flops ({_refused(meter.base, LO, full[0])}, at any batch)"
+    else:
+        raise ConfigError(_no_flops(meter.base, "no_remat", hi, full[-1]["peak_bytes"]))
     sizes, spared, host = {}, {}, {}
     for n in names:
         for choice in ("save", "offload") if offload else ("save",):
@@ -164,11 +196,27 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
             sizes[(n, choice)] = (got["peak_bytes"] - base[-1]["peak_bytes"]) / hi
             spared[(n, choice)] = max(base[-1]["flops"] - (got["flops"] or base[-1]["flops"]), 0.0) / hi
             host[(n, choice)] = got["host_bytes"] / hi
-    counts = tuple(range(depth + 1)) if partial else (0, depth)
+    if recompute is None:  # recompute-everything recomputes at least what saving every name spares
+        recompute = sum(max(spared[(n, c)] for c in ("save", "offload") if (n, c) in spared) for n in names)
     model = Model(names=names, layers=depth, layer_counts=counts, intercept_full=a_full,
                   slope_full=s_full, intercept_base=a_base, slope_base=s_base, recompute=recompute,
-                  bytes=sizes, flops=spared, host=host, offload=offload)
+                  bytes=sizes, flops=spared, host=host, offload=offload, recompute_basis=basis)
     return model, rows
+
+
+def over_hbm(err: Exception) -> bool:
+    """``err`` is libtpu's refusal of a program over the chip's HBM."""
+    return "RESOURCE_EXHAUSTED" in str(err) or "ran out of memory" in str(err).lower()
+
+
+def _refuses(config: RunConfig) -> bool:
+    """A TPU target: libtpu refuses a program over the chip's HBM at compile time (no flop count)."""
+    return config.target != LOCAL and get_target(config.target).platform == "tpu"
+
+
+def _refused(config: RunConfig, batch: int, got: dict) -> str:
+    return (f"no_remat at {batch} per device needs {got['peak_bytes'] / 2**30:.1f} GiB, over the "
+            f"{config.target}'s HBM: libtpu refuses it, no flop count")
 
 
 def _no_flops(config: RunConfig, what: str, batch: int, peak: int) -> str:

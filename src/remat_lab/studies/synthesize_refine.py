@@ -25,10 +25,13 @@ RANK = {"recompute": 0, "offload": 1, "save": 2}  # what a name keeps on the dev
 
 
 def objective(row: dict, goal: str) -> tuple:
-    """A compiled row's objective, smaller is better (no fit is worst)."""
+    """A compiled row's objective, smaller is better (no fit is worst). Recomputation is ranked by
+    the program's own flops: at the same batch they differ from the recomputed flops (the program's
+    less no_remat's there) by the same no_remat, so the order is the same and needs no no_remat
+    (which a TPU refuses to compile over its HBM); across batches the batch decides first."""
     if not row.get("fits", True) or not row.get("max_batch", 1):
         return (1, 0, 0, 0, 0)
-    flops = row.get("recomputed_flops")
+    flops = row.get("flops", row.get("recomputed_flops"))
     flops = float("inf") if flops is None else flops
     batch = -row["max_batch"] if goal == "max-batch" else 0
     return (0, batch, flops, row.get("offloaded_bytes") or 0.0, row.get("peak_bytes") or 0)
@@ -164,6 +167,7 @@ def refine(run, model: Model, named_row: dict, start: Plan, b: int, goal: str, l
             "outcome": "beats" if current != start else "equals",
             "recomputed_flops": best.get("recomputed_flops"),
             "named_recomputed_flops": named_row.get("recomputed_flops"),
+            "flops": best.get("flops"), "named_flops": named_row.get("flops"),
             "offloaded_bytes": best.get("offloaded_bytes"),
             "named_offloaded_bytes": named_row.get("offloaded_bytes"),
             "steps": steps, "compiles": run.meter.own() - first, "stopped": stopped}
@@ -178,8 +182,12 @@ def refine_note(record: dict) -> str:
         return (head + f"; no move fitted with a better objective, so the answer only equals "
                 f"{record['from']}" + (f" ({record['stopped']})" if record["stopped"] else ""))
     ours, theirs = record["recomputed_flops"], record["named_recomputed_flops"]
+    mine, named = record.get("flops"), record.get("named_flops")
     if theirs and ours is not None and ours < theirs:
         share = f" with {1 - ours / theirs:.1%} fewer recomputed flops"
+    elif (ours is None or theirs is None) and mine is not None and named is not None and mine < named:
+        share = (f" with {(named - mine) / 1e9:.4g} GFLOP fewer per step (no_remat has no flop count "
+                 "at this batch: recomputation measured against the named policy)")
     elif ours is not None and ours == theirs:  # the objective's next terms decided it
         saved = (record.get("named_offloaded_bytes") or 0) - (record.get("offloaded_bytes") or 0)
         share = (f" with the same recomputed flops and {saved / 2**30:.2f} GiB less offloaded per step"

@@ -65,6 +65,7 @@ class Model:
     flops: dict[tuple[str, str], float]
     host: dict[tuple[str, str], float]
     offload: bool  # the target has a host memory space
+    recompute_basis: str = "no_remat"  # what ``recompute`` was measured against (measure says)
 
     def choices(self) -> tuple[str, ...]:
         return CHOICES if self.offload else CHOICES[:2]

@@ -81,7 +81,11 @@ METHOD = {
                "batch; recomputed flops = a program's flops less no_remat's at the same batch, both "
                "as the policy wrote them (a probe XLA's own rematerialization rewrote is compiled "
                "again with its limit lifted, and the model fitted to that); a candidate's and a "
-               "named policy's figures are their compiled programs', XLA's recomputation in",
+               "named policy's figures are their compiled programs', XLA's recomputation in. On a "
+               "TPU (libtpu refuses a program over its HBM: no flop count) the names are probed "
+               "where no_remat fits; where no_remat is refused, plans at the same batch are ranked "
+               "by their own flops (the same order) and recomputation is reported against the best "
+               "named policy (recomputed_baseline), never an estimated no_remat",
     "model": "additive: peak = intercept + batch x slope, the slope the recompute-everything slope "
              "plus each saved or offloaded name's bytes per example; r of L layers remat'd "
              "interpolates intercept and slope between that and no_remat's by r / L, and scales "
