@@ -11,9 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from remat_lab.config import RunConfig
-from remat_lab.program import backend
-from remat_lab.studies.experiment import run_experiment
+# LLVM's optimisation off in every XLA compile of the run (this process, its workers, the CLI and
+# worker subprocesses and the browser tests' servers inherit it): the HLO passes, the buffer
+# assignment, the memory analysis and the flop counts the lab reads are unchanged
+# (tests/test_analysis_compile.py compiles against XLA's defaults to check it); only machine code
+# is less optimised, and the tests never time it. Tiny programs compile about twice as fast.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):  # before anything starts a JAX backend
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+
+from remat_lab.config import RunConfig  # noqa: E402 - after XLA_FLAGS
+from remat_lab.program import backend  # noqa: E402
+from remat_lab.studies.experiment import run_experiment  # noqa: E402
 
 # The app's page modules (``from pages import _running, _shared, _sidebar``) import from the repository root.
 if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
