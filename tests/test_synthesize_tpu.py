@@ -193,3 +193,16 @@ def test_the_saved_tpu_answer_compiles_again_as_plain_jax_checkpoint():
         named_peak, named_flops, code = _plain(cfg, [], [], cfg["depth"], b, policy=policy)
     assert abs(named["peak_bytes"] - named_peak) <= code, (named["peak_bytes"], named_peak, code)
     assert flops < named_flops, (flops, named_flops)
+
+
+def test_the_note_claims_a_named_baseline_only_where_a_plan_was_compared_at_that_batch():
+    from remat_lab.studies.synthesize_doc import _baseline_note
+
+    answer = {"recomputed_flops": None, "flops": 5.0}
+    alone = _baseline_note(answer, {}, V5E)
+    assert "over the tpu-v5e's HBM" in alone and "never estimated" in alone
+    assert "recomputed_baseline" not in alone  # the answer is the named policy: no comparison made
+    at = {"max_batch": 8, "fewer_flops": 2e9}
+    said = _baseline_note(answer, {"policy": "nothing_saveable", "at_named_batch": at}, V5E)
+    assert "against nothing_saveable at its batch 8, 2 GFLOP fewer per step" in said
+    assert _baseline_note({"recomputed_flops": 1.0, "flops": 5.0}, {}, V5E) is None

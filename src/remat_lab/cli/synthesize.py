@@ -85,7 +85,9 @@ def format_synthesis(doc: dict) -> str:
     else:
         who = "the synthesized plan" if doc["answer"] == "plan" else f"named policy {doc['answer']}"
         vs = ("(vs no_remat)" if doc['recomputed_flops'] is not None else
-              "(no_remat has no flop count at this batch: over the HBM; see the best named below)")
+              "(no_remat has no flop count at this batch: over the HBM"
+              + ("; see the best named below)" if (doc.get("best_named") or {}).get("at_named_batch")
+                 else ")"))
         lines.append(f"Answer: {who}: batch {doc['max_batch']} ({doc['per_device_batch']} per device), "
                      f"compiled peak {human_bytes(doc['peak_bytes'])}, recomputes "
                      f"{_flops(doc['recomputed_flops'])} {vs}; {_flops(doc.get('flops'))} per step")

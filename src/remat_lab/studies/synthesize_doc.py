@@ -42,12 +42,12 @@ def _baseline_note(answer: dict | None, vs: dict, config: RunConfig) -> str | No
     where = f"over the {config.target}'s HBM, refused by libtpu" if config.target != LOCAL else \
         "no flop count"
     at = vs.get("at_named_batch") if vs else None
-    tail = (f"; against {vs['policy']} at its batch {at['max_batch']}: {at['fewer_flops'] / 1e9:.4g} "
+    tail = (f"; recomputation is reported against the best named policy (recomputed_baseline): "
+            f"against {vs['policy']} at its batch {at['max_batch']}, {at['fewer_flops'] / 1e9:.4g} "
             "GFLOP fewer per step, each program's own compiled flops" if at else "")
     return (f"no_remat at the answer's batch has no flop count ({where}): recomputed flops "
             "(a program's less no_remat's) are not given there, never estimated; plans at the same "
-            "batch were ranked by their own compiled flops (the same order), and recomputation is "
-            f"reported against the best named policy (recomputed_baseline){tail}")
+            f"batch were ranked by their own compiled flops (the same order){tail}")
 
 
 def document(run, base: RunConfig, config: RunConfig, model: Model | None, probes, named: list,
