@@ -88,7 +88,8 @@ os.environ.setdefault("REMAT_LAB_PUBLIC", "0")
 SLOW_FIRST = (
     "tests/e2e/test_app_e2e.py", "tests/test_compiled_truth.py", "tests/e2e/test_public_e2e.py",
     "tests/test_targets_app.py", "tests/test_bench.py", "tests/test_llm.py", "tests/test_attention.py",
-    "tests/test_synthesize.py", "tests/test_llm_mesh.py", "tests/test_transformer.py",
+    "tests/test_synthesize.py", "tests/test_synthesize_tpu.py", "tests/test_llm_mesh.py",
+    "tests/test_transformer.py",
     "tests/e2e/test_results_e2e.py", "tests/test_app.py", "tests/test_tpu_memory.py",
     "tests/test_reliability.py", "tests/test_gradcheck.py", "tests/test_sharding.py",
     "tests/test_loss_chunks.py", "tests/e2e/test_page_state_e2e.py", "tests/test_targets.py",
