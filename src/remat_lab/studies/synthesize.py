@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from remat_lab.config import ConfigError, RunConfig
 from remat_lab.model.policies import POLICIES, get_policy
-from remat_lab.program.backend import ExecutionError
+from remat_lab.program.backend import ExecutionError, out_of_memory
 from remat_lab.program.footprint import fit
 from remat_lab.studies.advisor import advice_budget
 from remat_lab.studies.advisor_search import MAX_BATCH, batch_unit, largest_batch, probe, probed_flops
@@ -25,7 +25,6 @@ from remat_lab.studies.synthesize_costs import (
     choice_names,
     host_memory,
     measure,
-    over_hbm,
     plan_config,
     planned_compiles,
 )
@@ -77,7 +76,7 @@ class _Run:
         try:
             found, _ = model_flops_at(self.base, {b * self.unit for b in batches if b > 0})
         except ExecutionError as err:  # one of them over a TPU's HBM as written: each read alone
-            if not over_hbm(err):
+            if not out_of_memory(err):  # libtpu's refusal over the HBM
                 raise
             found = {}
         self.flops.update({k // self.unit: v for k, v in found.items()})

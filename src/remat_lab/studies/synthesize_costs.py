@@ -30,7 +30,7 @@ import jax
 
 from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target
 from remat_lab.model.models import block_names
-from remat_lab.program.backend import ExecutionError
+from remat_lab.program.backend import ExecutionError, out_of_memory
 from remat_lab.studies.advisor_search import batch_unit, probe
 from remat_lab.studies.advisor_sizing import xla_free
 from remat_lab.studies.synthesize_solve import MAX_NAMES, Model, Plan
@@ -114,7 +114,7 @@ class Meter:
             try:
                 free = xla_free(config)
             except ExecutionError as err:  # as written, over a TPU's HBM: libtpu refuses it
-                if not (_refuses(config) and over_hbm(err)):
+                if not (_refuses(config) and out_of_memory(err)):
                     raise
                 refused = True
         self.compiles += applied
@@ -202,11 +202,6 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
                   slope_full=s_full, intercept_base=a_base, slope_base=s_base, recompute=recompute,
                   bytes=sizes, flops=spared, host=host, offload=offload, recompute_basis=basis)
     return model, rows
-
-
-def over_hbm(err: Exception) -> bool:
-    """``err`` is libtpu's refusal of a program over the chip's HBM."""
-    return "RESOURCE_EXHAUSTED" in str(err) or "ran out of memory" in str(err).lower()
 
 
 def _refuses(config: RunConfig) -> bool:
