@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from streamlit_driver import INIT_JS
+from streamlit_driver import INIT_JS, watch_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -193,6 +193,7 @@ def new_page(request, browser, artifacts):
         ctx.add_init_script(INIT_JS)
         contexts.append(ctx)
         page = ctx.new_page()
+        watch_runs(page)
         pages.append(page)
         return page
 

@@ -8,6 +8,7 @@ Streamlit marks its root element (``data-testid="stApp"``) with ``data-test-scri
 from __future__ import annotations
 
 import re
+import time
 from urllib.parse import urlencode
 
 RUN_TIMEOUT_MS = 120_000
@@ -16,6 +17,7 @@ SMALL = {"width": "64", "batch": "8", "depth": "1", "repeats": "3"}
 PAGES = {"Explore": "explore", "Compare policies": "compare", "Sweep": "sweep", "Advisor": "advisor",
          "History": "history", "Open results": "results", "Inspect": "inspect", "Guide": "guide"}
 
+_RUNS = "_remat_runs"  # a watched page's count of finished script runs (``watch_runs``)
 QUIET_MS = 400  # after the run: the DOM unchanged this long (lazy element chunks, Plotly, grids)
 
 # Set up on every document (add_init_script): the time of the last DOM change and whether the root
@@ -35,10 +37,10 @@ INIT_JS = """(() => {
   if (document.documentElement) watch(); else document.addEventListener('DOMContentLoaded', watch);
 })();"""
 
-_IDLE_JS = """(quietMs) => {
+_IDLE_JS = """([quietMs, needRun]) => {
   const root = document.querySelector('[data-testid="stApp"]');
   return !!root && root.dataset.testConnectionState === 'CONNECTED'
-      && root.dataset.testScriptState === 'notRunning' && window.__rematSawRun === true
+      && root.dataset.testScriptState === 'notRunning' && (!needRun || window.__rematSawRun === true)
       && !document.querySelector('[data-stale="true"]')
       && Date.now() - window.__rematLastChange >= quietMs;
 }"""
@@ -60,16 +62,54 @@ def url(server: str, page: str = "", **params) -> str:
     return f"{server}/{page}" + (f"?{query}" if query else "")
 
 
+def watch_runs(page) -> None:
+    """Count the script runs the server reports finished (``script_finished`` on the page's websocket).
+
+    The DOM alone can miss a rerun: a busy browser may render a short run's ``running`` and
+    ``notRunning`` in one frame, and ``data-test-script-state`` then never changes. On a watched
+    page ``arm`` and ``wait_idle`` wait for the server's own word that the rerun finished."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    runs = {"finished": 0}
+    page.__dict__[_RUNS] = runs
+    early = ForwardMsg.FINISHED_EARLY_FOR_RERUN  # cut short by the next run: not the end of it
+
+    def on_frame(payload) -> None:
+        if not isinstance(payload, bytes) or len(payload) > 512:  # deltas are larger; this one is tiny
+            return
+        msg = ForwardMsg()
+        try:
+            msg.ParseFromString(payload)
+        except Exception:  # noqa: BLE001 - not a ForwardMsg: not ours to count
+            return
+        if msg.WhichOneof("type") == "script_finished" and msg.script_finished != early:
+            runs["finished"] += 1
+
+    page.on("websocket", lambda ws: ws.on("framereceived", on_frame))
+
+
 def wait_idle(page, timeout: int = RUN_TIMEOUT_MS) -> None:
     """Wait until the app is connected, its script run (the one caused after ``arm``, if armed) has
     finished, no element is stale and the DOM has settled (``notRunning`` comes before lazily loaded
-    elements are drawn). The page must have ``INIT_JS`` as an init script (the ``page`` fixture)."""
-    page.wait_for_function(_IDLE_JS, arg=QUIET_MS, timeout=timeout, polling=100)
+    elements are drawn). The page must have ``INIT_JS`` as an init script (the ``page`` fixture);
+    on a page given to ``watch_runs`` the armed rerun is known finished from the server."""
+    deadline = time.monotonic() + timeout / 1000
+    runs = page.__dict__.get(_RUNS)
+    armed = runs.pop("armed", None) if runs else None
+    if armed is not None:
+        while runs["finished"] <= armed:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no script run finished within {timeout / 1000:.0f} s of the action")
+            page.wait_for_timeout(50)  # lets Playwright deliver the websocket's frames
+    left = max(1, int((deadline - time.monotonic()) * 1000))
+    page.wait_for_function(_IDLE_JS, arg=[QUIET_MS, armed is None], timeout=left, polling=100)
 
 
 def arm(page) -> None:
     """Call before an interaction: the next ``wait_idle`` then waits for the rerun it causes."""
     page.evaluate(_ARM_JS)
+    if (runs := page.__dict__.get(_RUNS)) is not None:
+        runs["armed"] = runs["finished"]
 
 
 def rerun_after(page, action, timeout: int = RUN_TIMEOUT_MS) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from playwright.sync_api import expect
-from streamlit_driver import BOX_JS, assert_no_error, assert_no_exception, url, wait_idle
+from streamlit_driver import BOX_JS, arm, assert_no_error, assert_no_exception, url, wait_idle
 
 from remat_lab.model.policies import POLICIES
 
@@ -91,7 +91,7 @@ def open_link(page, server: str, path: str = "", **params) -> None:
 
 
 def click_and_wait(page, name: str) -> None:
-    page.evaluate("() => { window.__rematSawRun = false; }")  # the next idle is after this run
+    arm(page)  # the next idle is after this run
     page.get_by_test_id("stMain").get_by_role("button", name=name).click()
     wait_idle(page, SLOW_MS)
 
