@@ -105,11 +105,17 @@ def wait_idle(page, timeout: int = RUN_TIMEOUT_MS) -> None:
     page.wait_for_function(_IDLE_JS, arg=[QUIET_MS, armed is None], timeout=left, polling=100)
 
 
+def expect_run(page) -> None:
+    """On a watched page: the next ``wait_idle`` waits until the server has finished a script run
+    after this call (before loading a page: its first run)."""
+    if (runs := page.__dict__.get(_RUNS)) is not None:
+        runs["armed"] = runs["finished"]
+
+
 def arm(page) -> None:
     """Call before an interaction: the next ``wait_idle`` then waits for the rerun it causes."""
     page.evaluate(_ARM_JS)
-    if (runs := page.__dict__.get(_RUNS)) is not None:
-        runs["armed"] = runs["finished"]
+    expect_run(page)
 
 
 def rerun_after(page, action, timeout: int = RUN_TIMEOUT_MS) -> None:
@@ -126,6 +132,7 @@ def assert_no_page_not_found(page) -> None:
 
 def open_app(page, server: str, path: str = "", **params) -> None:
     """Load a page of the app, wait for its first run, check it is ours and shows no exception."""
+    expect_run(page)  # this load's run, not a lull before it
     page.goto(url(server, path, **params), wait_until="domcontentloaded")
     page.wait_for_selector('[data-testid="stApp"]', timeout=RUN_TIMEOUT_MS)
     wait_idle(page)

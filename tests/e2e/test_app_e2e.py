@@ -16,6 +16,7 @@ from streamlit_driver import (
     assert_no_exception,
     assert_no_page_not_found,
     choose,
+    expect_run,
     grid_rows,
     metrics,
     number_value,
@@ -179,6 +180,7 @@ def test_two_sessions_run_different_configurations_at_once(new_page, server):
     pages = [new_page(), new_page()]
     # Start both loads before waiting for either, so the two sessions run on the server together.
     for p, cfg in zip(pages, configs):
+        expect_run(p)
         p.goto(url(server, "", **cfg), wait_until="commit")
     for p in pages:
         wait_idle(p)
@@ -208,6 +210,7 @@ def test_over_budget_is_flagged_in_the_sidebar_before_any_click(page, server, sh
     assert not metrics(page, wait=False)
     shots(page, "over-budget")
     # the Sweep page leaves such configurations out before its button, too
+    expect_run(page)
     page.get_by_test_id("stTopNavLink").filter(has_text="Sweep").first.click()
     page.wait_for_url(re.compile(r"/sweep(\?|$)"))
     wait_idle(page)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from playwright.sync_api import expect
-from streamlit_driver import BOX_JS, arm, assert_no_error, assert_no_exception, url, wait_idle
+from streamlit_driver import BOX_JS, arm, assert_no_error, assert_no_exception, expect_run, url, wait_idle
 
 from remat_lab.model.policies import POLICIES
 
@@ -83,6 +83,7 @@ def charts_legible(page, at_least: int) -> list[str]:
 
 def open_link(page, server: str, path: str = "", **params) -> None:
     """Load a link to a page and wait for its first run (a cold run may take minutes here)."""
+    expect_run(page)
     page.goto(url(server, path, **params), wait_until="domcontentloaded")
     page.wait_for_selector('[data-testid="stApp"]', timeout=SLOW_MS)
     wait_idle(page, SLOW_MS)

@@ -12,6 +12,7 @@ import pytest
 from streamlit_driver import (
     assert_no_exception,
     assert_no_page_not_found,
+    expect_run,
     metrics,
     open_app,
     rerun_after,
@@ -33,6 +34,7 @@ def test_six_simultaneous_deep_links_on_a_fresh_server_all_get_the_router(new_pa
     pages = [new_page() for _ in DEEP_LINKS]
     for p, (path, _) in zip(pages, DEEP_LINKS):  # all six first requests at once
         extra = {"policies": "no_remat,nothing_saveable"} if path == "compare" else {}
+        expect_run(p)
         p.goto(url(fresh_server, path, width="64", batch="8", repeats="3", **extra), wait_until="commit")
     for p, (path, title) in zip(pages, DEEP_LINKS):
         wait_idle(p)
