@@ -179,20 +179,40 @@ def browser():
         pw.stop()
 
 
+def _context(browser, viewport: dict | None = None):
+    ctx = browser.new_context(viewport=viewport or VIEWPORT, device_scale_factor=1)
+    ctx.set_default_timeout(30_000)
+    ctx.add_init_script(INIT_JS)
+    return ctx
+
+
+@pytest.fixture(scope="session")
+def shared_context(browser):
+    """One browser context for the session's pages: each page is still its own Streamlit session
+    (its own websocket), but the pages share Chromium's HTTP and compiled-script caches, so the app's
+    JavaScript is parsed and compiled once, not once per test (Chromium's CPU is most of a browser
+    test's). Tests that need no cookies and no stored state ask ``new_page(fresh=True)``."""
+    ctx = _context(browser)
+    yield ctx
+    ctx.close()
+
+
 @pytest.fixture
-def new_page(request, browser, artifacts):
-    """``new_page()``: a page in a fresh browser context (several per test for parallel sessions).
+def new_page(request, browser, shared_context, artifacts):
+    """``new_page(viewport=None, fresh=False)``: a new page (several per test for parallel sessions),
+    in the shared context, or in a context of its own with ``fresh``.
 
     On failure each page's screenshot is saved as ``FAILED-<test>-<n>.png`` in the artifacts dir.
     """
     contexts, pages = [], []
 
-    def make(viewport: dict | None = None):
-        ctx = browser.new_context(viewport=viewport or VIEWPORT, device_scale_factor=1)
-        ctx.set_default_timeout(30_000)
-        ctx.add_init_script(INIT_JS)
-        contexts.append(ctx)
-        page = ctx.new_page()
+    def make(viewport: dict | None = None, fresh: bool = False):
+        if fresh:
+            contexts.append(_context(browser, viewport))
+            page = contexts[-1].new_page()
+        else:
+            page = shared_context.new_page()
+            page.set_viewport_size(viewport or VIEWPORT)
         watch_runs(page)
         pages.append(page)
         return page
@@ -205,6 +225,9 @@ def new_page(request, browser, artifacts):
                 page.screenshot(path=str(artifacts / f"FAILED-{request.node.name}-{i}.png"))
             except Exception as err:  # noqa: BLE001 - best effort
                 print(f"(could not screenshot page {i}: {err})")
+    for page in pages:
+        if not page.is_closed():
+            page.close()
     for ctx in contexts:
         ctx.close()
 

@@ -35,6 +35,13 @@ INIT_JS = """(() => {
                                           characterData: true});
   };
   if (document.documentElement) watch(); else document.addEventListener('DOMContentLoaded', watch);
+  // No CSS animation runs (spinners, skeletons, the running indicator): a headless Chromium would
+  // otherwise draw them frame by frame in software for as long as a script runs; nothing waits on them.
+  document.addEventListener('DOMContentLoaded', () => {
+    const still = document.createElement('style');
+    still.textContent = '*, *::before, *::after { animation: none !important; }';
+    document.head.appendChild(still);
+  });
 })();"""
 
 _IDLE_JS = """([quietMs, needRun]) => {

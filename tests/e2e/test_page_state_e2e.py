@@ -67,7 +67,7 @@ _CHART_BOXES_JS = "(tol) => {\n" + BOX_JS + """
 @pytest.fixture
 def fresh(new_page):
     """``fresh()``: a page 1024 px wide in a new browser context (nothing kept from another)."""
-    return lambda: new_page(VIEWPORT)
+    return lambda: new_page(VIEWPORT, fresh=True)
 
 
 def charts_legible(page, at_least: int) -> list[str]:
