@@ -150,8 +150,10 @@ def server(request, artifacts, tmp_path_factory) -> str:
 
 @pytest.fixture
 def fresh_server(artifacts, tmp_path) -> str:
-    """A server that has served nothing yet (for first-request behaviour)."""
-    with start_server(artifacts / "fresh-server.log", tmp_path / "cache") as url:
+    """A server that has served nothing yet (for first-request behaviour; the run's compile cache,
+    which holds programs, not server state)."""
+    shared = os.environ.get("REMAT_LAB_TEST_COMPILE_CACHE")
+    with start_server(artifacts / "fresh-server.log", Path(shared) if shared else tmp_path / "cache") as url:
         yield url
 
 
