@@ -88,6 +88,12 @@ def shots(artifacts):
     return take
 
 
+def compile_cache(fallback) -> Path:
+    """The run's shared compile cache (tests/conftest.py), else ``fallback()`` (a run without it)."""
+    shared = os.environ.get("REMAT_LAB_TEST_COMPILE_CACHE")
+    return Path(shared) if shared else Path(fallback())
+
+
 @contextlib.contextmanager
 def start_server(log_path: Path, cache: Path):
     """Run ``streamlit run app.py`` on a free port; yields its base URL. The log goes to ``log_path``."""
@@ -142,9 +148,7 @@ def server(request, artifacts, tmp_path_factory) -> str:
     """One server for the session; its base URL. The log goes to the artifacts."""
     log_path = artifacts / "server.log"
     request.config.stash[_LOG_KEY] = log_path
-    shared = os.environ.get("REMAT_LAB_TEST_COMPILE_CACHE")  # the run's compile cache (tests/conftest.py)
-    cache = Path(shared) if shared else tmp_path_factory.mktemp("remat_lab_cache")
-    with start_server(log_path, cache) as url:
+    with start_server(log_path, compile_cache(lambda: tmp_path_factory.mktemp("remat_lab_cache"))) as url:
         yield url
 
 
@@ -152,8 +156,7 @@ def server(request, artifacts, tmp_path_factory) -> str:
 def fresh_server(artifacts, tmp_path) -> str:
     """A server that has served nothing yet (for first-request behaviour; the run's compile cache,
     which holds programs, not server state)."""
-    shared = os.environ.get("REMAT_LAB_TEST_COMPILE_CACHE")
-    with start_server(artifacts / "fresh-server.log", Path(shared) if shared else tmp_path / "cache") as url:
+    with start_server(artifacts / "fresh-server.log", compile_cache(lambda: tmp_path / "cache")) as url:
         yield url
 
 

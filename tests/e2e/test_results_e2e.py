@@ -10,10 +10,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, start_server
+from conftest import ROOT, compile_cache, start_server
 from streamlit_driver import INIT_JS, assert_no_error, assert_no_exception, open_app, rerun_after, wait_idle
 
 pytestmark = pytest.mark.e2e
@@ -22,18 +21,12 @@ SWEEP = ["--widths", "8,16", "--batches", "2,4", "--policies", "no_remat,nothing
          "--repeats", "2", "--warmup", "0"]
 
 
-def _compile_cache(tmp) -> str:
-    """The run's shared compile cache (tests/conftest.py): what the suite compiled is not compiled
-    again (the history, not the cache, is what this module keeps apart)."""
-    return os.environ.get("REMAT_LAB_TEST_COMPILE_CACHE") or str(tmp / "cache")
-
-
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> dict:
     """A CLI sweep file (8 rows; recorded in a fresh history) and the home it was recorded in."""
     tmp = tmp_path_factory.mktemp("results_e2e")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "REMAT_LAB_HOME": str(tmp / "home"),
-           "REMAT_LAB_CACHE_DIR": _compile_cache(tmp)}
+           "REMAT_LAB_CACHE_DIR": str(compile_cache(lambda: tmp / "cache"))}
     done = subprocess.run([sys.executable, "-m", "remat_lab", "sweep", *SWEEP, "--out", str(tmp / "r.jsonl")],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -46,7 +39,8 @@ def lab(made, artifacts, browser):
     saved = os.environ.get("REMAT_LAB_HOME")
     os.environ["REMAT_LAB_HOME"] = str(made["home"])
     try:
-        with start_server(artifacts / "results-server.log", Path(_compile_cache(made["tmp"]))) as url:
+        cache = compile_cache(lambda: made["tmp"] / "cache")
+        with start_server(artifacts / "results-server.log", cache) as url:
             # First the router (a tiny Explore run): a fresh server's first deep link can still land in
             # Streamlit's legacy pages mode (issue #11 item 5, fixed apart from these tests).
             ctx = browser.new_context()
