@@ -33,7 +33,8 @@ def synthesize_timed(config: RunConfig, budget: int | None, cache=None) -> dict:
         doc = synthesize(config, budget)
     return {"s": time.perf_counter() - t0, "answer": doc["answer"], "plan": doc["plan"],
             "max_batch": doc["max_batch"], "compiles": doc["compiles"],
-            "named_compiles": doc["named_compiles"], "compile_limit": doc["compile_limit"]}
+            "xla_forced_compiles": doc["xla_forced_compiles"], "named_compiles": doc["named_compiles"],
+            "compile_limit": doc["compile_limit"]}
 
 
 def synthesize_bench(cache=None) -> dict:
