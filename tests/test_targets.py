@@ -3,6 +3,8 @@ independent plain-JAX programs compiled for the same target, and the HLO itself.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,10 +21,11 @@ POLICIES = {"no_remat": None, "nothing_saveable": jax.checkpoint_policies.nothin
             "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
+@functools.cache  # a compile-only program is never in the persistent cache: each compiled once here
 def plain_scan_mlp(target: str, policy: str, *, width: int, batch: int, depth: int, dtype: str):
     """The same step written without NNX: depth MLP blocks (two biased dense layers with ReLU) under
     ``lax.scan`` with ``jax.checkpoint`` in the body, value_and_grad of the float32 sum, compiled for
-    ``target`` on abstract inputs."""
+    ``target`` on abstract inputs (each program compiled once in this module)."""
     dt = jnp.dtype(dtype)
 
     def block(h, p):
@@ -43,9 +46,15 @@ def plain_scan_mlp(target: str, policy: str, *, width: int, batch: int, depth: i
     return jax.jit(jax.value_and_grad(loss)).lower(params, sds((batch, width))).compile()
 
 
+@functools.cache
+def _h100_doc(policy: str) -> dict:
+    """run_experiment's document of SMALL on the H100 (its compile shared by the tests below)."""
+    return run_experiment(RunConfig(target="h100", policy=policy, **SMALL))
+
+
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_h100_temp_bytes_match_a_plain_jax_build(policy):
-    doc = run_experiment(RunConfig(target="h100", policy=policy, **SMALL))
+    doc = _h100_doc(policy)
     ref = memory_report(plain_scan_mlp("h100", policy, width=256, batch=512, depth=4, dtype="bfloat16"))
     assert doc["target"]["name"] == "h100" and doc["target"]["platform"] == "cuda"
     assert doc["timing"]["measured"] is False and doc["step_time_s"] is None
@@ -58,8 +67,7 @@ def test_h100_temp_bytes_match_a_plain_jax_build(policy):
 def test_h100_policies_keep_their_order_and_recompute_products():
     """nothing_saveable needs less temp than no_remat on the H100 and runs more products: the
     extra products equal the plain builds' difference, counted in their HLO."""
-    docs = {p: run_experiment(RunConfig(target="h100", policy=p, **SMALL)) for p in
-            ("no_remat", "nothing_saveable")}
+    docs = {p: _h100_doc(p) for p in ("no_remat", "nothing_saveable")}
     assert docs["nothing_saveable"]["memory"]["temp_bytes"] < docs["no_remat"]["memory"]["temp_bytes"]
     texts = {p: plain_scan_mlp("h100", p, width=256, batch=512, depth=4, dtype="bfloat16").as_text()
              for p in docs}
