@@ -9,6 +9,7 @@ import pytest
 
 from remat_lab.analysis import roofline
 from remat_lab.config import RunConfig
+from remat_lab.model.policies import POLICIES
 from remat_lab.studies import bench
 
 TINY = RunConfig(width=16, batch=2, repeats=2, warmup=1)
@@ -23,6 +24,33 @@ def calibration_dir(tmp_path_factory):
         roofline.clear_cache()
         yield
     roofline.clear_cache()
+
+
+# The advisor's and the sweep's figures are computed once here and read by two tests each: their
+# structure tests and ``run_all`` (test_report_document_and_table), which asks for them by name.
+ADVISE_BENCH = RunConfig(width=16, batch=4, depth=2, repeats=2, warmup=1)
+TF_POLICIES = ("no_remat", "nothing_saveable")
+
+
+@pytest.fixture(scope="module")
+def advised():
+    """``bench.advise_bench`` on a tiny scanned mlp, 1 MiB."""
+    return bench.advise_bench(ADVISE_BENCH, 1 << 20, probes=2, policies=2)
+
+
+@pytest.fixture(scope="module")
+def advised_transformer():
+    """``bench.advise_transformer`` on the tiny transformer, both advices (timed for 1 s)."""
+    return bench.advise_transformer(TINY_TRANSFORMER, 1 << 20, TF_POLICIES,
+                                    cache=bench.temporary_cache_dir, time_budget_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """``bench.sweep_pair`` over width 8, batches 1 and 2, two policies, in a cache folder of its own."""
+    path = tmp_path_factory.mktemp("sweep_cache")
+    return path, bench.sweep_pair((8,), (1, 2), ["no_remat", "nothing_saveable"], repeats=1, warmup=0,
+                                  cache_dir=str(path))
 
 
 def _positive(x) -> bool:
@@ -62,9 +90,8 @@ def test_latency_cold_is_slower_than_warm(tmp_path):
     assert lat["policy_change"]["total_s"] > 0
 
 
-def test_sweep_pair_reports_speedup(tmp_path):
-    sw = bench.sweep_pair((8,), (1, 2), ["no_remat", "nothing_saveable"], repeats=1, warmup=0,
-                          cache_dir=str(tmp_path))
+def test_sweep_pair_reports_speedup(swept):
+    tmp_path, sw = swept
     assert sw["first"]["configs"] == sw["second"]["configs"] == 4
     assert _positive(sw["speedup"]) and _positive(sw["first"]["s_per_config"])
     assert 0 < sw["first"]["compile_share"] < 1
@@ -91,20 +118,30 @@ def test_machine_and_peak():
         assert m["peak_note"].startswith("calibrated") and m["calibrated_at"]
 
 
-def test_report_document_and_table(monkeypatch):
-    # run_all on tiny sizes: patch the configurations and the sweep grid, keep the code path.
+def test_report_document_and_table(monkeypatch, swept, advised, advised_transformer):
+    # run_all on tiny sizes: patch the configurations; the sweep and the two advices it asks for
+    # are the tiny ones the tests below check (computed once, in the fixtures), the rest of the
+    # code path is run_all's own.
     monkeypatch.setattr(bench, "DEFAULT", RunConfig(width=16, batch=4, repeats=2, warmup=1))
     monkeypatch.setattr(bench, "SMALL", RunConfig(width=8, batch=2, repeats=2, warmup=1))
-    real_pair = bench.sweep_pair
-    monkeypatch.setattr(bench, "sweep_pair", lambda w, b, p, **k: real_pair(
-        (8,), (1,), p[:2], repeats=1, warmup=0))
-    real_advise = bench.advise_bench
-    monkeypatch.setattr(bench, "advise_bench", lambda: real_advise(
-        RunConfig(width=8, batch=2, depth=2, repeats=2, warmup=0), 1 << 20, probes=1, policies=2))
-    real_tf = bench.advise_transformer
-    monkeypatch.setattr(bench, "advise_transformer", lambda cache=None, timed=True: real_tf(
-        TINY_TRANSFORMER, 1 << 20, ("no_remat", "nothing_saveable"), cache=cache, timed=timed))
+    asked = []
+
+    def sweep_pair(widths, batches, policies, **kwargs):
+        asked.append(("sweep", list(policies), kwargs.get("cache_dir")))
+        return swept[1]
+
+    def advise_transformer(cache=None, timed=True):
+        asked.append(("advise_transformer", cache, timed))
+        return advised_transformer if timed else {k: v for k, v in advised_transformer.items()
+                                                  if k != "timed"}
+
+    monkeypatch.setattr(bench, "sweep_pair", sweep_pair)
+    monkeypatch.setattr(bench, "advise_bench", lambda: asked.append(("advise",)) or advised)
+    monkeypatch.setattr(bench, "advise_transformer", advise_transformer)
     doc = json.loads(json.dumps(bench._jsonable(bench.run_all(quick=True))))
+    # every policy swept from an empty cache; the transformer advice from empty caches, untimed
+    assert asked == [("sweep", list(POLICIES), None), ("advise",),
+                     ("advise_transformer", bench.temporary_cache_dir, False)], asked
     keys = {"fidelity_ratio_default", "fidelity_ratio_small", "overhead_ratio", "warm_latency_s",
             "cold_latency_s", "dissect_overhead_ratio", "sweep_s_per_config", "cache_speedup",
             "achieved_flops_fraction", "timeline_overhead_ratio", "machine", "advise_s",
@@ -152,9 +189,8 @@ def test_latency_goes_through_the_apps_own_cached_wrapper():
     clear()
 
 
-def test_advise_bench_structure():
-    out = bench.advise_bench(RunConfig(width=16, batch=4, depth=2, repeats=2, warmup=1), 1 << 20,
-                             probes=2, policies=2)
+def test_advise_bench_structure(advised):
+    out = advised
     for key in ("no_time", "timed"):
         assert _positive(out[key]["s"]) and out[key]["compiles"] >= 2
         assert out[key]["max_batch"]["nothing_saveable"] >= out[key]["max_batch"]["no_remat"] > 0
@@ -162,7 +198,7 @@ def test_advise_bench_structure():
     assert {"advise_s", "advise_no_time_s", "probe_s"} <= set(bench.TARGETS)
 
 
-def test_advise_transformer_structure():
+def test_advise_transformer_structure(advised_transformer):
     """The transformer advice's figures, on a tiny transformer: both advices timed, every policy
     sized, the timed one timing each policy that fits."""
     from remat_lab.studies.bench_advise import ADVISE_TRANSFORMER, ALL_POLICIES
@@ -170,10 +206,9 @@ def test_advise_transformer_structure():
     assert (ADVISE_TRANSFORMER.model, ADVISE_TRANSFORMER.width, ADVISE_TRANSFORMER.seq,
             ADVISE_TRANSFORMER.heads, ADVISE_TRANSFORMER.depth) == ("transformer", 512, 256, 8, 8)
     assert "custom" not in ALL_POLICIES and len(ALL_POLICIES) >= 17
-    out = bench.advise_transformer(TINY_TRANSFORMER, 1 << 20, ("no_remat", "nothing_saveable"),
-                                   cache=bench.temporary_cache_dir, time_budget_s=1.0)
+    out = advised_transformer
     for key in ("no_time", "timed"):
-        assert _positive(out[key]["s"]) and set(out[key]["max_batch"]) == {"no_remat", "nothing_saveable"}
+        assert _positive(out[key]["s"]) and set(out[key]["max_batch"]) == set(TF_POLICIES)
     assert out["no_time"]["timed"] == 0 and out["timed"]["timed"] >= 1
     t = out["timed"]  # the target's terms, each reported
     assert t["time_budget_s"] == 1.0
