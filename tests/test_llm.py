@@ -3,6 +3,7 @@ training step's memory (optimizer state, donation), microbatches, compile-only a
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -30,6 +31,7 @@ SMALL = dict(model="llm", vocab=512, width=128, depth=2, heads=4, kv_heads=2, se
              policy="minimal")
 
 
+@functools.cache  # SMALL (scan-gqa, vocab 512) is traced, compiled and run once for the module
 def _run(cfg: RunConfig):
     problem = build_problem(cfg)
     step = jit_step(problem)
