@@ -364,7 +364,9 @@ def test_interrupted_sweep_keeps_completed_rows_and_a_clean_cache(monkeypatch, t
 
 # ---------------------------------------------------------------- reproducibility
 
-GRADS_SNIPPET = """
+# One process per repetition: the step's loss and gradients hashed (JAX fresh in the process, no
+# persistent cache on), then the CLI's ``run`` (``python -m remat_lab``'s ``main``) on its argv.
+GRADS_THEN_CLI = """
 import hashlib, sys, jax, numpy as np
 from remat_lab.config import RunConfig
 from remat_lab.program.step import build_problem, make_step
@@ -374,23 +376,23 @@ loss, grads = jax.jit(make_step(p))(*p.args)
 h = hashlib.sha256(np.asarray(loss).tobytes())
 for g in grads:
     h.update(np.asarray(g).tobytes())
-print(h.hexdigest())
+print(h.hexdigest(), flush=True)
+from remat_lab.cli import main
+sys.exit(main(sys.argv[2:]))
 """
 
 
 def test_same_config_and_seed_reproduce_across_processes(tmp_path):
     env = {**os.environ, "REMAT_LAB_CACHE_DIR": str(tmp_path / "cache")}
-    argv = [sys.executable, "-m", "remat_lab", "run", "--width", "32", "--batch", "4",
-            "--repeats", "2", "--warmup", "1", "--seed", "7", "--json"]
+    argv = [sys.executable, "-c", GRADS_THEN_CLI, "nothing_saveable", "run", "--width", "32",
+            "--batch", "4", "--repeats", "2", "--warmup", "1", "--seed", "7", "--json"]
     docs, hashes = [], []
     for _ in range(2):  # the second process reads the persistent compilation cache
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stderr
-        docs.append(json.loads(proc.stdout))
-        proc = subprocess.run([sys.executable, "-c", GRADS_SNIPPET, "nothing_saveable"],
-                              capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0, proc.stderr
-        hashes.append(proc.stdout.strip())
+        digest, _, doc = proc.stdout.partition("\n")
+        hashes.append(digest.strip())
+        docs.append(json.loads(doc))
     a, b = (_stable(d) for d in docs)
     for part in ("loss", "gradient_check", "residuals", "dots", "totals", "memory", "hlo",
                  "flops", "config", "notes"):
