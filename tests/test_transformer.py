@@ -36,9 +36,9 @@ def test_shapes_parameters_and_causality():
     x = jax.random.normal(jax.random.key(1), (2, 6, 32))
     y = block(x)
     assert y.shape == x.shape
-    later = x.at[:, 4:].set(0.0)  # changing later tokens must not change earlier outputs
-    np.testing.assert_allclose(block(later)[:, :4], y[:, :4], rtol=1e-6, atol=1e-6)
-    assert not np.allclose(block(later)[:, 4:], y[:, 4:])
+    later = block(x.at[:, 4:].set(0.0))  # changing later tokens must not change earlier outputs
+    np.testing.assert_allclose(later[:, :4], y[:, :4], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(later[:, 4:], y[:, 4:])
 
 
 def test_width_must_divide_into_heads():
@@ -114,6 +114,11 @@ def test_gradients_pass_the_independent_check(run, policy, dtype, stack):
     assert check["remat_applied"] == (policy != "no_remat")
 
 
+# A remat policy per dtype whose loop-stacked step the gradient check above already compiled (the
+# persistent compile cache serves it): the error below is put into that step's gradients.
+REMAT_STEP = {"bfloat16": "save_dot_with_context_except_mlp", "float32": "save_qkv_proj"}
+
+
 @pytest.mark.parametrize("dtype,factor", [("bfloat16", 1.01), ("float32", 1 + 1e-4)])
 def test_gradient_check_catches_a_small_error_on_a_transformer_leaf(dtype, factor):
     """The transformer's looser per-element allowance (bf16 rounding through attention) still
@@ -123,7 +128,7 @@ def test_gradient_check_catches_a_small_error_on_a_transformer_leaf(dtype, facto
     from remat_lab.analysis.gradcheck import check_gradients
     from remat_lab.program.step import make_step
 
-    problem = build_problem(RunConfig(**{**SMALL, "policy": "nothing_saveable", "dtype": dtype}))
+    problem = build_problem(RunConfig(**{**SMALL, "policy": REMAT_STEP[dtype], "dtype": dtype}))
     traced = jax.jit(make_step(problem)).trace(*problem.args)
     loss, grads = traced.lower().compile()(*problem.args)
     assert check_gradients(problem, grads, float(loss), traced.jaxpr)["ok"]
