@@ -26,8 +26,8 @@ def calibration_dir(tmp_path_factory):
     roofline.clear_cache()
 
 
-# The advisor's and the sweep's figures are computed once here and read by two tests each: their
-# structure tests and ``run_all`` (test_report_document_and_table), which asks for them by name.
+# The latency, the sweep and the two advices are computed once here and read by two tests each:
+# their own tests and ``run_all`` (test_report_document_and_table), which asks for them by name.
 ADVISE_BENCH = RunConfig(width=16, batch=4, depth=2, repeats=2, warmup=1)
 TF_POLICIES = ("no_remat", "nothing_saveable")
 
@@ -43,6 +43,13 @@ def advised_transformer():
     """``bench.advise_transformer`` on the tiny transformer, both advices (timed for 1 s)."""
     return bench.advise_transformer(TINY_TRANSFORMER, 1 << 20, TF_POLICIES,
                                     cache=bench.temporary_cache_dir, time_budget_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def latencies(tmp_path_factory):
+    """``bench.latency`` of a tiny configuration, cold in a cache folder of its own, then warm."""
+    with bench.temporary_cache_dir(str(tmp_path_factory.mktemp("latency_cache"))):
+        return bench.latency(RunConfig(width=24, batch=3, repeats=2, warmup=1), warm_repeats=2)
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +88,8 @@ def test_interleave_rotates_order_and_pools_samples():
     assert [len(v) for v in got.values()] == [2, 2]
 
 
-def test_latency_cold_is_slower_than_warm(tmp_path):
-    with bench.temporary_cache_dir(str(tmp_path)):
-        lat = bench.latency(RunConfig(width=24, batch=3, repeats=2, warmup=1), warm_repeats=2)
+def test_latency_cold_is_slower_than_warm(latencies):
+    lat = latencies
     assert lat["cold_s"] > lat["warm_s"] > 0
     assert _positive(lat["dissect_overhead_ratio"])
     assert lat["cold"]["core_s"] > 0 and "compiling" in lat["cold"]["stages_s"]
@@ -118,13 +124,18 @@ def test_machine_and_peak():
         assert m["peak_note"].startswith("calibrated") and m["calibrated_at"]
 
 
-def test_report_document_and_table(monkeypatch, swept, advised, advised_transformer):
-    # run_all on tiny sizes: patch the configurations; the sweep and the two advices it asks for
-    # are the tiny ones the tests below check (computed once, in the fixtures), the rest of the
-    # code path is run_all's own.
-    monkeypatch.setattr(bench, "DEFAULT", RunConfig(width=16, batch=4, repeats=2, warmup=1))
+def test_report_document_and_table(monkeypatch, latencies, swept, advised, advised_transformer):
+    # run_all on tiny sizes: patch the configurations; the latency, the sweep and the two advices
+    # it asks for are the tiny ones the tests here check (computed once, in the fixtures), the rest
+    # of the code path is run_all's own.
+    default = RunConfig(width=16, batch=4, repeats=2, warmup=1)
+    monkeypatch.setattr(bench, "DEFAULT", default)
     monkeypatch.setattr(bench, "SMALL", RunConfig(width=8, batch=2, repeats=2, warmup=1))
     asked = []
+
+    def latency(config, **kwargs):
+        asked.append(("latency", config))
+        return latencies
 
     def sweep_pair(widths, batches, policies, **kwargs):
         asked.append(("sweep", list(policies), kwargs.get("cache_dir")))
@@ -135,12 +146,14 @@ def test_report_document_and_table(monkeypatch, swept, advised, advised_transfor
         return advised_transformer if timed else {k: v for k, v in advised_transformer.items()
                                                   if k != "timed"}
 
+    monkeypatch.setattr(bench, "latency", latency)
     monkeypatch.setattr(bench, "sweep_pair", sweep_pair)
     monkeypatch.setattr(bench, "advise_bench", lambda: asked.append(("advise",)) or advised)
     monkeypatch.setattr(bench, "advise_transformer", advise_transformer)
     doc = json.loads(json.dumps(bench._jsonable(bench.run_all(quick=True))))
     # every policy swept from an empty cache; the transformer advice from empty caches, untimed
-    assert asked == [("sweep", list(POLICIES), None), ("advise",),
+    assert asked == [("latency", default.replace(repeats=20, warmup=3)),
+                     ("sweep", list(POLICIES), None), ("advise",),
                      ("advise_transformer", bench.temporary_cache_dir, False)], asked
     keys = {"fidelity_ratio_default", "fidelity_ratio_small", "overhead_ratio", "warm_latency_s",
             "cold_latency_s", "dissect_overhead_ratio", "sweep_s_per_config", "cache_speedup",
