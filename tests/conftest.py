@@ -107,6 +107,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (``-n``, the project's default) each file is one unit of work on one worker,
     so its module fixtures compile once, handed out in collection order (the slowest files first).
+    The browser tests are one unit: one worker starts the session's Streamlit server and Chromium
+    once, instead of each worker starting its own (each server imports the engine and warms a JAX
+    worker process; each browser compiles the app's JavaScript).
     xdist's own ``loadgroup`` marks no longer group anything under pytest 9 (they rename
     ``item._nodeid``, which pytest 9 no longer reads): every module fixture compiled once per worker."""
     if config.getvalue("dist") != "loadfile":  # the project's default; another --dist is the user's
@@ -115,7 +118,8 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::", 1)[0]
+            path = nodeid.split("::", 1)[0]
+            return "tests/e2e" if path.startswith("tests/e2e/") else path
 
     config.option.loadscopereorder = False  # keep SLOW_FIRST's order, not the test count's
     return ByFile(config, log)
