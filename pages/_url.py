@@ -149,7 +149,7 @@ def read_url_once() -> list[str]:
             warnings.append(f"URL parameter `{key}` = {code_span(raw)} is not valid "
                             f"({escape_markdown(err)}) Allowed: {_allowed(key, model)}. Using the "
                             f"default, `{getattr(DEFAULT, key) if key != 'preset' else 'none'}`.")
-    if values.get("batch") == 0 and values.get("model", "mlp") != "mlp":  # seq_mixer, transformer, llm
+    if values.get("batch") == 0 and model != "mlp":  # seq_mixer, transformer, llm (a preset: the llm)
         warnings.append("URL parameter `batch` = `0` (a single vector) is only for the mlp model. "
                         f"Using the default, `{DEFAULT.batch}`.")
         values.pop("batch")

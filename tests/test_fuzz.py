@@ -274,6 +274,7 @@ url_value = st.one_of(*(_value_text(k) for k in ("width", "batch", "policy", "mo
     st.one_of(st.sampled_from(URL_KEYS).flatmap(_valid_text), url_value,
               st.lists(url_value, min_size=1, max_size=3)), max_size=8))
 @example(params={"model": "transformer", "batch": "0"})  # found by the fuzz: batch 1 without a word
+@example(params={"preset": "llama3.2-1b", "batch": "0"})  # a preset alone makes the model the llm
 def test_url_query_fuzz_ends_in_a_valid_config_or_a_warning(page_runs, params):
     from streamlit.testing.v1 import AppTest
 
