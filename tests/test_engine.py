@@ -157,7 +157,7 @@ def test_bfloat16_gradient_check_tolerance_follows_the_dtype(run):
     assert bf16["rtol"] == 2 * 2.0**-8 and f32["rtol"] == 2 * 2.0**-24
 
 
-def test_time_executable_warms_up_by_count_and_by_time():
+def test_time_executable_warms_up_by_count_and_by_time(monkeypatch):
     from remat_lab.program.timing import time_executable
 
     calls = []
@@ -170,14 +170,24 @@ def test_time_executable_warms_up_by_count_and_by_time():
     assert len(calls) == 7 and samples.shape == (4,) and bool(np.all(samples > 0))
     calls.clear()
 
+    # A fake clock that each call moves by exactly 2**-8 s (binary-exact, so sums do not round): the
+    # count cannot depend on the host's load (a real 5 ms sleep overran on a busy CI machine).
+    import types
+
+    from remat_lab.program import timing
+
+    now, step = [0.0], 2.0**-8
+
     def slow(x):
         calls.append(x)
-        import time
-        time.sleep(0.005)
+        now[0] += step
         return jnp.zeros(())
 
-    time_executable(slow, (1,), warmup=1, repeats=2, min_warmup_s=0.05)
-    assert len(calls) >= 2 + 8  # at least 50 ms of 5 ms warm-up calls, then the timed ones
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    samples = time_executable(slow, (1,), warmup=1, repeats=2, min_warmup_s=10 * step)
+    # warm-up runs until 10 steps have passed (10 calls, beyond the one asked for), then 2 timed
+    assert len(calls) == 10 + 2
+    assert samples.tolist() == [step, step]
 
 
 def test_the_timed_loop_keeps_only_the_last_output_and_the_run_checks_it():
