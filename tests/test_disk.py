@@ -114,6 +114,30 @@ def test_an_entry_larger_than_the_room_made_for_it_is_trimmed_by_the_compile_tha
     assert max(sizes) <= 12 << 10 and min(sizes) > 768, sizes  # written, and never over
 
 
+def test_a_write_in_one_thread_is_trimmed_although_another_threads_compile_ended_first(
+        tmp_path, monkeypatch):
+    """The witness compiles run beside the main one. Thread B's entry is about to be written when
+    thread A's compile (which also wrote) ends and trims; B writes after that trim, and B's own end
+    trims again. A flag shared by the threads was cleared by A, and B's entry stayed over the bound
+    (seen in the suite: a 48K cache at 51,774 bytes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = tmp_path / "cache"
+    _files(folder, 4, 10_000)
+    monkeypatch.setenv("REMAT_LAB_CACHE_MAX_BYTES", "48K")
+    monkeypatch.setitem(backend._CACHE, "dir", str(folder))
+    miss, done = "/jax/compilation_cache/cache_misses", "/jax/core/compile/backend_compile_duration"
+    with ThreadPoolExecutor(1) as a, ThreadPoolExecutor(1) as b:
+        b.submit(backend._on_cache_event, miss).result()  # B: room made, its write pending
+        a.submit(backend._on_cache_event, miss).result()  # A: the same
+        (folder / "a-cache").write_bytes(b"a" * 3000)
+        a.submit(backend._on_compile_done, done, 0.1).result()  # A ends: trims (B not written yet)
+        (folder / "b-cache").write_bytes(b"b" * 20_000)  # B writes: 63,000 bytes, over 48K
+        assert _total(folder, "*-cache") > 48 << 10
+        b.submit(backend._on_compile_done, done, 0.1).result()  # B ends: its own write trimmed
+    assert _total(folder, "*-cache") <= 48 << 10 and (folder / "b-cache").exists()
+
+
 def test_timeline_dumps_stay_under_their_bound(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     dumps = folder / "timeline_dumps"

@@ -19,7 +19,12 @@ CACHE_MAX_ENV = "REMAT_LAB_CACHE_MAX_BYTES"
 CACHE_MAX_BYTES = 256 << 20  # JAX's compiled executables: 43-340 KB per configuration on XLA CPU
 _CACHE_FILES = ("*-cache",)  # JAX's entries (its "-atime" stamps, when JAX evicts itself, stay)
 _PRUNE_LOCK = threading.Lock()
-_CACHE = {"dir": None, "dirty": False, "listening": False}
+_CACHE = {"dir": None, "listening": False}
+# Whether this thread's compile wrote a cache entry not yet held to the bound: per thread, because
+# the witness compiles run beside the main one (studies/witness_compiles) and one thread's "done"
+# must not clear another's pending write (a shared flag let a write land after the other thread's
+# trim and stay over the bound until some later compile).
+_WROTE = threading.local()
 
 
 class ExecutionError(RuntimeError):
@@ -79,15 +84,12 @@ def prune_compilation_cache(folder: str | None = None) -> int:
 
 
 def _on_cache_event(event: str, **_kwargs) -> None:
-    """JAX's monitoring events: before a new entry is written (``cache_misses``) make room for it
-    (down to 15/16 of the bound); at the next compile after a write, hold the bound exactly."""
+    """JAX's monitoring events, in the compiling thread: before a new entry is written
+    (``cache_misses``) make room for it (down to 15/16 of the bound) and mark the write pending."""
     try:
         if event == "/jax/compilation_cache/cache_misses":
-            _CACHE["dirty"] = True
+            _WROTE.pending = True
             prune(_CACHE["dir"], byte_limit(CACHE_MAX_ENV, CACHE_MAX_BYTES), _CACHE_FILES, keep=15 / 16)
-        elif event == "/jax/compilation_cache/compile_requests_use_cache" and _CACHE["dirty"]:
-            _CACHE["dirty"] = False
-            prune_compilation_cache()
     except Exception:  # noqa: BLE001 - a listener must never break a compile
         pass
 
@@ -107,12 +109,12 @@ def _skip_compile_only_programs() -> None:
 
 
 def _on_compile_done(event: str, _duration: float, **_kwargs) -> None:
-    """JAX's duration event at the end of each compile, after any cache write: a write that went
-    over the bound (a new entry larger than the room made for it) is trimmed before the compile
-    returns, not at some later compile (there may be none)."""
+    """JAX's duration event at the end of each compile, after its cache write and in the same
+    thread: a write that went over the bound (a new entry larger than the room made for it, or
+    written after another thread's trim) is trimmed before the compile returns."""
     try:
-        if event == "/jax/core/compile/backend_compile_duration" and _CACHE["dirty"]:
-            _CACHE["dirty"] = False
+        if event == "/jax/core/compile/backend_compile_duration" and getattr(_WROTE, "pending", False):
+            _WROTE.pending = False
             prune_compilation_cache()
     except Exception:  # noqa: BLE001 - a listener must never break a compile
         pass
