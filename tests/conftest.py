@@ -75,6 +75,22 @@ def _apptest_session_ends():
     upload_budget.BUDGET.take_refusals("test session id")
 
 
+def _scan_installed_components_once() -> None:
+    """Streamlit's ``AppTest`` scans every installed distribution's metadata for custom components
+    on each new test app (``BidiComponentManager.discover_and_register_components``): about 0.3 s a
+    test app on this machine, over a thousand apps in the suite. The installed packages do not
+    change during a run, so the scan is done once per process and its answer reused (a real
+    server scans once, at start-up)."""
+    from streamlit.components.v2 import manifest_scanner
+
+    scan = manifest_scanner.scan_component_manifests
+    if not hasattr(scan, "cache_info"):  # Streamlit imports it from the module at each call
+        manifest_scanner.scan_component_manifests = functools.cache(scan)
+
+
+_scan_installed_components_once()
+
+
 # The app's runs go to a worker process (remat_lab.serve.worker); the AppTest pages run them in-process
 # instead, so tests can patch the engine. tests/test_worker.py and the e2e server use real workers.
 os.environ.setdefault("REMAT_LAB_WORKERS", "0")
