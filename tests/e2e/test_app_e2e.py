@@ -148,18 +148,18 @@ def _heading(page) -> str:
     return heading.inner_text()
 
 
-@pytest.mark.parametrize("path", list(PAGES.values()))
-def test_every_page_has_its_own_address(page, server, path):
-    """``/explore``, ``/compare``, ... open their page (the start page is also at ``/``)."""
-    open_app(page, server, path, width="64", batch="8", repeats="3", depth="2")
-    assert_no_page_not_found(page)
-    title = next(t for t, p in PAGES.items() if p == path)
-    assert title in _heading(page)
-    assert slider_value(page, "Depth (remat'd blocks)") == "2"  # the link's settings are kept
-    assert "depth=2" in page.url
-    if path == "explore":  # shown at "/", the navigation marks Explore as the current page
-        assert urlparse(page.url).path in ("", "/"), page.url
-        assert metrics(page)[DOTS] == "4 / 0"
+def test_every_page_has_its_own_address(page, server):
+    """``/explore``, ``/compare``, ... open their page (the start page is also at ``/``). One
+    browser page loads each address in turn, as a pasted link: a new Streamlit session each time."""
+    for title, path in PAGES.items():
+        open_app(page, server, path, width="64", batch="8", repeats="3", depth="2")
+        assert_no_page_not_found(page)
+        assert title in _heading(page), path
+        assert slider_value(page, "Depth (remat'd blocks)") == "2", path  # the link's settings are kept
+        assert "depth=2" in page.url, path
+        if path == "explore":  # shown at "/", the navigation marks Explore as the current page
+            assert urlparse(page.url).path in ("", "/"), page.url
+            assert metrics(page)[DOTS] == "4 / 0"
 
 
 def test_bad_url_parameter_warns_instead_of_a_traceback(page, server):
