@@ -1,5 +1,6 @@
 """Fixtures for the real-browser tests: one Streamlit server per session, Debian's Chromium through
-Playwright, a fresh browser context per test, screenshots, and the server log on failure.
+Playwright (one shared browser context; a fresh one where a test asks), screenshots, and the server
+log on failure.
 
 Environment:
   REMAT_LAB_CHROMIUM      the browser binary (default Debian's /usr/bin/chromium-headless-shell, the
