@@ -152,12 +152,14 @@ def test_the_targets_page_compiles_and_shows_the_lesson_or_the_same_ranking():
 
 
 def test_the_advisor_sizes_an_llm_per_device_on_a_target_mesh():
-    """The headline question in one screen, at toy size: an llm on 8 TPU v5e chips (fsdp=8) from a link,
-    the mesh offered on a target although this machine has one device; per policy the largest
-    per-device batch, tokens per step, and a stacked bar of what fills one device."""
+    """The headline question in one screen, at toy size: an llm's training recipe (bf16 compute, fp32
+    master weights and moments) on 8 TPU v5e chips (fsdp=8) from a link, the mesh offered on a
+    target although this machine has one device; per policy the largest per-device batch, tokens
+    per step, and a stacked bar of what fills one device."""
     at = _app("pages/advisor.py", timeout=600, model="llm", vocab="256", width="64", heads="4", kv_heads="2",
               mlp_dim="128", seq="16", depth="2", batch="8", target="tpu-v5e", mesh="fsdp=8",
-              step="train", budget="4M", policies="nothing_saveable").run()
+              step="train", dtype="bfloat16", param_dtype="float32", optimizer_dtype="float32",
+              budget="4M", policies="nothing_saveable").run()
     assert not at.exception, at.exception
     assert at.selectbox(key="mesh_fsdp").value == 8 and at.query_params["mesh"] == "fsdp=8"
     at.button(key="advisor_run").click().run()
