@@ -109,14 +109,13 @@ os.environ.setdefault("REMAT_LAB_PUBLIC", "0")
 # The slowest files, slowest first (each file's summed ``--durations=0``, 2 cores, a cold cache). Under
 # pytest-xdist they are handed out first, so no worker is left alone with a long file at the end.
 SLOW_FIRST = (
-    "tests/e2e/test_app_e2e.py", "tests/test_compiled_truth.py", "tests/e2e/test_public_e2e.py",
-    "tests/test_targets_app.py", "tests/test_bench.py", "tests/test_llm.py", "tests/test_attention.py",
-    "tests/test_synthesize.py", "tests/test_synthesize_tpu.py", "tests/test_llm_mesh.py",
-    "tests/test_transformer.py",
-    "tests/e2e/test_results_e2e.py", "tests/test_app.py", "tests/test_tpu_memory.py",
-    "tests/test_reliability.py", "tests/test_gradcheck.py", "tests/test_sharding.py",
-    "tests/test_loss_chunks.py", "tests/e2e/test_page_state_e2e.py", "tests/test_targets.py",
-    "tests/e2e/test_begin_e2e.py", "tests/test_advisor.py", "tests/e2e/test_layout_e2e.py",
+    "tests/e2e/test_app_e2e.py", "tests/test_compiled_truth.py", "tests/test_synthesize.py",
+    "tests/test_tpu_memory.py", "tests/test_synthesize_tpu.py", "tests/test_targets_app.py",
+    "tests/e2e/test_public_e2e.py", "tests/test_targets.py", "tests/e2e/test_page_state_e2e.py",
+    "tests/test_reliability.py", "tests/test_llm.py", "tests/test_attention.py",
+    "tests/e2e/test_results_e2e.py", "tests/test_transformer.py", "tests/test_gradcheck.py",
+    "tests/test_app.py", "tests/e2e/test_begin_e2e.py", "tests/test_bench.py", "tests/test_engine.py",
+    "tests/test_advisor.py", "tests/e2e/test_layout_e2e.py", "tests/test_worker.py", "tests/test_sharding.py",
 )
 
 
