@@ -26,6 +26,7 @@ FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive
                 "--xla_cpu_use_fusion_emitters=false")
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):  # before anything starts a JAX backend
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+os.environ["REMAT_LAB_TEST_XLA_FLAGS"] = FAST_COMPILE  # for a test that runs without them
 
 from remat_lab.config import RunConfig  # noqa: E402 - after XLA_FLAGS
 from remat_lab.program import backend  # noqa: E402
