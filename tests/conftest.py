@@ -11,19 +11,13 @@ from pathlib import Path
 
 import pytest
 
-# Two compile-time savings in every XLA compile of the run (this process, its workers, the CLI and
-# worker subprocesses and the browser tests' servers inherit them through XLA_FLAGS):
-# - LLVM's optimisation off: the HLO passes, the buffer assignment, the memory analysis and the flop
-#   counts the lab reads are unchanged on every backend (tests/test_analysis_compile.py compiles
-#   against XLA's defaults to check it); only machine code is less optimised, and no test times it.
-# - On the CPU only, XLA's classic fusion emitters instead of its MLIR ones (the suite's CPU compiles
-#   take about a third of the time). This one does change the CPU program: its fusions and so its
-#   temporary bytes (a 2-block llm's train step: 192 bytes more). Every test compares the lab with a
-#   truth compiled in the same run, under the same flags; GPU and TPU programs are untouched; and
-#   tests/test_analysis_compile.py compiles and runs the CPU program with XLA's defaults (MLIR
-#   emitters), as users do, and checks the lab against it.
-FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                "--xla_cpu_use_fusion_emitters=false")
+# A compile-time saving in every XLA compile of the run (this process, its workers, the CLI and
+# worker subprocesses and the browser tests' servers inherit it through XLA_FLAGS): LLVM's
+# optimisation off. The HLO passes, the buffer assignment, the memory analysis and the flop counts the
+# lab reads are unchanged on every backend (tests/test_analysis_compile.py compiles against XLA's
+# defaults to check it); only machine code is less optimised, and no test times it. (XLA 0.12's CPU
+# backend has no classic fusion emitters any more: `--xla_cpu_use_fusion_emitters` is gone.)
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):  # before anything starts a JAX backend
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 os.environ["REMAT_LAB_TEST_XLA_FLAGS"] = FAST_COMPILE  # for a test that runs without them
