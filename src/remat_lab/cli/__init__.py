@@ -1,4 +1,4 @@
-"""Headless runs: ``python -m remat_lab run|explain|compare|advise|synthesize|sweep|history|policies|bench``.
+"""Headless runs: ``python -m remat_lab run|explain|compare|advise|synthesize|sweep|history|...``.
 
 Bad input exits with status 2 and one line on stderr; an XLA failure exits with status 1.
 """
@@ -15,6 +15,7 @@ from remat_lab.cli import (
     compare,
     history,
     policies,
+    published,
     run,
     sweep,
     synthesize,
@@ -29,15 +30,16 @@ __all__ = ["_config_from", "build_parser", "main"]
 COMMANDS = {"run": run.main, "explain": run.main, "compare": compare.main, "calibrate": calibrate.main,
             "policies": policies.main, "advise": advise.main, "sweep": sweep.main,
             "history": history.main, "bench": bench.main, "targets": targets.main,
-            "synthesize": synthesize.main}
-NO_DEVICES = ("policies", "history", "targets")
+            "synthesize": synthesize.main, "published": published.main}
+NO_DEVICES = ("policies", "history", "targets")  # published without --check: below
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand's flags, in the order ``--help`` lists them."""
     parser = Parser(prog="python -m remat_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for module in (run, compare, calibrate, policies, advise, synthesize, sweep, history, bench, targets):
+    for module in (run, compare, calibrate, policies, advise, synthesize, sweep, history, bench, targets,
+                   published):
         module.add_parsers(sub)
     return parser
 
@@ -45,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, set up the devices, run the subcommand; a ``Failure`` is one line on stderr."""
     args = build_parser().parse_args(argv)
-    if args.command in NO_DEVICES:
+    if args.command in NO_DEVICES or (args.command == "published" and args.check is None):
         return _run(args)
     from remat_lab.program.native_log import captured_logs
 
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        if args.command not in NO_DEVICES:
+        if args.command not in NO_DEVICES and not (args.command == "published" and args.check is None):
             setup_devices(args)  # before anything starts JAX: emulated devices, jax.distributed
             from remat_lab.program.targets import start_backend_quietly
 

@@ -1,0 +1,169 @@
+"""MaxText's published runs (``published.json``) as lab configurations, flops and step times; no JAX."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .catalog import NAMES, POLICY_IDS, PRESETS
+from .errors import ConfigError
+from .mesh_text import MESH_AXES
+from .targets import MAX_TARGET_DEVICES, get_target
+
+CATALOGUE: dict = json.loads(Path(__file__).with_name("published.json").read_text())
+RUNS: dict[str, dict] = {run["name"]: run for run in CATALOGUE["runs"]}
+REPOSITORY = CATALOGUE["maxtext_repository"]
+
+# MaxText's knobs with no effect on what the lab compiles (data, logging, profiling, kernels' fusion).
+IGNORED = ("dataset_type", "dataset_path", "enable_checkpointing", "profiler", "use_iota_embed",
+           "reuse_example_batch", "gcs_metrics", "skip_first_n_steps_for_profiler", "profiler_steps",
+           "sa_use_fused_bwd_kernel", "allow_split_physical_axes", "custom_mesh")
+# MaxText's attention kernels as the lab's attention: a blockwise kernel that never holds the
+# (seq x seq) scores (splash on TPU, cuDNN's through Transformer Engine on GPUs) is the lab's flash.
+ATTENTION = {"flash": "flash", "cudnn_flash_te": "flash", "dot_product": "full", "autoselected": "flash"}
+# MaxText's mesh knobs and the lab's axes (``mesh_text.MESH_AXES``): ici_* within a slice or host,
+# dcn_* across slices or hosts (the data-centre network, or InfiniBand between GPU hosts).
+_AXIS = {"data": "data", "fsdp": "fsdp", "tensor": "tensor"}
+# A custom plan's values (MaxText's ``remat_policy: custom``): keep on the device, move to the
+# host, or recompute in the backward pass.
+_PLAN = ("device", "offload", "remat")
+
+
+def run_named(name: str) -> dict:
+    """The catalogued run ``name``, or a ConfigError listing the names there are."""
+    if name not in RUNS:
+        raise ConfigError(f"no published run {str(name)[:60]!r}; choose one of: {', '.join(RUNS)}.")
+    return RUNS[name]
+
+
+def source_link(source: dict) -> str:
+    """``repository/file@commit#Lline``: where a configuration or a figure is published."""
+    return f"{REPOSITORY}/{source['file']}@{source['commit'][:7]}#L{source['line']}"
+
+
+def _mesh(knobs: dict, devices: int) -> tuple[str, list[str]]:
+    """The lab's mesh for MaxText's ``ici_*`` / ``dcn_*`` parallelism knobs (-1: the devices left),
+    and what the lab does not reproduce of them (a cross-slice axis, folded into its ICI axis)."""
+    sizes, notes, fill = {}, [], None
+    for axis in MESH_AXES:
+        ici, dcn = knobs.get(f"ici_{axis}_parallelism", 1), knobs.get(f"dcn_{axis}_parallelism", 1)
+        if ici == -1:
+            fill = axis
+            ici = 1
+        if dcn > 1:
+            notes.append(f"dcn_{axis}_parallelism={dcn} (across slices or hosts) is folded into the "
+                         f"lab's {axis} axis: its collectives are priced at the in-slice link, not "
+                         "the slower one between slices")
+        sizes[axis] = ici * dcn
+    used = 1
+    for n in sizes.values():
+        used *= n
+    if devices % used:
+        raise ConfigError(f"the mesh knobs use {used} devices, which do not divide {devices}.")
+    if fill is not None:
+        sizes[fill] *= devices // used
+    elif used != devices:
+        raise ConfigError(f"the mesh knobs use {used} devices, not the run's {devices}.")
+    return ",".join(f"{a}={n}" for a, n in sizes.items() if n > 1), notes
+
+
+def translate(run: dict) -> tuple[dict, list[str]]:
+    """The lab configuration (``RunConfig.from_preset`` keyword arguments, with ``preset``) for a
+    published run, and what differs from MaxText's program, one sentence each. Raises ConfigError
+    where the lab cannot compile it at all (its model is not a preset, more devices than it compiles)."""
+    knobs, devices, diff = run["knobs"], run["devices"], []
+    if run["model"] not in PRESETS:
+        raise ConfigError(f"{run['name']}: the lab has no preset {run['model']!r} yet.")
+    if devices > MAX_TARGET_DEVICES:
+        raise ConfigError(f"{run['name']} runs on {devices} chips; the lab compiles for at most "
+                          f"{MAX_TARGET_DEVICES}.")
+    get_target(run["target"])
+    pdb = knobs["per_device_batch_size"]
+    mesh, notes = _mesh(knobs, devices)
+    diff += notes
+    fields = {"preset": run["model"], "seq": knobs["max_target_length"], "batch": int(pdb * devices),
+              "step": "train", "loss_chunks": 1, "compile_only": True, "target": run["target"],
+              "target_devices": devices, "mesh": mesh,
+              "stack": "scan" if knobs.get("scan_layers", True) else "loop"}
+    attention = knobs.get("attention", "dot_product")
+    if attention not in ATTENTION:
+        raise ConfigError(f"{run['name']}: attention {attention!r} has no counterpart in the lab.")
+    fields["attention"] = ATTENTION[attention]
+    if fields["attention"] == "flash":
+        fields["attention_block"] = int(knobs.get("sa_block_q", 512))
+        kv = knobs.get("sa_block_kv", fields["attention_block"])
+        if kv != fields["attention_block"]:
+            diff.append(f"flash blocks: the lab uses one block size ({fields['attention_block']}), "
+                        f"MaxText's key/value block is {kv}")
+    policy = knobs.get("remat_policy", "full")
+    if policy not in POLICY_IDS:
+        raise ConfigError(f"{run['name']}: remat_policy {policy!r} is not one of the lab's policies.")
+    fields["policy"] = policy
+    if policy == "custom":
+        save, offload = [], []
+        for name in NAMES["llm"] + ("decoder_layer_input",):
+            where = knobs.get(name)
+            if where is None:
+                continue
+            if where not in _PLAN:
+                raise ConfigError(f"{run['name']}: {name}: {where!r}; a custom plan says device, "
+                                  "offload or remat.")
+            if name not in NAMES["llm"]:
+                diff.append(f"{name}: {where} in MaxText; the lab's llm has no checkpoint name "
+                            f"{name}, so it is recomputed")
+                continue
+            (save if where == "device" else offload if where == "offload" else []).append(name)
+        fields["save_names"], fields["offload_names"] = tuple(save), tuple(offload)
+    if knobs.get("use_qwix_quantization"):
+        diff.append("use_qwix_quantization: MaxText trains with int8 matmuls (Qwix); the lab's "
+                    "matmuls are in bfloat16, so its activations and flops are those of bfloat16")
+    if pdb != int(pdb):
+        diff.append(f"per_device_batch_size {pdb}: the lab's batch is {fields['batch']} in all")
+    return fields, diff
+
+
+def model_flops_per_device(run: dict, *, causal: bool = True) -> float:
+    """MaxText's model flops for one training step on one device (``calculate_tflops_training_per_
+    device``, dense decoders): 3 x (2 x tokens x the matmul weights, vocabulary projection included)
+    + 3 x causal attention (2 x tokens x seq x heads x head_dim a layer, half of the full square);
+    ``causal=False``: the full square, as MaxText counted when its v6e MFU figures were published."""
+    p, k = PRESETS[run["model"]], run["knobs"]
+    b, t = k["per_device_batch_size"], k["max_target_length"]
+    d, hd, layers = p["width"], p["head_dim"], p["depth"]
+    ffn = 2 * b * t * p["mlp_dim"] * d * 2 + 2 * b * t * p["mlp_dim"] * d  # two gated inputs, one out
+    qkv = 2 * b * t * d * (p["heads"] + 2 * p["kv_heads"]) * hd
+    proj = 2 * b * t * d * p["heads"] * hd
+    attention = 4 * b * t ** 2 * p["heads"] * hd / (2 if causal else 1)
+    embed = 2 * b * t * d * p["vocab"]
+    return 3 * ((ffn + qkv + proj) * layers + embed) + 3 * attention * layers
+
+
+def measured_step_s(run: dict) -> dict | None:
+    """The measured step time of a published run, from its figure: tokens/s/device (exact: tokens
+    per device per step over it), else model TFLOP/s per chip or MFU (MaxText's model flops per
+    device over the achieved rate; MFU against the chip's bfloat16 peak). None when none is published."""
+    m = run.get("measured")
+    if not m:
+        return None
+    k = run["knobs"]
+    if m.get("tokens_per_s_per_device"):
+        tokens = k["per_device_batch_size"] * k["max_target_length"]
+        return {"step_s": tokens / m["tokens_per_s_per_device"], "from": "tokens_per_s_per_device"}
+    flops = model_flops_per_device(run)
+    if m.get("tflops_per_s_per_chip"):
+        return {"step_s": flops / (m["tflops_per_s_per_chip"] * 1e12), "from": "tflops_per_s_per_chip"}
+    peak = get_target(run["target"]).peak_flops["bfloat16"]
+    return {"step_s": flops / (m["mfu"] * peak), "from": "mfu"}
+
+
+def mfu_definition(run: dict) -> dict | None:
+    """Which model-flops count a run's published MFU uses: the MFU its tokens/s give under MaxText's
+    causal count and under the full square, and the published one (None without both figures)."""
+    m = run.get("measured") or {}
+    if not (m.get("mfu") and m.get("tokens_per_s_per_device")):
+        return None
+    step = measured_step_s(run)["step_s"]
+    peak = get_target(run["target"]).peak_flops["bfloat16"]
+    causal, square = (model_flops_per_device(run, causal=c) / step / peak for c in (True, False))
+    return {"published": m["mfu"], "causal": causal, "full_square": square,
+            "matches": "full_square" if abs(square - m["mfu"]) < abs(causal - m["mfu"]) else "causal"}

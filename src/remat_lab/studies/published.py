@@ -1,0 +1,62 @@
+"""A published run held against the lab: compiled for its chips; fits, flops and step time side by side."""
+
+from __future__ import annotations
+
+from remat_lab.config import RunConfig, get_target
+from remat_lab.config import published as pub
+from remat_lab.program.backend import ExecutionError, needed_bytes, out_of_memory
+from remat_lab.program.timing import Progress
+from remat_lab.studies.experiment import run_experiment
+
+
+def config_for(name: str) -> tuple[RunConfig, list[str]]:
+    """The lab configuration of published run ``name`` and what differs from MaxText's program."""
+    fields, differences = pub.translate(pub.run_named(name))
+    preset = fields.pop("preset")
+    return RunConfig.from_preset(preset, **fields), differences
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def check(name: str, progress: Progress | None = None) -> dict:
+    """Compile published run ``name`` as the lab (``config_for``) for its target and hold it against
+    the record: ``fits`` (the per-device peak within the chip's HBM, and on TPU libtpu's own HBM
+    check passed; a refused compile is ``fits: False`` with the bytes libtpu says it needs), the
+    lab's program flops and MaxText's model flops per device, the measured step time against the
+    lab's estimate. Raises ConfigError where the lab cannot express the run."""
+    run = pub.run_named(name)
+    config, differences = config_for(name)
+    target = get_target(run["target"])
+    hbm = target.memory_bytes
+    doc = {"name": name, "title": run["title"], "source": pub.source_link(run["source"]),
+           "measured": run.get("measured"), "config": config.as_dict(), "differences": differences,
+           "hbm_bytes": hbm, "note": run.get("note")}
+    measured = pub.measured_step_s(run)
+    doc["measured_step_s"] = measured["step_s"] if measured else None
+    doc["measured_step_from"] = measured["from"] if measured else None
+    doc["source_model_flops"] = pub.model_flops_per_device(run)
+    doc["source_model_flops_full_square"] = pub.model_flops_per_device(run, causal=False)
+    doc["mfu_definition"] = pub.mfu_definition(run)
+    try:
+        result = run_experiment(config, timing=False, progress=progress)
+    except ExecutionError as err:
+        if not out_of_memory(err):
+            raise
+        need = needed_bytes(err)
+        doc.update(fits=False, refused=str(err), peak_bytes=None, temp_bytes=need,
+                   program_flops=None, lab_model_flops=None, estimate_s=None,
+                   estimate_over_measured=None, notes=[])
+        return doc
+    mem = result["memory"] or {}
+    peak = mem.get("peak_bytes")
+    estimate = (result.get("timing") or {}).get("estimate_s")
+    doc.update(fits=peak is not None and peak <= hbm, refused=None, peak_bytes=peak,
+               temp_bytes=mem.get("temp_bytes"), program_flops=result.get("flops"),
+               lab_model_flops=(result.get("baseline") or {}).get("flops"),
+               estimate_s=estimate, estimate_over_measured=_ratio(estimate, doc["measured_step_s"]),
+               estimate_basis=(result.get("timing") or {}).get("estimate_basis"),
+               notes=result.get("notes") or [])
+    doc["program_over_source_flops"] = _ratio(doc["program_flops"], doc["source_model_flops"])
+    return doc
