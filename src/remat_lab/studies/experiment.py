@@ -31,6 +31,8 @@ from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the stud
     ExecutionError,
     device_memory_limit,
     environment,
+    needed_bytes,
+    out_of_memory,
     xla_error,
 )
 from remat_lab.program.mesh import to_host
@@ -185,21 +187,34 @@ def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, du
            "memory": memory_report(compiled), "bytes_accessed": bytes_accessed}
     out["xla_remat"] = _xla_remat(config, lowered, text, flops, out["memory"])
     progress("dissecting")
+    out["witness_left_out"] = None
     try:
         base = witnesses.baseline()
     except Exception as err:
-        raise xla_error("compiling the no_remat baseline", err) from err
+        # On a target, a no_remat program over the chip's memory is refused by the compiler (libtpu
+        # checks HBM): the policy's own program stands; what needs the witness is left out, and said.
+        if config.target == LOCAL or not out_of_memory(err):
+            raise xla_error("compiling the no_remat baseline", err) from err
+        base = None
+        need = needed_bytes(err)
+        out["witness_left_out"] = (
+            f"The no_remat program, the witness for what this policy recomputes, does not fit one "
+            f"{config.target} device{f' (it needs {need / 2**30:.2f} GiB)' if need else ''}: "
+            "its compile was refused, so the compiled program's recomputation, the recomputed "
+            "phases of the timeline and the collectives against no_remat are left out; the "
+            "memory, flops and estimate are this policy's program's own.")
+    witness_text = base["text"] if base is not None else None
     t0 = time.perf_counter()
     out["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
                                              names=block_names(config), paths=problem.paths,
-                                             witness=base["text"])
+                                             witness=witness_text)
     out["timeline_s"] = time.perf_counter() - t0
     backend = jax.default_backend() if config.target == LOCAL else get_target(config.target).platform
     out["dissection"] = dissect(problem, text, step_jaxpr=traced.jaxpr, flops=flops, baseline=base,
                                 backend=backend)
     out["baseline"] = base
     if problem.mesh is not None:
-        out["sharding"] = collectives.report(problem, text, out["memory"], base["text"])
+        out["sharding"] = collectives.report(problem, text, out["memory"], witness_text)
     return out
 
 
@@ -300,14 +315,17 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         "achieved_flops_per_s": None,
         "roofline": None, "loss": None, "memory": sec["memory"],
         "memory_timeline": sec["memory_timeline"], "hlo": dis.compiled,
-        "baseline": {"policy": "no_remat", "flops": base["flops"],
-                     "peak_bytes": (base["memory"] or {}).get("peak_bytes")},
+        "baseline": ({"policy": "no_remat", "flops": base["flops"],
+                      "peak_bytes": (base["memory"] or {}).get("peak_bytes")} if base is not None
+                     else {"policy": "no_remat", "flops": None, "peak_bytes": None,
+                           "left_out": sec["witness_left_out"]}),
         "gradient_check": {"ok": None, "reason": reason + " (the check compares computed gradients)"},
     }
     if target is not None:
         result["target"] = target.as_dict()
     if "sharding" in sec:
         result["sharding"] = sec["sharding"]
-    result.update(residuals=dis.residuals, dots=dis.dots, totals=dis.totals, notes=dis.notes,
+    notes = [sec["witness_left_out"], *dis.notes] if sec["witness_left_out"] else dis.notes
+    result.update(residuals=dis.residuals, dots=dis.dots, totals=dis.totals, notes=notes,
                   texts=dis.texts)
     return _with_program(config, result, problem)
