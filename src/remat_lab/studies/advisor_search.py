@@ -51,6 +51,7 @@ from remat_lab.program.step import (
     logits_bytes,
     program_args,
 )
+from remat_lab.program.tracing import trace_and_lower
 from remat_lab.studies.probe_cache import Once, ProbeCache
 
 MAX_BATCH = LIMITS["batch"][1]
@@ -86,7 +87,7 @@ def _lowered(config: RunConfig):
     with _LOWERING:
         problem = abstract_problem(config)
         try:
-            return problem, jit_program(problem).trace(*program_args(problem)).lower()
+            return problem, trace_and_lower(jit_program(problem), *program_args(problem))[1]
         except Exception as err:  # XlaRuntimeError and friends
             raise xla_error("compiling", err) from err
 

@@ -55,6 +55,7 @@ from remat_lab.program.timing import (
     time_keeping_output,
     timing_slot,
 )
+from remat_lab.program.tracing import TRACING, trace_and_lower
 from remat_lab.studies.advisor_decision import sig
 from remat_lab.studies.witness_compiles import Witnesses, baseline_program  # noqa: F401 (re-exported)
 
@@ -94,8 +95,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     t0 = time.perf_counter()
     try:
         # Trace once: the same jaxpr is lowered here and read by the dissection.
-        traced = step.trace(*problem.args)
-        lowered = traced.lower()
+        traced, lowered = trace_and_lower(step, *problem.args)
         t1 = time.perf_counter()
         progress("compiling")
         # With XLA's dump on: the memory timeline reads it (None on a persistent-cache hit).
@@ -218,6 +218,12 @@ def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, du
     return out
 
 
+def _lowered_program(problem: Problem):
+    """The training program of ``problem``, lowered under the tracing lock."""
+    with TRACING:
+        return jit_program(problem).lower(*program_args(problem))
+
+
 def _xla_remat(config: RunConfig, lowered, text: str, flops: float | None, memory: dict | None) -> dict:
     """Whether XLA's own rematerialization pass rewrote the step (``analysis/xla_remat``) and, when
     it did, what it added: against a second compile with the pass's limit lifted."""
@@ -245,7 +251,7 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
     if config.step == "train":
         t0 = time.perf_counter()
         try:  # with XLA's dump: the memory by kind is read from this program's own buffers
-            compiled, dump = compile_with_dump(jit_program(problem).lower(*program_args(problem)))
+            compiled, dump = compile_with_dump(_lowered_program(problem))
         except Exception as err:
             raise xla_error("compiling the training step", err, config) from err
         result["compile"]["train_compile_s"] = time.perf_counter() - t0
@@ -286,8 +292,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     progress("lowering")
     t0 = time.perf_counter()
     try:
-        traced = jit_step(problem).trace(*problem.args)
-        lowered = traced.lower()
+        traced, lowered = trace_and_lower(jit_step(problem), *problem.args)
         t1 = time.perf_counter()
         progress("compiling")
         compiled, dump = compile_dumped(lowered, read_only=True)

@@ -7,6 +7,7 @@ from remat_lab.analysis.costs import memory_report
 from remat_lab.config import RunConfig
 from remat_lab.program.analysis_compile import compile_for_analysis
 from remat_lab.program.step import build_problem, jit_step
+from remat_lab.program.tracing import trace_and_lower
 from remat_lab.studies.experiment import baseline_program
 
 
@@ -17,7 +18,7 @@ def compare_on_mesh(config: RunConfig, policies: list[str]) -> list[dict]:
     rows = []
     for policy in policies:
         problem = build_problem(config.replace(policy=policy))
-        compiled = compile_for_analysis(jit_step(problem).trace(*problem.args).lower())
+        compiled = compile_for_analysis(trace_and_lower(jit_step(problem), *problem.args)[1])
         counts = collectives(compiled.as_text())
         mine, mem = totals(counts), memory_report(compiled) or {}
         rows.append({"policy": policy, "peak_bytes": mem.get("peak_bytes"),

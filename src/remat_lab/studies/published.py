@@ -22,14 +22,25 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def check(name: str, progress: Progress | None = None) -> dict:
     """Compile published run ``name`` as the lab (``config_for``) for its target and hold it against
-    the record: ``fits`` (the per-device peak within the chip's HBM, and on TPU libtpu's own HBM
-    check passed; a refused compile is ``fits: False`` with the bytes libtpu says it needs), the
-    lab's program flops and MaxText's model flops per device, the measured step time against the
-    lab's estimate. Raises ConfigError where the lab cannot express the run."""
+    the record (``judge``). Raises ConfigError where the lab cannot express the run."""
+    config, _ = config_for(name)
+    try:
+        return judge(name, run_experiment(config, timing=False, progress=progress))
+    except ExecutionError as err:
+        if not out_of_memory(err):
+            raise
+        return judge(name, None, refused=err)
+
+
+def judge(name: str, result: dict | None, refused: Exception | None = None) -> dict:
+    """Published run ``name`` beside the lab's compile of it (``result``, the document of
+    ``run_experiment``; None with ``refused``, the compiler's out-of-memory refusal): ``fits`` (the
+    per-device peak within the chip's HBM, and on TPU libtpu's own HBM check passed; refused:
+    ``fits`` False with the bytes the compiler says it needs), the lab's program flops and MaxText's
+    model flops per device, the measured step time against the lab's estimate."""
     run = pub.run_named(name)
     config, differences = config_for(name)
-    target = get_target(run["target"])
-    hbm = target.memory_bytes
+    hbm = get_target(run["target"]).memory_bytes
     doc = {"name": name, "title": run["title"], "source": pub.source_link(run["source"]),
            "measured": run.get("measured"), "config": config.as_dict(), "differences": differences,
            "hbm_bytes": hbm, "note": run.get("note")}
@@ -39,24 +50,19 @@ def check(name: str, progress: Progress | None = None) -> dict:
     doc["source_model_flops"] = pub.model_flops_per_device(run)
     doc["source_model_flops_full_square"] = pub.model_flops_per_device(run, causal=False)
     doc["mfu_definition"] = pub.mfu_definition(run)
-    try:
-        result = run_experiment(config, timing=False, progress=progress)
-    except ExecutionError as err:
-        if not out_of_memory(err):
-            raise
-        need = needed_bytes(err)
-        doc.update(fits=False, refused=str(err), peak_bytes=None, temp_bytes=need,
-                   program_flops=None, lab_model_flops=None, estimate_s=None,
-                   estimate_over_measured=None, notes=[])
+    if result is None:
+        doc.update(fits=False, refused=str(refused), peak_bytes=None, temp_bytes=needed_bytes(refused),
+                   program_flops=None, lab_model_flops=None, estimate_s=None, estimate_basis=None,
+                   estimate_over_measured=None, program_over_source_flops=None, notes=[])
         return doc
     mem = result["memory"] or {}
     peak = mem.get("peak_bytes")
-    estimate = (result.get("timing") or {}).get("estimate_s")
+    timing = result.get("timing") or {}
     doc.update(fits=peak is not None and peak <= hbm, refused=None, peak_bytes=peak,
                temp_bytes=mem.get("temp_bytes"), program_flops=result.get("flops"),
                lab_model_flops=(result.get("baseline") or {}).get("flops"),
-               estimate_s=estimate, estimate_over_measured=_ratio(estimate, doc["measured_step_s"]),
-               estimate_basis=(result.get("timing") or {}).get("estimate_basis"),
+               estimate_s=timing.get("estimate_s"), estimate_basis=timing.get("estimate_basis"),
                notes=result.get("notes") or [])
+    doc["estimate_over_measured"] = _ratio(doc["estimate_s"], doc["measured_step_s"])
     doc["program_over_source_flops"] = _ratio(doc["program_flops"], doc["source_model_flops"])
     return doc

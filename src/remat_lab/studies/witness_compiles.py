@@ -17,6 +17,7 @@ from remat_lab.analysis.xla_remat import rematerialized
 from remat_lab.config import LOCAL, RunConfig, get_target
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.step import Problem, jit_step, problem_for
+from remat_lab.program.tracing import trace_and_lower
 
 # Two witnesses per run; runs in one process take turns (the worker runs one job at a time).
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="remat_lab_witness")
@@ -38,7 +39,7 @@ def baseline_program(config: RunConfig) -> dict:
 @functools.lru_cache(maxsize=16)
 def _baseline(ref_cfg: RunConfig) -> dict:
     problem = problem_for(ref_cfg)
-    lowered = jit_step(problem).trace(*problem.args).lower()
+    _, lowered = trace_and_lower(jit_step(problem), *problem.args)
     compiled = compile_for_analysis(lowered)
     text = compiled.as_text()
     memory, rewritten = memory_report(compiled), len(rematerialized(text))

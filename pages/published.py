@@ -1,0 +1,120 @@
+"""Published runs: MaxText's tuned training runs, compiled for their chips and held against the record."""
+
+import sys
+from pathlib import Path
+
+if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
+    sys.path.insert(0, _root)
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from pages import _page_state, _running, _shared  # noqa: E402
+from remat_lab.config import ConfigError, human_bytes  # noqa: E402
+from remat_lab.config import published as pub  # noqa: E402
+from remat_lab.present.reproduce import cli_command  # noqa: E402
+from remat_lab.program.backend import ExecutionError, out_of_memory  # noqa: E402
+from remat_lab.serve import safe_text  # noqa: E402
+from remat_lab.studies import published as study  # noqa: E402
+
+
+def _figure(m: dict | None) -> str:
+    if not m:
+        return "none published"
+    return ", ".join(p for p in (f"{m['mfu']:.2%} MFU" if m.get("mfu") else "",
+                                 f"{m['tokens_per_s_per_device']:,} tokens/s/device"
+                                 if m.get("tokens_per_s_per_device") else "",
+                                 f"{m['tflops_per_s_per_chip']} TFLOP/s/chip"
+                                 if m.get("tflops_per_s_per_chip") else "") if p)
+
+
+_shared.page_start("Published runs", "MaxText's tuned training configurations, with the throughput "
+                                     "measured on real chips. Pick one: the lab compiles the same "
+                                     "configuration for the same chips (without them) and sets its "
+                                     "memory, flops and step-time estimate beside the record. The "
+                                     "sidebar's settings are not used here.")
+ss = st.session_state
+st.dataframe(pd.DataFrame([{"run": r["name"], "chips": f"{r['devices']} × {r['target']}",
+                            "published": _figure(r.get("measured")),
+                            "configuration": pub.source_link(r["source"])} for r in pub.RUNS.values()]),
+             hide_index=True, width="stretch")
+names = list(pub.RUNS)
+url = _page_state.loaded("published", ["run"])
+if url.get("run") in pub.RUNS:
+    ss["published_run"] = url["run"]
+elif url.get("run"):
+    st.warning(f"The link names no published run ({safe_text.escape_markdown(url['run'][:60])}); "
+               f"choose one of the list.", icon=":material/link:")
+name = st.selectbox("Run", names, key="published_run", format_func=lambda n: pub.RUNS[n]["title"])
+_page_state.write({"run": name})
+run = pub.RUNS[name]
+figure_source = f" (`{pub.source_link(run['measured']['source'])}`)" if run.get("measured") else ""
+st.caption(f"Configuration: `{pub.source_link(run['source'])}` · published figure: "
+           f"{_figure(run.get('measured'))}{figure_source}")
+if run.get("note"):
+    st.info(run["note"], icon=":material/info:")
+try:
+    config, differences = study.config_for(name)
+except ConfigError as err:
+    st.warning(f"**The lab cannot compile this run yet.** {safe_text.escape_markdown(str(err))}",
+               icon=":material/block:")
+    st.stop()
+st.markdown("**The lab's configuration** (the same numbers from the command line):")
+st.code(f"python -m remat_lab published --check {name} --json\n"
+        f"{cli_command(config).replace(' --json', '')}", language="bash")
+for d in differences:
+    st.warning(f"Differs from MaxText's program: {safe_text.escape_markdown(d)}", icon=":material/compare:")
+
+done = ss.setdefault("_published_docs", {})
+if name not in done:
+    st.info(f"Compiling {run['devices']} × {run['target']} takes minutes on this server (2 cores: "
+            "about 1–6 minutes at 256 chips); the answer is kept for this session.")
+    if not st.button(f"Compile for {run['devices']} × {run['target']}", key="published_check",
+                     type="primary"):
+        st.stop()
+    with st.status(f"Compiling {name}…", expanded=False) as status:
+        try:
+            doc = study.judge(name, _running.run_config(config, status))
+        except ExecutionError as err:
+            doc = study.judge(name, None, refused=err) if out_of_memory(err) else None
+            if doc is None:
+                status.update(label="Compiling failed", state="error")
+                _running.show_error(err)
+                st.stop()
+        except ConfigError as err:
+            status.update(label="Compiling failed", state="error")
+            _running.show_error(err)
+            st.stop()
+        status.update(label=f"Done: {name}", state="complete")
+    done[name] = doc
+doc = done[name]
+
+a, b, c = st.columns(3)
+peak = doc["peak_bytes"] if doc["peak_bytes"] is not None else doc["temp_bytes"]
+a.metric("Fits one chip" if doc["fits"] else "Does not fit one chip",
+         human_bytes(peak) if peak is not None else "-",
+         f"of {human_bytes(doc['hbm_bytes'])} HBM" + (" (libtpu refused it)" if doc["refused"] else ""),
+         delta_color="off")
+ratio = doc.get("program_over_source_flops")
+b.metric("Compiled flops a chip a step", f"{doc['program_flops']:.3g}" if doc["program_flops"] else "-",
+         f"{ratio:.2f}× MaxText's model flops ({doc['source_model_flops']:.3g})" if ratio
+         else f"MaxText's model flops {doc['source_model_flops']:.3g}", delta_color="off")
+if doc["measured_step_s"]:
+    est = doc["estimate_s"]
+    c.metric("Step time: measured", f"{doc['measured_step_s']:.3f} s",
+             f"the lab's estimate {est:.3f} s ({doc['estimate_over_measured']:.2f}×)" if est
+             else "no estimate", delta_color="off")
+else:
+    c.metric("Step time: measured", "none published", delta_color="off")
+if doc.get("mfu_definition"):
+    d = doc["mfu_definition"]
+    st.caption(f"The published MFU ({d['published']:.2%}) and tokens/s agree when attention is counted as "
+               f"{'the full square' if d['matches'] == 'full_square' else 'causal'} "
+               f"({d['full_square']:.2%} full square, {d['causal']:.2%} causal, as MaxText counts now).")
+st.caption("Per-device peak: XLA's compiled memory analysis of the lab's training step for one chip "
+           "of the target; on TPU libtpu refuses a program over the chip's HBM. The estimate is a "
+           "roofline from the target's spec figures, not a measurement.")
+for note in doc["notes"][:3]:
+    st.caption(safe_text.escape_markdown(note))
+with st.expander("The whole answer (JSON)"):
+    st.json(doc, expanded=False)

@@ -1,0 +1,180 @@
+"""MaxText's published runs: the catalogue's figures, their translation into lab configurations, MaxText's
+model flops by hand, and a check compiled end to end on a small stand-in run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from remat_lab.config import ConfigError, RunConfig, get_target
+from remat_lab.config import published as pub
+from remat_lab.config.catalog import PRESETS
+from remat_lab.studies.experiment import run_experiment
+
+GIB = 2 ** 30
+
+
+def test_every_run_names_its_source_and_figure():
+    """Each run's configuration and figure point at a file, a full commit and a line; the figures
+    are the ones MaxText's tables print (a typo here is a wrong verdict later)."""
+    assert len(pub.RUNS) >= 12
+    for run in pub.RUNS.values():
+        for src in [run["source"]] + ([run["measured"]["source"]] if run.get("measured") else []):
+            assert len(src["commit"]) == 40 and src["line"] > 0 and src["file"]
+    m = {n: r["measured"] for n, r in pub.RUNS.items()}
+    assert m["llama3.1-8b-v6e-256"]["mfu"] == 0.4546 and m["llama3.1-8b-v6e-256"]["tokens_per_s_per_device"] == 7207
+    assert m["llama3.1-70b-v6e-256"]["tokens_per_s_per_device"] == 960
+    assert [m[f"llama2-7b-a3-{h}"]["tflops_per_s_per_chip"] for h in
+            ("1host", "2hosts", "4hosts", "8hosts", "16hosts")] == [492, 422, 407, 409, 375]
+    assert m["llama3-8b-v6e-256"] is None
+
+
+def test_llama3_8b_translates_to_the_issue_command():
+    """MaxText's llama3-8b-8192 (per-device batch 8, full, flash, fsdp over all 256 chips) is the
+    lab run the issue compiled: batch 2048, mesh fsdp=256, whole-vocabulary loss, train step."""
+    fields, diff = pub.translate(pub.RUNS["llama3-8b-v6e-256"])
+    assert fields == {"preset": "llama3-8b", "seq": 8192, "batch": 2048, "step": "train", "loss_chunks": 1,
+                      "compile_only": True, "target": "tpu-v6e", "target_devices": 256, "mesh": "fsdp=256",
+                      "stack": "scan", "attention": "flash", "attention_block": 1024, "policy": "full"}
+    assert diff == []
+
+
+def test_mesh_knobs_fill_and_fold():
+    """-1 takes the devices left; a dcn axis multiplies its ICI axis and is named as a difference;
+    knobs that do not divide the chips are refused."""
+    assert pub._mesh({"ici_fsdp_parallelism": -1, "ici_tensor_parallelism": 4}, 64) == ("fsdp=16,tensor=4", [])
+    mesh, notes = pub._mesh({"ici_fsdp_parallelism": 8, "dcn_data_parallelism": 2}, 16)
+    assert mesh == "data=2,fsdp=8" and "dcn_data_parallelism=2" in notes[0]
+    with pytest.raises(ConfigError, match="do not divide"):
+        pub._mesh({"ici_fsdp_parallelism": 3}, 16)
+
+
+def test_custom_plans_map_names_and_name_what_the_lab_lacks():
+    """MaxText's name -> device/offload/remat map becomes save/offload names; a name the lab's llm
+    does not have is a difference (never silently dropped); an unknown value is refused."""
+    run = {**pub.RUNS["llama3-8b-v6e-256"], "name": "x"}
+    run["knobs"] = {**run["knobs"], "remat_policy": "custom", "query_proj": "offload", "mlpwo": "device",
+                    "context": "remat", "decoder_layer_input": "offload"}
+    fields, diff = pub.translate(run)
+    assert fields["offload_names"] == ("query_proj",) and fields["save_names"] == ("mlpwo",)
+    from remat_lab.config.catalog import NAMES
+    assert ("decoder_layer_input" in NAMES["llm"]) != any("decoder_layer_input" in d for d in diff)
+    run["knobs"]["mlpwo"] = "keep"
+    with pytest.raises(ConfigError, match="device, offload or remat"):
+        pub.translate(run)
+
+
+def test_model_flops_are_six_per_parameter_per_token_plus_attention():
+    """MaxText's model flops by another road: 6 x (the published parameter count less the embedding
+    table and the norms) x tokens + 3 x the causal attention products (2 x 2 x tokens x seq / 2 x heads x
+    head_dim a layer). llama3-8b: 8,030,261,248 parameters on the model card."""
+    p = PRESETS["llama3-8b"]
+    run = {**pub.RUNS["llama3-8b-v6e-256"]}
+    b, t = 8, 8192
+    norms = p["width"] * (2 * p["depth"] + 1)
+    matmul = p["parameters"] - p["vocab"] * p["width"] - norms
+    attention = 3 * 4 * b * t * t * p["heads"] * p["head_dim"] / 2 * p["depth"]
+    by_hand = 6 * matmul * b * t + attention
+    assert pub.model_flops_per_device(run) == pytest.approx(by_hand, rel=1e-12)
+    square = pub.model_flops_per_device(run, causal=False)
+    assert square - pub.model_flops_per_device(run) == pytest.approx(attention, rel=1e-12)
+
+
+def test_the_measured_step_time_follows_the_figure():
+    """tokens/s/device: tokens a device a step over it, exactly; TFLOP/s/chip: MaxText's model flops
+    over it; MFU: over the bfloat16 peak."""
+    run = pub.RUNS["llama3-8b-v6e-256"]
+    assert pub.measured_step_s(run) is None
+    tok = {**run, "measured": {"tokens_per_s_per_device": 4096}}
+    assert pub.measured_step_s(tok) == {"step_s": 8 * 8192 / 4096, "from": "tokens_per_s_per_device"}
+    tf = {**run, "measured": {"tflops_per_s_per_chip": 500}}
+    assert pub.measured_step_s(tf)["step_s"] == pytest.approx(pub.model_flops_per_device(run) / 500e12)
+    mfu = {**run, "measured": {"mfu": 0.5}}
+    peak = get_target("tpu-v6e").peak_flops["bfloat16"]
+    assert pub.measured_step_s(mfu)["step_s"] == pytest.approx(pub.model_flops_per_device(run) / (0.5 * peak))
+
+
+def test_published_v6e_mfu_counts_attention_as_the_full_square():
+    """The v6e figures' MFU and tokens/s agree only if attention is counted as the full (seq x seq)
+    square, as MaxText counted when they were published (its code now halves it: causal)."""
+    for name in ("llama3.1-8b-v6e-256", "llama3.1-70b-v6e-256"):
+        if pub.RUNS[name]["model"] not in PRESETS:
+            pytest.skip("the Llama 3.1 presets are not in this checkout")
+        d = pub.mfu_definition(pub.RUNS[name])
+        assert d["matches"] == "full_square" and d["full_square"] == pytest.approx(d["published"], abs=0.001)
+        assert d["causal"] < d["published"] - 0.03
+
+
+def test_the_cli_lists_runs_and_refuses_an_unknown_name():
+    """``published --json`` without JAX; an unknown ``--check`` name exits 2 naming the runs."""
+    out = subprocess.run([sys.executable, "-m", "remat_lab", "published", "--json"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)["runs"]
+    assert {r["name"] for r in runs} == set(pub.RUNS) and all("@" in r["source"] for r in runs)
+    bad = subprocess.run([sys.executable, "-m", "remat_lab", "published", "--check", "gpt-5"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "llama3-8b-v6e-256" in bad.stderr and "Traceback" not in bad.stderr
+
+
+TINY = {"width": 128, "depth": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "mlp_dim": 256, "vocab": 512,
+        "seq": 256, "tie_embeddings": False, "loss_chunks": 1, "parameters": 0}
+
+
+@pytest.fixture
+def tiny_run(monkeypatch):
+    """A stand-in published run of a tiny decoder on 4 v5e chips (fsdp), with a tokens/s figure."""
+    from remat_lab.config import run as run_module
+
+    monkeypatch.setitem(PRESETS, "tiny-test", TINY)
+    monkeypatch.setitem(run_module.CHOICES, "preset", (*run_module.CHOICES["preset"], "tiny-test"))
+    run = {"name": "tiny-v5e-4", "title": "tiny", "model": "tiny-test", "target": "tpu-v5e", "devices": 4,
+           "slices": 1, "knobs": {"per_device_batch_size": 2, "ici_fsdp_parallelism": -1,
+                                  "max_target_length": 256, "remat_policy": "full", "attention": "flash",
+                                  "sa_block_q": 128},
+           "source": {"file": "f", "commit": "0" * 40, "line": 1},
+           "measured": {"tokens_per_s_per_device": 100000, "source": {"file": "f", "commit": "0" * 40, "line": 1}}}
+    monkeypatch.setitem(pub.RUNS, run["name"], run)
+    return run
+
+
+def test_a_check_compiles_the_run_and_sets_it_beside_the_record(tiny_run):
+    """The check's figures are the lab's own compile of the same configuration: fits against the
+    chip's HBM, the compiled program's flops (full remat: the forward again, so between 1x and 1.5x
+    MaxText's model flops) and the estimate over the measured step time."""
+    from remat_lab.studies import published as study
+
+    doc = study.check("tiny-v5e-4")
+    config, _ = study.config_for("tiny-v5e-4")
+    assert config.mesh == "fsdp=4" and config.batch == 8 and config.attention_block == 128
+    same = run_experiment(config, timing=False)
+    assert doc["fits"] is True and doc["peak_bytes"] == same["memory"]["peak_bytes"] <= doc["hbm_bytes"]
+    assert doc["program_flops"] == same["flops"]
+    assert 1.0 < doc["program_over_source_flops"] < 1.5
+    assert doc["measured_step_s"] == pytest.approx(2 * 256 / 100000)
+    assert doc["estimate_over_measured"] == pytest.approx(same["timing"]["estimate_s"] / doc["measured_step_s"])
+
+
+def test_a_run_over_the_chip_is_refused_with_the_bytes_it_needs(tiny_run):
+    """libtpu refuses a program over the v5e's 16 GiB: the check says does not fit, with the bytes
+    libtpu says the program needs (more than the chip has), not an error."""
+    from remat_lab.studies import published as study
+
+    tiny_run["knobs"] = {**tiny_run["knobs"], "per_device_batch_size": 64, "max_target_length": 8192}
+    PRESETS["tiny-test"] = {**TINY, "vocab": 32768}
+    doc = study.check("tiny-v5e-4")
+    assert doc["fits"] is False and doc["refused"] and doc["temp_bytes"] > doc["hbm_bytes"]
+
+
+def test_a_witness_over_the_chip_leaves_the_run_standing():
+    """On a target, no_remat's program (the witness) over the chip while the policy's fits: the run
+    answers with its own memory and flops, and says what was left out and why."""
+    cfg = RunConfig(model="llm", vocab=256, width=1024, heads=8, kv_heads=8, mlp_dim=4096, seq=4096, depth=4,
+                    batch=16, dtype="bfloat16", policy="full", attention="flash", target="tpu-v5e")
+    doc = run_experiment(cfg, timing=False)
+    assert doc["memory"]["peak_bytes"] < get_target("tpu-v5e").memory_bytes
+    assert doc["baseline"]["flops"] is None and "does not fit" in doc["baseline"]["left_out"]
+    assert doc["notes"][0] == doc["baseline"]["left_out"] and doc["flops"] > 0
