@@ -273,6 +273,8 @@ def _hugging_face(data: dict, name: str) -> ModelConfig:
         r.take(key)
         if why:
             r.differences.append(why)
+        elif key in data:  # off, or the lab's own value
+            r.unused.append(key)
     _hf_window(r)
     if r.take("layer_types"):  # newer files list each layer's attention: all full, or refused
         kinds = data["layer_types"]
@@ -393,5 +395,5 @@ def _seq(context: object, key: str) -> tuple[int, str]:
         raise ConfigError(f"{key} must be a whole number of tokens (2 or more), not {_value(context)}.")
     if context <= SEQ_CAP:
         return context, ""
-    return SEQ_CAP, f"seq {SEQ_CAP}: {key} {context:,} is the longest allowed (give --seq up to " \
-                    f"{LLM_LIMITS['seq'][1]:,})"
+    return SEQ_CAP, (f"seq {SEQ_CAP} of the {context:,} tokens {key} allows (give --seq, up to "
+                     f"{LLM_LIMITS['seq'][1]:,})")
