@@ -252,7 +252,7 @@ def _hugging_face(data: dict, name: str) -> ModelConfig:
     family = data.get("model_type")
     r.take("model_type")
     if family is not None and family not in HF_TIED:
-        r.refuse("model_type", f"not a family whose block the lab's is; it reads {', '.join(HF_TIED)}")
+        r.refuse("model_type", f"the lab's block is Llama-style: it reads {', '.join(HF_TIED)}")
         family = "llama"  # the rest is read as a Llama-style file, so every refusal is said at once
     missing = [k for k in HF_REQUIRED if data.get(k) is None]
     if missing:
@@ -353,7 +353,7 @@ def _maxtext(data: dict, name: str) -> ModelConfig:
     block = data.get("decoder_block", "llama2")
     r.take("decoder_block")
     if block not in MT_BLOCKS:
-        r.refuse("decoder_block", f"not a block the lab's is; it reads {', '.join(MT_BLOCKS)}")
+        r.refuse("decoder_block", f"the lab's block is Llama-style: it reads {', '.join(MT_BLOCKS)}")
     r.shape(MT_DEFAULTS)
     tie = data.get("logits_via_embedding", False) if r.take("logits_via_embedding") else False
     if not isinstance(tie, bool):
