@@ -124,6 +124,35 @@ def test_yaml_and_defaults_gemma_and_qwen():
     assert any("(129,024 parameters" in d for d in qwen.differences)  # = the preset's 28 x 4608
 
 
+def test_other_published_families_read_whole():
+    """The keys of Mistral 7B v0.3's, Gemma 2B's and Qwen 2.5 7B's config.json (written out here):
+    each read without a refusal, its shape the lab's."""
+    common = {"attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.02,
+              "torch_dtype": "bfloat16", "transformers_version": "4.42.0", "use_cache": True}
+    mistral = {**common, "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+               "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+               "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+               "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+               "tie_word_embeddings": False, "vocab_size": 32768}
+    gemma = {**common, "architectures": ["GemmaForCausalLM"], "attention_bias": False, "head_dim": 256,
+             "hidden_act": "gelu", "hidden_size": 2048, "intermediate_size": 16384,
+             "max_position_embeddings": 8192, "model_type": "gemma", "num_attention_heads": 8,
+             "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+             "rope_scaling": None, "rope_theta": 10000.0, "vocab_size": 256000}
+    qwen = {**common, "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 3584,
+            "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+            "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28,
+            "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+            "sliding_window": 131072, "tie_word_embeddings": False, "use_mrope": False,
+            "use_sliding_window": False, "vocab_size": 152064}
+    m, g, q = (parse_model_config(json.dumps(c)) for c in (mistral, gemma, qwen))
+    assert (m.fields["vocab"], m.fields["seq"], m.fields["head_dim"]) == (32768, 8192, 128)
+    # Gemma 2B: tied by default, one key/value head; 2,506,172,416 parameters, its published count
+    assert g.fields["tie_embeddings"] is True and llm_parameters(g.config()) == 2_506_172_416
+    assert {k: q.fields[k] for k in SHAPE} == {k: PRESETS["qwen2.5-7b"][k] for k in SHAPE}
+    assert llm_parameters(q.config()) == PRESETS["qwen2.5-7b"]["parameters"] - 28 * (3584 + 2 * 512)
+
+
 @pytest.mark.parametrize(("extra", "named"), [
     ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts 8, num_experts_per_tok 2"),
     ({"sliding_window": 4096, "max_position_embeddings": 32768}, "sliding_window 4096"),
@@ -169,6 +198,7 @@ def test_every_refusal_is_said_at_once_and_off_values_pass():
     ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,'
      ' "num_key_value_heads": 3, "intermediate_size": 8, "vocab_size": 10}', "not divisible by kv_heads"),
     ("!!python/object/apply:os.system ['true']", "is not valid YAML"),  # safe_load: nothing runs
+    ('{"hidden_size": ' + "9" * 5000 + "}", "cannot be read"),
 ])
 def test_bad_files_are_clear_errors(text, said):
     with pytest.raises(ConfigError) as err:

@@ -80,6 +80,7 @@ REFUSED = {
     "sliding_window_size": "sliding-window attention: the lab's attention is causal over the whole sequence",
     "layer_types": "layers of different kinds: every block of the lab is the same",
     "global_parameter_scale": "MaxText's scaling of every size: give the scaled sizes instead",
+    "use_mrope": "multimodal rotary sections (M-RoPE): not the lab's rotary embedding",
 }
 
 
@@ -145,6 +146,8 @@ def _load(text: str, name: str) -> dict:
                           f"{getattr(err, 'problem', None) or 'cannot be parsed'}{where}.") from None
     except RecursionError:
         raise ConfigError(f"{_show(name)} is nested too deeply to be a model config.") from None
+    except ValueError as err:  # e.g. a number of more digits than Python converts
+        raise ConfigError(f"{_show(name)} cannot be read: {_show(str(err), 80)}.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{_show(name)} must be a mapping of keys to values (a JSON object, YAML "
                           "keys), not a single value or a list.")
