@@ -55,3 +55,19 @@ def test_a_pasted_config_the_lab_cannot_model_is_an_error():
     assert "'\\[a\\](b)'" in errors[0]  # the file's own text escaped for Markdown
     assert at.selectbox(key="preset").value == "llama3-8b"  # nothing changed
     assert at.number_input(key="width_exact").value == 4096
+
+
+def test_an_uploaded_config_fills_the_shape_and_the_uploader_starts_empty():
+    at = _guide()
+    data = json.dumps({"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                       "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True,
+                       "max_position_embeddings": 131072, "rope_theta": 500000.0}).encode()
+    at.file_uploader(key="model_config_file_0").set_value(("config.json", data, "application/json")).run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert (at.number_input(key="width_exact").value, at.slider(key="depth").value,
+            at.toggle(key="tie_embeddings").value, at.session_state["seq"]) == (2048, 16, True, 8192)
+    assert [u.key for u in at.file_uploader if u.key.startswith("model_config")] == ["model_config_file_1"]
+    said = " ".join(c.value for c in at.sidebar.caption)
+    assert "From config.json (a Hugging Face config.json (model_type llama))" in said
+    assert "seq 8192 of the 131,072 tokens" in said and "rope_theta 500000.0" in said
