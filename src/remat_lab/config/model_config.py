@@ -180,12 +180,10 @@ class _Reading:
 
     def __init__(self, data: dict, name: str, fields: dict[str, str]):
         self.data, self.name, self.fields = data, name, fields
-        self.out: dict = {}
-        self.differences: list[str] = []
-        self.unused: list[str] = []
+        self.out: dict = {}  # the RunConfig fields read
+        self.differences, self.unused, self.unknown = [], [], []  # sentences; keys; keys
         self.refused: dict[str, list[str]] = {}  # why -> the keys (with their values) refused for it
-        self.unknown: list[str] = []
-        self.done: set[str] = set()
+        self.done: set[str] = set()  # the keys accounted for
 
     def take(self, key: str) -> bool:
         """Whether ``key`` is in the file; it counts as accounted for from now on."""
