@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from pages import _model_config
 from remat_lab.config import LIMITS, LOCAL, PRESET_FIELDS, PRESET_NAMES, PRESETS, STEPS, human_bytes
 from remat_lab.config.run import LLM_LIMITS
 
@@ -21,6 +22,7 @@ def _apply_preset() -> None:
         for key in PRESET_FIELDS:
             ss[key] = PRESETS[name][key]
         ss["width_exact"] = ss["width"]
+        _model_config.forget()
 
 
 def preset_label(name: str) -> str:
@@ -60,6 +62,7 @@ def preset_control(sb) -> None:
                       "none: the fields as set.")
     if ss["preset"] and PRESETS[ss["preset"]].get("differences"):
         sb.caption(f"Not modelled: {PRESETS[ss['preset']]['differences']}.")
+    _model_config.controls(sb)  # or the shape from a published config file
 
 
 def shape_controls(sb) -> None:

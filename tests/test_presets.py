@@ -28,10 +28,13 @@ def built_parameters(cfg: RunConfig) -> int:
 
 def test_the_brief_names_are_all_there():
     assert {"llama3-8b", "llama3.2-1b", "llama3.2-3b", "mistral-7b", "gemma2-2b", "qwen2.5-7b",
-            "gpt2-small"} <= set(PRESETS)
+            "gpt2-small", "llama2-7b", "llama2-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b"
+            } <= set(PRESETS)
     for name, p in PRESETS.items():
         assert p["source"].startswith("https://huggingface.co/"), name
         assert p["parameters"] > 0 and p["differences"], name
+        if "maxtext" in p:  # the MaxText model YAML of the same shape, at a commit
+            assert p["maxtext"].startswith("MaxText src/maxtext/configs/models/"), name
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -44,9 +47,11 @@ def test_parameter_count_matches_the_published_one(name):
 
 
 def test_exact_shapes_are_exact():
-    """Llama 3 (8B, 3.2 1B and 3B) and Mistral 7B are exactly their published counts; Gemma 2
-    lacks two norms per block (0.005 %), Qwen 2.5 its q/k/v biases (0.002 %)."""
-    for name in ("llama3-8b", "llama3.2-1b", "llama3.2-3b", "mistral-7b"):
+    """Llama 2 (7B, 70B), Llama 3 (8B, 3.1 8B, 70B and 405B, 3.2 1B and 3B) and Mistral 7B are
+    exactly their published counts; Gemma 2 lacks two norms per block (0.005 %), Qwen 2.5 its q/k/v
+    biases (0.002 %)."""
+    for name in ("llama2-7b", "llama2-70b", "llama3-8b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b",
+                 "llama3.2-1b", "llama3.2-3b", "mistral-7b"):
         assert llm_parameters(RunConfig.from_preset(name)) == PRESETS[name]["parameters"], name
     gemma = RunConfig.from_preset("gemma2-2b")
     assert PRESETS["gemma2-2b"]["parameters"] - llm_parameters(gemma) == 26 * 2 * 2304

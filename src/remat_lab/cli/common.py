@@ -256,6 +256,9 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                                      "slice's logits live at a time (presets: 8, gpt2-small 1)")
     p.add_argument("--preset", choices=list(PRESETS), default=None, metavar="NAME",
                    help=f"a published llm shape ({', '.join(PRESETS)}); other flags override it")
+    p.add_argument("--model-config", default=None, metavar="FILE",
+                   help="an llm's shape from its published config: a Hugging Face config.json or a "
+                        "MaxText model YAML; other flags override it (not with --preset)")
     p.add_argument("--compile-only", action="store_true",
                    help="compile with abstract parameters and inputs: nothing allocated, nothing run")
 
@@ -314,6 +317,8 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "model_module", "") or getattr(args, "user_input_shape", ""):
         values.update(user_block_fields(args))
     preset, chosen = getattr(args, "preset", None), given(args)
+    if getattr(args, "model_config", None):
+        return _from_model_config(args.model_config, values, chosen, preset)
     if not preset:  # an llm training step without dtype flags: the recipe, as a preset's
         recipe = values["model"] == "llm" and values.get("step") == "train" and not set(RECIPE) & chosen
         return RunConfig(**{**values, **(RECIPE if recipe else {})})
@@ -323,6 +328,24 @@ def config_from(args: argparse.Namespace) -> RunConfig:
                                             or k in chosen})
 
 
+def _from_model_config(path: str, values: dict, chosen: set, preset: str | None) -> RunConfig:
+    """``--model-config FILE``: the file's llm shape, the flags given on top (as a preset's); what
+    the lab does not reproduce of it is said on stderr, one line each."""
+    from remat_lab.config.model_config import load_model_config
+
+    if preset:
+        raise ConfigError("--preset and --model-config both give the llm's shape; give one.")
+    if "model" in chosen and values["model"] != "llm":
+        raise ConfigError(f"--model-config is an llm's shape; leave out --model {values['model']} "
+                          "(or give --model llm).")
+    read = load_model_config(path)
+    config = read.config(**{k: v for k, v in values.items()
+                            if k not in (*PRESET_FIELDS, "model", *RECIPE) or k in chosen})
+    for line in read.notes(seq_given="seq" in chosen):
+        print(f"remat_lab: note: {path}, {read.source}: {line}", file=sys.stderr)
+    return config
+
+
 def user_block_fields(args: argparse.Namespace) -> dict:
     """``--model-module`` and ``--input-shape`` as fields: model user, its factory, its input (the
     module's ``example_input_shape`` when not given) and the batch, its first axis."""
@@ -330,8 +353,9 @@ def user_block_fields(args: argparse.Namespace) -> dict:
 
     if not args.model_module:
         raise ConfigError("--input-shape is the input of your own block: give --model-module too.")
-    if "model" in given(args) or getattr(args, "preset", None):
-        raise ConfigError("--model-module is your own block instead of --model or --preset; give one.")
+    if "model" in given(args) or getattr(args, "preset", None) or getattr(args, "model_config", None):
+        raise ConfigError("--model-module is your own block instead of --model, --preset or "
+                          "--model-config; give one.")
     shape = parse_input_shape(args.user_input_shape)
     if not shape:
         from remat_lab.model.user_block import example_input_shape  # lazy: it loads JAX

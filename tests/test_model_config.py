@@ -1,0 +1,256 @@
+"""--model-config: a Hugging Face config.json or a MaxText model YAML read into the llm's fields;
+the new presets reproduced from their published configs; unmodellable keys refused by name; the
+CLI's error path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remat_lab.config import PRESET_FIELDS, PRESETS, ConfigError, RunConfig, llm_parameters
+from remat_lab.config.model_config import (
+    LOSS_CHUNK_LOGITS,
+    MAX_BYTES,
+    load_model_config,
+    parse_model_config,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "model_configs"
+NEW_PRESETS = ("llama2-7b", "llama2-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b")
+SHAPE = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab", "tie_embeddings")
+
+
+def _llama(hidden, inter, layers, heads, kv, vocab, context, **more) -> dict:
+    """The keys of Meta's published Llama config.json files (Llama-2-*-hf, Llama-3.1-*), as on the
+    model cards; written out here, not fetched."""
+    return {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+            "hidden_act": "silu", "hidden_size": hidden, "initializer_range": 0.02,
+            "intermediate_size": inter, "max_position_embeddings": context, "model_type": "llama",
+            "num_attention_heads": heads, "num_hidden_layers": layers, "num_key_value_heads": kv,
+            "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+            "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.31.0",
+            "use_cache": True, "vocab_size": vocab, **more}
+
+
+LLAMA31 = {"attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "rope_theta": 500000.0,
+           "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
+           "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+HF = {
+    "llama2-7b": _llama(4096, 11008, 32, 32, 32, 32000, 4096),
+    "llama2-70b": _llama(8192, 28672, 80, 64, 8, 32000, 4096),
+    "llama3.1-8b": _llama(4096, 14336, 32, 32, 8, 128256, 131072, **LLAMA31),
+    "llama3.1-70b": _llama(8192, 28672, 80, 64, 8, 128256, 131072, **LLAMA31),
+    "llama3.1-405b": _llama(16384, 53248, 126, 128, 8, 128256, 131072, **LLAMA31),
+}
+
+
+def _file(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("name", NEW_PRESETS)
+def test_each_new_preset_is_its_published_configs(name):
+    """The MaxText model YAML (copied from MaxText at the preset's commit) and the Hugging Face
+    config.json both give the preset's shape, and that shape has the published parameter count
+    within 0.5 % (exactly, for these dense Llamas: every parameter is modelled)."""
+    preset = PRESETS[name]
+    assert Path(preset["maxtext"].split()[1]).name == f"{name}.yml"
+    maxtext = load_model_config(FIXTURES / f"maxtext-{name}.yml")
+    hf = parse_model_config(json.dumps(HF[name]), "config.json")
+    for read in (maxtext, hf):
+        assert {k: read.fields[k] for k in SHAPE} == {k: preset[k] for k in SHAPE}, read.source
+        cfg = read.config(seq=16, batch=1)
+        assert abs(llm_parameters(cfg) - preset["parameters"]) <= 0.005 * preset["parameters"]
+        assert llm_parameters(cfg) == preset["parameters"]
+    assert hf.fields["seq"] == preset["seq"]  # 4096 (Llama 2), or 8192 of the 131072 allowed
+    assert hf.fields["loss_chunks"] == preset["loss_chunks"]
+
+
+def test_every_preset_follows_the_loss_chunk_rule():
+    """presets.json's rule (8 slices where seq x vocab passes 2^27, else 1) is the file reader's."""
+    for name, p in PRESETS.items():
+        assert p["loss_chunks"] == (8 if p["seq"] * p["vocab"] > LOSS_CHUNK_LOGITS else 1), name
+
+
+def test_what_the_lab_does_not_reproduce_is_listed():
+    read = parse_model_config(json.dumps(HF["llama3.1-8b"]), "config.json")
+    text = " | ".join(read.notes())
+    assert "rope_theta 500000.0" in text and "rope_scaling 'llama3'" in text
+    assert "seq 8192 of the 131,072 tokens max_position_embeddings allows" in text
+    for key in ("bos_token_id", "torch_dtype", "rms_norm_eps", "attention_dropout", "attention_bias"):
+        assert key in text, key  # off, or metadata: said, not dropped
+    assert read.notes(seq_given=True)[0].startswith("rope_theta")  # the seq note only when not given
+    assert read.source == "a Hugging Face config.json (model_type llama)"
+
+
+def test_a_config_fills_the_fields_and_explicit_values_win():
+    read = parse_model_config(json.dumps(HF["llama2-70b"]), "config.json")
+    cfg = read.config(depth=2, seq=64)
+    assert (cfg.model, cfg.width, cfg.depth, cfg.kv_heads, cfg.seq, cfg.preset) == ("llm", 8192, 2, 8, 64, "")
+    assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "float32")  # the recipe, as a preset's
+    assert read.config(dtype="float32").param_dtype == ""  # a dtype given: no recipe
+
+
+def test_yaml_and_defaults_gemma_and_qwen():
+    """MaxText's base.yml defaults fill a missing key (said so); head_dim from hidden/heads; Gemma is
+    tied by default; Qwen 2's biases are a listed difference with their count."""
+    read = parse_model_config("base_emb_dim: 256\nbase_num_query_heads: 4\nbase_num_kv_heads: 2\n"
+                              "base_num_decoder_layers: 2\nbase_mlp_dim: 512\nvocab_size: 1000\n"
+                              "max_target_length: 128\n", "tiny.yml")
+    assert read.fields == {"width": 256, "heads": 4, "kv_heads": 2, "depth": 2, "mlp_dim": 512,
+                           "vocab": 1000, "head_dim": 128, "tie_embeddings": False, "seq": 128,
+                           "loss_chunks": 1}
+    assert "head_dim not in the file: MaxText's default 128" in read.differences
+    gemma = parse_model_config(json.dumps({"model_type": "gemma", "hidden_size": 256,
+                                           "num_hidden_layers": 2, "num_attention_heads": 4,
+                                           "intermediate_size": 512, "vocab_size": 1000,
+                                           "hidden_act": "gelu_pytorch_tanh"}))
+    assert gemma.fields["tie_embeddings"] is True and gemma.fields["head_dim"] == 64
+    assert any("SiLU here" in d for d in gemma.differences)
+    qwen = parse_model_config(json.dumps({"model_type": "qwen2", "hidden_size": 3584,
+                                          "num_hidden_layers": 28, "num_attention_heads": 28,
+                                          "num_key_value_heads": 4, "intermediate_size": 18944,
+                                          "vocab_size": 152064, "sliding_window": 131072,
+                                          "use_sliding_window": False, "max_window_layers": 28,
+                                          "tie_word_embeddings": False}))
+    assert {k: qwen.fields[k] for k in SHAPE} == {k: PRESETS["qwen2.5-7b"][k] for k in SHAPE}
+    assert any("(129,024 parameters" in d for d in qwen.differences)  # = the preset's 28 x 4608
+
+
+def test_other_published_families_read_whole():
+    """The keys of Mistral 7B v0.3's, Gemma 2B's and Qwen 2.5 7B's config.json (written out here):
+    each read without a refusal, its shape the lab's."""
+    common = {"attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.02,
+              "torch_dtype": "bfloat16", "transformers_version": "4.42.0", "use_cache": True}
+    mistral = {**common, "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+               "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+               "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+               "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+               "tie_word_embeddings": False, "vocab_size": 32768}
+    gemma = {**common, "architectures": ["GemmaForCausalLM"], "attention_bias": False, "head_dim": 256,
+             "hidden_act": "gelu", "hidden_size": 2048, "intermediate_size": 16384,
+             "max_position_embeddings": 8192, "model_type": "gemma", "num_attention_heads": 8,
+             "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+             "rope_scaling": None, "rope_theta": 10000.0, "vocab_size": 256000}
+    qwen = {**common, "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 3584,
+            "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+            "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28,
+            "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+            "sliding_window": 131072, "tie_word_embeddings": False, "use_mrope": False,
+            "use_sliding_window": False, "vocab_size": 152064}
+    m, g, q = (parse_model_config(json.dumps(c)) for c in (mistral, gemma, qwen))
+    assert (m.fields["vocab"], m.fields["seq"], m.fields["head_dim"]) == (32768, 8192, 128)
+    # Gemma 2B: tied by default, one key/value head; 2,506,172,416 parameters, its published count
+    assert g.fields["tie_embeddings"] is True and llm_parameters(g.config()) == 2_506_172_416
+    assert {k: q.fields[k] for k in SHAPE} == {k: PRESETS["qwen2.5-7b"][k] for k in SHAPE}
+    assert llm_parameters(q.config()) == PRESETS["qwen2.5-7b"]["parameters"] - 28 * (3584 + 2 * 512)
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts 8, num_experts_per_tok 2"),
+    ({"sliding_window": 4096, "max_position_embeddings": 32768}, "sliding_window 4096"),
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0"),
+    ({"attention_dropout": 0.1}, "attention_dropout 0.1"),
+    ({"my_new_knob": 3}, "'my_new_knob'"),
+    ({"model_type": "mixtral"}, "model_type 'mixtral'"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types (a list of 2)"),
+])
+def test_unmodellable_keys_are_refused_by_name(extra, named):
+    with pytest.raises(ConfigError, match="config.json: the lab cannot model") as err:
+        parse_model_config(json.dumps({**HF["llama2-7b"], **extra}), "config.json")
+    assert named in str(err.value)
+
+
+def test_every_refusal_is_said_at_once_and_off_values_pass():
+    with pytest.raises(ConfigError) as err:
+        parse_model_config("base_emb_dim: 512\ndecoder_block: gemma2\nfinal_logits_soft_cap: 30.0\n"
+                           "sliding_window_size: 4096\nuse_post_attn_norm: true\nper_device_batch_size: 4\n")
+    message = str(err.value)
+    for key in ("decoder_block 'gemma2'", "final_logits_soft_cap 30.0", "sliding_window_size 4096",
+                "use_post_attn_norm True", "per_device_batch_size 4 (a run setting"):
+        assert key in message, key
+    off = parse_model_config("base_emb_dim: 512\nnum_experts: 1\nsliding_window_size: 0\n"
+                             "base_moe_mlp_dim: -1\nuse_qk_norm: false\nglobal_parameter_scale: 1\n")
+    assert "num_experts" in off.differences[-1] and "base_moe_mlp_dim" in off.differences[-1]
+    # Mistral v0.1's window shorter than its context is refused; one that covers it is a difference.
+    wide = parse_model_config(json.dumps({**HF["llama2-7b"], "sliding_window": 4096}).replace(
+        '"model_type": "llama"', '"model_type": "mistral"'))
+    assert any("sliding_window 4,096: no effect" in d for d in wide.differences)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("[1, 2]", "must be a mapping"),
+    ("{not json", "is not valid JSON"),
+    ("a: [1, 2\n", "is not valid YAML"),
+    ("width: 4096\n", "neither a Hugging Face config.json"),
+    ('{"hidden_size": 4096}', "needs num_hidden_layers"),
+    ('{"model_type": "llama", "hidden_size": "4096", "num_hidden_layers": 2, "num_attention_heads": 4,'
+     ' "intermediate_size": 8, "vocab_size": 10}', "hidden_size must be a positive whole number"),
+    ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2000, "num_attention_heads": 4,'
+     ' "intermediate_size": 8, "vocab_size": 10}', "num_hidden_layers 2,000 is outside"),
+    ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,'
+     ' "num_key_value_heads": 3, "intermediate_size": 8, "vocab_size": 10}', "not divisible by kv_heads"),
+    ("!!python/object/apply:os.system ['true']", "is not valid YAML"),  # safe_load: nothing runs
+    ('{"hidden_size": ' + "9" * 5000 + "}", "cannot be read"),
+])
+def test_bad_files_are_clear_errors(text, said):
+    with pytest.raises(ConfigError) as err:
+        parse_model_config(text, "f")
+    assert said in str(err.value)
+
+
+def test_file_size_and_reading(tmp_path):
+    with pytest.raises(ConfigError, match="at most"):
+        load_model_config(_file(tmp_path, "big.json", " " * (MAX_BYTES + 1)))
+    with pytest.raises(ConfigError, match="cannot read the model config"):
+        load_model_config(tmp_path / "missing.json")
+    p = _file(tmp_path, "bad.bin", "")
+    p.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="cannot read the model config"):
+        load_model_config(p)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "remat_lab", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_reads_the_file_and_flags_win(tmp_path):
+    from remat_lab.cli import build_parser
+    from remat_lab.cli.common import config_from
+
+    p = _file(tmp_path, "config.json", json.dumps(HF["llama3.1-405b"]))
+    args = build_parser().parse_args(["run", "--model-config", str(p), "--depth", "2", "--seq", "64",
+                                      "--compile-only"])
+    cfg = config_from(args)
+    assert (cfg.width, cfg.depth, cfg.heads, cfg.kv_heads, cfg.mlp_dim, cfg.seq) == (
+        16384, 2, 128, 8, 53248, 64)
+    preset = RunConfig.from_preset("llama3.1-405b", depth=2, seq=64)
+    assert {k: getattr(cfg, k) for k in (*PRESET_FIELDS, "dtype", "param_dtype", "optimizer_dtype")} == {
+        k: getattr(preset, k) for k in (*PRESET_FIELDS, "dtype", "param_dtype", "optimizer_dtype")}
+    assert cfg.preset == "" and cfg.compile_only
+    for cmd in ("advise", "synthesize", "compare"):
+        assert build_parser().parse_args([cmd, "--model-config", str(p)]).model_config == str(p)
+
+
+def test_cli_refuses_a_bad_file_with_its_message(tmp_path):
+    mixtral = _file(tmp_path, "mixtral.yml", (FIXTURES / "maxtext-llama2-7b.yml").read_text()
+                    + "num_experts: 8\n")
+    done = _cli("run", "--model-config", str(mixtral), "--compile-only")
+    assert done.returncode == 2, done.stderr
+    assert "mixtral.yml: the lab cannot model num_experts 8 (a mixture of experts" in done.stderr
+    assert "Traceback" not in done.stderr
+    both = _cli("run", "--model-config", str(mixtral), "--preset", "llama2-7b")
+    assert both.returncode == 2 and "--preset and --model-config both" in both.stderr
+
+
+def test_preset_fields_are_what_a_file_fills():
+    read = load_model_config(FIXTURES / "maxtext-llama2-7b.yml")
+    assert set(read.fields) == set(PRESET_FIELDS)
