@@ -25,13 +25,14 @@ def test_scan_stacks_parameters_on_a_leading_layer_axis():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a finding about XLA CPU")
-def test_scan_lets_the_policy_move_memory_and_the_loop_does_not():
-    """The finding the stack mode exists for (mlp 128x64 depth 4, compile only)."""
+def test_both_stacks_let_the_policy_move_temp_memory():
+    """The stack mode's finding (mlp 128x64 depth 4, compile only). XLA 0.10's CPU compiler merged an
+    unrolled loop's recomputation back into its forward products (the loop's temp within 10 % of
+    no_remat's); XLA 0.12 keeps it, so nothing_saveable holds less under both stacks."""
     temps = {(stack, p): _temp(RunConfig(width=128, batch=64, depth=4, stack=stack, policy=p))
              for stack in ("scan", "loop") for p in ("no_remat", "nothing_saveable")}
     assert temps["scan", "nothing_saveable"] < temps["scan", "no_remat"]
-    loop_ratio = temps["loop", "nothing_saveable"] / temps["loop", "no_remat"]
-    assert 0.9 <= loop_ratio <= 1.1, temps
+    assert temps["loop", "nothing_saveable"] < 0.5 * temps["loop", "no_remat"], temps
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a finding about XLA CPU")
@@ -113,11 +114,12 @@ def test_the_guides_numbers_hold():
         problem = build_problem(_sidebar.DEFAULT.replace(**kw))
         return memory_report(jax.jit(make_step(problem)).lower(*problem.args).compile())
 
-    quoted_peaks = {"nothing_saveable": 10.4, "no_remat": 11.7, "dots_with_no_batch_dims_saveable": 12.2}
+    quoted_peaks = {"nothing_saveable": 10.4, "no_remat": 11.7, "dots_with_no_batch_dims_saveable": 12.4}
     for policy, peak in quoted_peaks.items():
         assert mem(policy=policy)["peak_bytes"] / mib == pytest.approx(peak, abs=0.05), policy
     quoted_temps = {("scan", "no_remat"): 3.50, ("scan", "nothing_saveable"): 2.25,
-                    ("scan", "dots_with_no_batch_dims_saveable"): 4.00,
-                    ("loop", "no_remat"): 2.25, ("loop", "nothing_saveable"): 2.13}
+                    ("scan", "dots_with_no_batch_dims_saveable"): 4.25,
+                    ("loop", "no_remat"): 2.25, ("loop", "nothing_saveable"): 0.38,
+                    ("loop", "dots_with_no_batch_dims_saveable"): 1.38}
     for (stack, policy), temp in quoted_temps.items():
         assert mem(stack=stack, policy=policy)["temp_bytes"] / mib == pytest.approx(temp, abs=0.01)
