@@ -23,27 +23,29 @@ def _open(text: str, **config) -> str:
 STACK = dict(model="mlp", width=256, batch=128, depth=8)
 st.markdown(f"""
 ### Five lessons, each one click away
-Measured here (XLA CPU, jax 0.10.2); each link opens the configuration in Explore. The app opens
+Measured here (XLA CPU, jax 0.12.0.1); each link opens the configuration in Explore. The app opens
 on the first lesson's stack (mlp 256 × 128, depth 8, scan), chosen because the policies' compiled
-peaks differ there: 10.4 MiB for nothing_saveable, 11.7 MiB for no_remat, 12.2 MiB for
+peaks differ there: 10.4 MiB for nothing_saveable, 11.7 MiB for no_remat, 12.4 MiB for
 dots_with_no_batch_dims_saveable, one step in about 8 ms on 2 cores; Compare shows that spread.
 
-1. **Only a scanned stack lets the policy move memory on CPU.** mlp 256 × 128, depth 8:
-   nothing_saveable needs 2.25 MiB of temp under scan against no_remat's 3.50 MiB (0.64×), but under
-   an unrolled loop 2.13 against 2.25 MiB.
+1. **The stack decides what the policy can move.** mlp 256 × 128, depth 8: nothing_saveable needs
+   2.25 MiB of temp under scan against no_remat's 3.50 MiB (0.64×), and under an unrolled loop
+   0.38 against 2.25 MiB; yet under the loop every policy's live peak is the same 8.4 MiB, at the
+   step's very end, where parameters and gradients dominate (see Memory over the program).
    {_open("scan, nothing_saveable", **STACK, stack="scan", policy="nothing_saveable")} ·
    {_open("loop, nothing_saveable", **STACK, stack="loop", policy="nothing_saveable")}
 2. **A saveable policy can hold more than no remat.** The same stack under scan with
-   dots_with_no_batch_dims_saveable needs 4.00 MiB of temp, more than no_remat's 3.50.
+   dots_with_no_batch_dims_saveable needs 4.25 MiB of temp, more than no_remat's 3.50.
    {_open("scan, dots_with_no_batch_dims_saveable", **STACK, stack="scan",
           policy="dots_with_no_batch_dims_saveable")}
-3. **The jaxpr's recomputation need not survive compilation.** The seed's case (one vector, width
-   128) under nothing_saveable: the backward jaxpr recomputes both products, the compiled program
-   has no_remat's 3 products and flops.
+3. **Compare the compiled program, not the jaxpr.** The seed's case (one vector, width 128) under
+   nothing_saveable: the backward jaxpr recomputes both products and, with XLA 0.12, so does the
+   compiled program: 5 products against no_remat's 3, 49 % more flops (XLA 0.10's CPU compiler
+   merged them away; the dissection reads what the compiler kept, whichever it is).
    {_open("seed case, nothing_saveable", model="mlp", width=128, batch=0, depth=1,
           policy="nothing_saveable")}
 4. **With `grad` alone the forward pass is dead code.** mlp 256 × 64, objective grad:
-   nothing_saveable compiles to the same program as no_remat.
+   nothing_saveable compiles to no_remat's products and flops: nothing is recomputed.
    {_open("grad, nothing_saveable", model="mlp", width=256, batch=64, depth=1,
           policy="nothing_saveable", objective="grad")}
 5. **The largest batch is not the fastest.** In 64 MiB the same scanned stack fits batch 3786 under
@@ -71,7 +73,7 @@ What to look for, on the default stack (mlp 256 × 128, depth 8):
 - **Scan against loop.** Under scan the peak sits in the backward pass and its *forward* band is
   the policy's doing: nothing_saveable keeps only each layer's input (plus a little recomputed),
   no_remat keeps more. Under the unrolled loop every policy peaks at the very end, where the
-  gradients and parameters dominate, and the forward band there is the same for all.
+  gradients and parameters dominate, and the live peak there is the same for all.
   {_open("scan, nothing_saveable", **STACK, stack="scan", policy="nothing_saveable")} ·
   {_open("loop, nothing_saveable", **STACK, stack="loop", policy="nothing_saveable")}
 - **Saveable holds more.** Under scan, dots_with_no_batch_dims_saveable's forward band at the peak
@@ -158,25 +160,26 @@ is marked only when the product's size (result elements, contracted size, batch 
 apart; otherwise it says *not attributable*. Two programs equal up to names and metadata are
 reported as *the same compiled program*.
 
-### Why a Python loop of remat'd blocks hides the policy on CPU
+### Scan against a Python loop of remat'd blocks
 JAX protects a recomputation with an optimization barrier so the compiler cannot merge it with the
-forward product it repeats. XLA CPU removes that barrier early, before fusion and scheduling (GPU
-keeps it until after scheduling). Common-subexpression elimination then merges each block's
-recomputation back into its forward product; in an unrolled stack only the last block's can
-survive, and even that one is scheduled next to its forward twin, so the peak memory barely moves
-between policies. Production code scans over stacked layers (`jax.lax.scan`), where the barrier's
-loss cannot merge across loop iterations and the policy moves memory for real.
+forward product it repeats. XLA 0.10's CPU compiler removed that barrier early and merged each
+block's recomputation back into its forward product, so in an unrolled stack the policy barely
+moved memory. XLA 0.12 (this app's) keeps the recomputation in both stacks: the dissection shows
+16 recomputed products of 64 (scan) and of 63 (loop) for nothing_saveable at depth 8. Production
+code scans over stacked layers (`jax.lax.scan`); the loop is there to compare with.
 
 That is what the **Stack** setting shows (depth > 1). `scan` (the default) builds the blocks with
 `nnx.vmap`, so every parameter has a leading layer axis, and runs them with `nnx.scan`, the remat
 policy inside the scanned body; `loop` calls separate blocks in a Python loop. Measured with XLA
-CPU (jax 0.10.2), mlp width 256, batch 128, depth 8, XLA's temp bytes:
+CPU (jax 0.12.0.1), mlp width 256, batch 128, depth 8, XLA's temp bytes:
 
 | stack | no_remat | nothing_saveable | dots_with_no_batch_dims_saveable |
 |---|---|---|---|
-| loop | 2.25 MiB | 2.13 MiB | 2.13 MiB |
-| scan | 3.50 MiB | 2.25 MiB (0.64×) | 4.00 MiB (more than no remat) |
+| loop | 2.25 MiB | 0.38 MiB | 1.38 MiB |
+| scan | 3.50 MiB | 2.25 MiB (0.64×) | 4.25 MiB (more than no remat) |
 
+Under the loop the temp bytes fall with the policy, but the step's live peak does not (8.4 MiB
+for all three): it comes at the very end, where the parameters and their gradients fill memory.
 Under scan a saveable policy can hold *more* than no remat. No remat keeps exactly what the
 backward pass needs: each layer's input, the first relu's output and the two relu masks (booleans,
 one byte per value). `dots_with_no_batch_dims_saveable` keeps both products' outputs in float32 (the

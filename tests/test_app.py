@@ -344,9 +344,10 @@ def test_the_guides_timeline_lessons_hold(run):
     forward = scan["forward_bytes"]
     assert forward["nothing_saveable"] < forward["no_remat"] < forward["dots_with_no_batch_dims_saveable"]
     assert scan.loc["nothing_saveable", "recomputed_bytes"] > 0 == scan.loc["no_remat", "recomputed_bytes"]
-    # Loop: every policy peaks at the very end, holding the same forward bytes.
+    # Loop: every policy peaks at the very end, with the same live bytes (parameters and gradients
+    # fill it; the forward bands left there differ by at most a quarter MiB).
     assert (loop["peak_at"] > 0.9).all()
-    assert loop["forward_bytes"].nunique() == 1
+    assert loop["peak_live_bytes"].nunique() == 1 and loop["forward_bytes"].max() <= 1 << 18
 
 
 def test_explore_shows_the_engines_timeline():
