@@ -25,7 +25,8 @@ def test_every_run_names_its_source_and_figure():
         for src in [run["source"]] + ([run["measured"]["source"]] if run.get("measured") else []):
             assert len(src["commit"]) == 40 and src["line"] > 0 and src["file"]
     m = {n: r["measured"] for n, r in pub.RUNS.items()}
-    assert m["llama3.1-8b-v6e-256"]["mfu"] == 0.4546 and m["llama3.1-8b-v6e-256"]["tokens_per_s_per_device"] == 7207
+    assert m["llama3.1-8b-v6e-256"]["mfu"] == 0.4546
+    assert m["llama3.1-8b-v6e-256"]["tokens_per_s_per_device"] == 7207
     assert m["llama3.1-70b-v6e-256"]["tokens_per_s_per_device"] == 960
     assert [m[f"llama2-7b-a3-{h}"]["tflops_per_s_per_chip"] for h in
             ("1host", "2hosts", "4hosts", "8hosts", "16hosts")] == [492, 422, 407, 409, 375]
@@ -45,7 +46,8 @@ def test_llama3_8b_translates_to_the_issue_command():
 def test_mesh_knobs_fill_and_fold():
     """-1 takes the devices left; a dcn axis multiplies its ICI axis and is named as a difference;
     knobs that do not divide the chips are refused."""
-    assert pub._mesh({"ici_fsdp_parallelism": -1, "ici_tensor_parallelism": 4}, 64) == ("fsdp=16,tensor=4", [])
+    fill = pub._mesh({"ici_fsdp_parallelism": -1, "ici_tensor_parallelism": 4}, 64)
+    assert fill == ("fsdp=16,tensor=4", [])
     mesh, notes = pub._mesh({"ici_fsdp_parallelism": 8, "dcn_data_parallelism": 2}, 16)
     assert mesh == "data=2,fsdp=8" and "dcn_data_parallelism=2" in notes[0]
     with pytest.raises(ConfigError, match="do not divide"):
@@ -133,29 +135,32 @@ def tiny_run(monkeypatch):
     monkeypatch.setitem(run_module.CHOICES, "preset", (*run_module.CHOICES["preset"], "tiny-test"))
     run = {"name": "tiny-v5e-4", "title": "tiny", "model": "tiny-test", "target": "tpu-v5e", "devices": 4,
            "slices": 1, "knobs": {"per_device_batch_size": 2, "ici_fsdp_parallelism": -1,
-                                  "max_target_length": 256, "remat_policy": "full", "attention": "flash",
-                                  "sa_block_q": 128},
+                                  "max_target_length": 256, "remat_policy": "full",
+                                  "attention": "dot_product"},
            "source": {"file": "f", "commit": "0" * 40, "line": 1},
-           "measured": {"tokens_per_s_per_device": 100000, "source": {"file": "f", "commit": "0" * 40, "line": 1}}}
+           "measured": {"tokens_per_s_per_device": 100000,
+                        "source": {"file": "f", "commit": "0" * 40, "line": 1}}}
     monkeypatch.setitem(pub.RUNS, run["name"], run)
     return run
 
 
 def test_a_check_compiles_the_run_and_sets_it_beside_the_record(tiny_run):
     """The check's figures are the lab's own compile of the same configuration: fits against the
-    chip's HBM, the compiled program's flops (full remat: the forward again, so between 1x and 1.5x
-    MaxText's model flops) and the estimate over the measured step time."""
+    chip's HBM, the compiled program's flops and the estimate over the measured step time. The
+    program's flops pass MaxText's model flops (full remat computes the forward twice) but stay under
+    1.8x (at most 4/3 of the products, the attention scores as the full square: 2 x 4/3 of causal)."""
     from remat_lab.studies import published as study
 
     doc = study.check("tiny-v5e-4")
     config, _ = study.config_for("tiny-v5e-4")
-    assert config.mesh == "fsdp=4" and config.batch == 8 and config.attention_block == 128
+    assert config.mesh == "fsdp=4" and config.batch == 8 and config.attention == "full"
     same = run_experiment(config, timing=False)
     assert doc["fits"] is True and doc["peak_bytes"] == same["memory"]["peak_bytes"] <= doc["hbm_bytes"]
     assert doc["program_flops"] == same["flops"]
-    assert 1.0 < doc["program_over_source_flops"] < 1.5
+    assert 1.0 < doc["program_over_source_flops"] < 1.8
     assert doc["measured_step_s"] == pytest.approx(2 * 256 / 100000)
-    assert doc["estimate_over_measured"] == pytest.approx(same["timing"]["estimate_s"] / doc["measured_step_s"])
+    estimate = same["timing"]["estimate_s"]
+    assert doc["estimate_over_measured"] == pytest.approx(estimate / doc["measured_step_s"])
 
 
 def test_a_run_over_the_chip_is_refused_with_the_bytes_it_needs(tiny_run):
