@@ -36,8 +36,10 @@ _shared.page_start("Published runs", "MaxText's tuned training configurations, w
 ss = st.session_state
 st.dataframe(pd.DataFrame([{"run": r["name"], "chips": f"{r['devices']} × {r['target']}",
                             "published": _figure(r.get("measured")),
-                            "configuration": pub.source_link(r["source"])} for r in pub.RUNS.values()]),
-             hide_index=True, width="stretch")
+                            "configuration": pub.source_url(r["source"])} for r in pub.RUNS.values()]),
+             hide_index=True, width="stretch", height=35 * (len(pub.RUNS) + 1) + 3,
+             column_config={"configuration": st.column_config.LinkColumn(
+                 "configuration (MaxText)", display_text=r"/blob/[0-9a-f]{40}/(?:.*/)?([^/]+)$")})
 names = list(pub.RUNS)
 url = _page_state.loaded("published", ["run"])
 if url.get("run") in pub.RUNS:
@@ -61,7 +63,7 @@ except ConfigError as err:
     st.stop()
 st.markdown("**The lab's configuration** (the same numbers from the command line):")
 st.code(f"python -m remat_lab published --check {name} --json\n"
-        f"{cli_command(config).replace(' --json', '')}", language="bash")
+        f"{cli_command(config).replace(' --json', '')}", language="bash", wrap_lines=True)
 for d in differences:
     st.warning(f"Differs from MaxText's program: {safe_text.escape_markdown(d)}", icon=":material/compare:")
 

@@ -41,6 +41,11 @@ def source_link(source: dict) -> str:
     return f"{REPOSITORY}/{source['file']}@{source['commit'][:7]}#L{source['line']}"
 
 
+def source_url(source: dict) -> str:
+    """The web address of a published configuration or figure, at its commit and line."""
+    return f"https://github.com/{REPOSITORY}/blob/{source['commit']}/{source['file']}#L{source['line']}"
+
+
 def _mesh(knobs: dict, devices: int) -> tuple[str, list[str]]:
     """The lab's mesh for MaxText's ``ici_*`` / ``dcn_*`` parallelism knobs (-1: the devices left),
     and what the lab does not reproduce of them (a cross-slice axis, folded into its ICI axis)."""
