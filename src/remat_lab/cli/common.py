@@ -261,6 +261,9 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                         "MaxText model YAML; other flags override it (not with --preset)")
     p.add_argument("--compile-only", action="store_true",
                    help="compile with abstract parameters and inputs: nothing allocated, nothing run")
+    p.add_argument("--optimizer-offload", action="store_true",
+                   help="step train on a --target: AdamW's state in pinned host memory, brought to "
+                        "the device for the update (MaxText's optimizer_memory_host_offload)")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -310,7 +313,8 @@ def config_from(args: argparse.Namespace) -> RunConfig:
                   mesh=getattr(args, "mesh", ""), target=getattr(args, "target", "local"),
                   target_devices=getattr(args, "target_devices", 1))
     llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
-           "compile_only", "attention", "attention_block", "loss_chunks", "remat_layers")
+           "compile_only", "attention", "attention_block", "loss_chunks", "remat_layers",
+           "optimizer_offload")
     values.update({k: getattr(args, k) for k in llm if hasattr(args, k)})
     values.update({k: getattr(args, k) for k in ("param_dtype", "optimizer_dtype")
                    if getattr(args, k, None)})

@@ -38,6 +38,8 @@ def shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
         parts.append(f"--step {cfg.step}")
     if cfg.microbatches > 1:
         parts.append(f"--microbatches {cfg.microbatches}")
+    if cfg.optimizer_offload:
+        parts.append("--optimizer-offload")
     return parts + (["--compile-only"] if cfg.compile_only else [])
 
 

@@ -17,6 +17,7 @@ REPOSITORY = CATALOGUE["maxtext_repository"]
 # MaxText's knobs with no effect on what the lab compiles (data, logging, profiling, kernels' fusion).
 IGNORED = ("dataset_type", "dataset_path", "enable_checkpointing", "profiler", "use_iota_embed",
            "reuse_example_batch", "gcs_metrics", "skip_first_n_steps_for_profiler", "profiler_steps",
+           "gradient_clipping_threshold",
            "sa_use_fused_bwd_kernel", "allow_split_physical_axes", "custom_mesh")
 # MaxText's attention kernels as the lab's attention: a blockwise kernel that never holds the
 # (seq x seq) scores (splash on TPU, cuDNN's through Transformer Engine on GPUs) is the lab's flash.
@@ -77,8 +78,11 @@ def translate(run: dict) -> tuple[dict, list[str]]:
     published run, and what differs from MaxText's program, one sentence each. Raises ConfigError
     where the lab cannot compile it at all (its model is not a preset, more devices than it compiles)."""
     knobs, devices, diff = run["knobs"], run["devices"], []
-    if run["model"] not in PRESETS:
-        raise ConfigError(f"{run['name']}: the lab has no preset {run['model']!r} yet.")
+    preset = run.get("lab_preset", run["model"])
+    if preset not in PRESETS:
+        raise ConfigError(f"{run['name']}: the lab has no preset {preset!r} yet.")
+    if preset != run["model"]:
+        diff.append(run["lab_preset_note"])
     if devices > MAX_TARGET_DEVICES:
         raise ConfigError(f"{run['name']} runs on {devices} chips; the lab compiles for at most "
                           f"{MAX_TARGET_DEVICES}.")
@@ -86,7 +90,7 @@ def translate(run: dict) -> tuple[dict, list[str]]:
     pdb = knobs["per_device_batch_size"]
     mesh, notes = _mesh(knobs, devices)
     diff += notes
-    fields = {"preset": run["model"], "seq": knobs["max_target_length"], "batch": int(pdb * devices),
+    fields = {"preset": preset, "seq": knobs["max_target_length"], "batch": int(pdb * devices),
               "step": "train", "loss_chunks": 1, "compile_only": True, "target": run["target"],
               "target_devices": devices, "mesh": mesh,
               "stack": "scan" if knobs.get("scan_layers", True) else "loop"}
@@ -119,6 +123,8 @@ def translate(run: dict) -> tuple[dict, list[str]]:
                 continue
             (save if where == "device" else offload if where == "offload" else []).append(name)
         fields["save_names"], fields["offload_names"] = tuple(save), tuple(offload)
+    if knobs.get("optimizer_memory_host_offload"):
+        fields["optimizer_offload"] = True
     if knobs.get("use_qwix_quantization"):
         diff.append("use_qwix_quantization: MaxText trains with int8 matmuls (Qwix); the lab's "
                     "matmuls are in bfloat16, so its activations and flops are those of bfloat16")
@@ -132,7 +138,7 @@ def model_flops_per_device(run: dict, *, causal: bool = True) -> float:
     device``, dense decoders): 3 x (2 x tokens x the matmul weights, vocabulary projection included)
     + 3 x causal attention (2 x tokens x seq x heads x head_dim a layer, half of the full square);
     ``causal=False``: the full square, as MaxText counted when its v6e MFU figures were published."""
-    p, k = PRESETS[run["model"]], run["knobs"]
+    p, k = PRESETS[run.get("lab_preset", run["model"])], run["knobs"]
     b, t = k["per_device_batch_size"], k["max_target_length"]
     d, hd, layers = p["width"], p["head_dim"], p["depth"]
     ffn = 2 * b * t * p["mlp_dim"] * d * 2 + 2 * b * t * p["mlp_dim"] * d  # two gated inputs, one out

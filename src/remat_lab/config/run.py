@@ -41,7 +41,7 @@ OPTIMIZER_DTYPES = ("", *DTYPES)  # AdamW's two moments; "" = the parameters' dt
 # online softmax in plain JAX (memory linear in seq); "flash" the target's fused kernel where it
 # compiles (cuDNN on GPUs, Pallas on TPUs), else chunked, said so.
 ATTENTIONS = ("full", "chunked", "flash")
-BOOL_FIELDS = ("tie_embeddings", "compile_only")
+BOOL_FIELDS = ("tie_embeddings", "compile_only", "optimizer_offload")
 BUDGET_ENV = "REMAT_LAB_MEMORY_BUDGET"
 
 # name -> (lowest, highest) for the integer fields.
@@ -143,6 +143,9 @@ class RunConfig:
     model_module: str = ""  # model "user": the factory of the user's block (config/userblock.py)
     input_shape: tuple[int, ...] = ()  # derived for built-in models; the user block's, batch first
     remat_layers: int = 0  # the first N of the depth blocks remat'd, the rest saved whole; 0 = all
+    # step train on a named target: AdamW's state kept in pinned host memory between steps and
+    # brought to the device for the update (MaxText's optimizer_memory_host_offload)
+    optimizer_offload: bool = False
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunConfig:
@@ -224,6 +227,10 @@ class RunConfig:
         if self.microbatches > 1 and (self.batch == 0 or self.batch % self.microbatches):
             raise ConfigError(f"batch {self.batch} cannot be split into {self.microbatches} equal "
                               f"microbatches; use a batch that is a multiple of {self.microbatches}.")
+        if self.optimizer_offload and (self.step != "train" or self.target == LOCAL):
+            raise ConfigError("optimizer_offload keeps AdamW's state in the host's pinned memory: it "
+                              "needs step train and a named GPU or TPU target (--target), whose "
+                              "host memory the compiler knows.")
         if self.param_dtype and self.param_dtype != self.dtype and self.model not in ("llm",):
             raise ConfigError(f"param_dtype differs from dtype only for the llm; {self.model} keeps "
                               "its parameters in its dtype.")

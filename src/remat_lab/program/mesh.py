@@ -199,8 +199,28 @@ def jit_train(problem, step: Callable) -> Callable:
     params, state = named(list(problem.specs)), named(
         state_specs(problem.opt_state, problem.leaves, problem.specs))
     x = NamedSharding(mesh, input_spec(problem.config))
+    if problem.config.optimizer_offload:  # MaxText's optimizer_memory_host_offload
+        step, state = offloaded_state(step, state), host_memory(state)
     return jax.jit(step, in_shardings=(params, state, x), donate_argnums=(0, 1),
                    out_shardings=(NamedSharding(mesh, PartitionSpec()), params, state))
+
+
+def host_memory(shardings):
+    """``shardings`` in the host's pinned memory (the same layout over the same devices)."""
+    return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), shardings)
+
+
+def offloaded_state(step: Callable, device_shardings) -> Callable:
+    """The training step with its optimizer state held in pinned host memory between steps: moved
+    to the device (``device_shardings``) for the update and back after it, as MaxText does with
+    ``optimizer_memory_host_offload``."""
+    host = host_memory(device_shardings)
+
+    def offloaded(leaves, opt_state, x):
+        loss, leaves, opt_state = step(leaves, jax.device_put(opt_state, device_shardings), x)
+        return loss, leaves, jax.device_put(opt_state, host)
+
+    return offloaded
 
 
 def to_host(tree):

@@ -230,8 +230,9 @@ def abstract_problem(config: RunConfig, config_file: str | None = None) -> Probl
         if config.target != LOCAL:
             one = jax.sharding.SingleDeviceSharding(
                 targets.target_devices(config.target, config.target_devices, config_file)[0])
-            place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one)
-            leaves, x, state = jax.tree_util.tree_map(place, (leaves, x, state))
+            place = lambda a, s=one: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+            leaves, x = jax.tree_util.tree_map(place, (leaves, x))
+            state = jax.tree_util.tree_map(lambda a: place(a, _state_memory(config, one)), state)
         return Problem(config, graphdef, treedef, leaves, paths, x,
                        _loss_fn(config, graphdef, treedef), opt_state=state)
     devices = (None if config.target == LOCAL else
@@ -241,11 +242,19 @@ def abstract_problem(config: RunConfig, config_file: str | None = None) -> Probl
     put = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                sharding=jax.sharding.NamedSharding(mesh, spec))
     if state is not None:
-        state = jax.tree_util.tree_map(put, state, sharding.state_specs(state, leaves, specs))
+        state = jax.tree_util.tree_map(
+            lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=_state_memory(
+                config, jax.sharding.NamedSharding(mesh, spec))),
+            state, sharding.state_specs(state, leaves, specs))
     leaves = [put(a, spec) for a, spec in zip(leaves, specs)]
     gather = sharding.gathered(config, mesh) if "fsdp" in config.mesh else None
     return Problem(config, graphdef, treedef, leaves, paths, put(x, sharding.input_spec(config)),
                    _loss_fn(config, graphdef, treedef, gather, mesh), mesh, specs, state)
+
+
+def _state_memory(config: RunConfig, s):
+    """The optimizer state's sharding ``s``, in pinned host memory with ``optimizer_offload``."""
+    return s.with_memory_kind("pinned_host") if config.optimizer_offload else s
 
 
 def problem_for(config: RunConfig) -> Problem:
@@ -314,7 +323,11 @@ def jit_program(problem: Problem) -> Callable:
         return jit_step(problem)
     if problem.mesh is not None:
         return sharding.jit_train(problem, make_train_step(problem))
-    return jax.jit(make_train_step(problem), donate_argnums=(0, 1))
+    step = make_train_step(problem)
+    if problem.config.optimizer_offload:  # one device: the state's own sharding, on the device
+        device = jax.tree.map(lambda a: a.sharding.with_memory_kind("device"), problem.opt_state)
+        step = sharding.offloaded_state(step, device)
+    return jax.jit(step, donate_argnums=(0, 1))
 
 
 def program_args(problem: Problem) -> tuple:
