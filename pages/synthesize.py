@@ -185,7 +185,16 @@ if plan:
     b.markdown("MaxText (`remat_policy: custom`):")
     b.code(doc["maxtext_yaml"], language="yaml")
     st.markdown("Reproduce the plan with `run`:")
-    st.code(doc["run_command"], language="bash")
+    st.code(doc["run_command"], language="bash", wrap_lines=True)
+elif doc.get("run_command"):  # the answer is a named policy: its own code, not a solver candidate
+    a, b = st.columns(2)
+    a.markdown(md(f"{doc['answer']}, ready to paste:"))
+    a.code(doc["code"], language="python")
+    if doc.get("maxtext_yaml"):
+        b.markdown("MaxText:")
+        b.code(doc["maxtext_yaml"], language="yaml")
+    st.markdown("Reproduce the answer with `run`:")
+    st.code(doc["run_command"], language="bash", wrap_lines=True)
 frame = synthesis_frame(doc)
 st.plotly_chart(charts.make_synthesis_figure(frame, doc["budget_bytes"] / (1 << 20)), width="stretch",
                 key="synth_chart")

@@ -231,3 +231,26 @@ def test_on_h100_offload_is_a_choice_and_the_answer_compiles_as_plain_checkpoint
     assert plain <= budget
     _, named_flops = _plain(cfg, [], [], cfg.depth, b, device)
     assert flops <= named_flops
+
+
+def test_what_is_handed_out_is_the_answer_and_fits(doc):
+    """Issue 45: the flags, code, MaxText YAML and run command describe the answer (the plan, or the
+    named policy's own texts when a named policy wins), and the handed-out run command, parsed by
+    the CLI and compiled, fits the budget at the stated batch."""
+    import shlex
+
+    from remat_lab.cli import _config_from, build_parser
+    from remat_lab.model.policies import POLICIES
+    from remat_lab.studies.experiment import run_experiment
+
+    words = shlex.split(doc["run_command"])
+    cfg = _config_from(build_parser().parse_args(words[3:]))
+    assert cfg.batch == doc["max_batch"]
+    if doc["answer"] == "plan":
+        assert doc["plan"] is not None and doc["best_plan"] is None
+        assert sorted(cfg.save_names) == sorted(doc["plan"]["save"])
+    else:
+        assert doc["plan"] is None and cfg.policy == doc["answer"]
+        assert doc["code"] == POLICIES[doc["answer"]].code and doc["custom"] == f"--policy {doc['answer']}"
+    peak = run_experiment(cfg, timing=False)["memory"]["peak_bytes"]
+    assert peak == doc["peak_bytes"] <= doc["budget_bytes"]

@@ -107,6 +107,10 @@ def format_synthesis(doc: dict) -> str:
         lines += ["", f"Plan: save {plan['save'] or '-'}; offload {plan['offload'] or '-'}; recompute "
                       f"{plan['recompute'] or '-'}; {plan['remat_layers']} layers remat'd",
                   f"flags: {doc['custom']}", "", doc["code"], "", "MaxText:", doc["maxtext_yaml"]]
+    elif doc.get("run_command"):  # the answer is a named policy: its own texts
+        lines += ["", f"Named policy {doc['answer']}: flags {doc['custom']}", "", doc["code"]]
+        if doc.get("maxtext_yaml"):
+            lines += ["", "MaxText:", doc["maxtext_yaml"]]
     lines += ["", "candidates compiled (predicted vs compiled peak at the batch):"]
     for c in doc["candidates"]:
         p = c["plan"]

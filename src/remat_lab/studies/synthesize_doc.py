@@ -12,6 +12,7 @@ from remat_lab.studies.synthesize_text import (
     custom_flags,
     jax_code,
     maxtext_yaml,
+    named_texts,
     run_command,
 )
 
@@ -77,6 +78,14 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
     if said:
         notes.append(said)
     at = (answer or {}).get("max_batch") or 0
+    # What is handed out describes the answer: the plan's texts, or the named policy's own.
+    texts = {"custom": None, "code": None, "maxtext_yaml": None, "run_command": None}
+    if beats and plan is not None:
+        texts = {"custom": custom_flags(plan, base.depth), "code": jax_code(plan),
+                 "maxtext_yaml": maxtext_yaml(plan, names, base.depth),
+                 "run_command": run_command(base, plan, at or run.unit)}
+    elif answer is not None:
+        texts = named_texts(base, best_named["policy"], at or run.unit)
     host_bw = get_target(base.target).host_bandwidth_bytes_per_s if base.target != LOCAL else None
     offloaded = (answer or {}).get("offloaded_bytes")
     return {
@@ -86,7 +95,8 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
         "budget_bytes": budget, "budget_source": budget_source, "static": static,
         "names": list(names), "offload": {"allowed": offload, "why": notes[0]},
         "answer": ("plan" if beats else best_named["policy"]) if answer else None,
-        "plan": plan.as_dict(names) if plan else None,
+        "plan": plan.as_dict(names) if plan and beats else None,
+        "best_plan": plan.as_dict(names) if plan and not beats else None,
         "max_batch": at, "per_device_batch": (answer or {}).get("per_device_batch") or 0,
         "peak_bytes": (answer or {}).get("peak_bytes"),
         "recomputed_flops": (answer or {}).get("recomputed_flops"),
@@ -100,13 +110,11 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
         "named": named, "best_named": vs or None,
         "candidates": run.candidates, "probes": probes or [],
         "costs": _costs(model) if model else None,
-        "custom": custom_flags(plan, base.depth) if plan else None,
-        "code": jax_code(plan) if plan else None,
-        "maxtext_yaml": maxtext_yaml(plan, names, base.depth) if plan else None,
+        **{k: texts[k] for k in ("custom", "code", "maxtext_yaml")},
         "command": command(config, budget, goal, b * run.unit if b else None,
                            chosen if chosen != default_policies else None),
         "policies": chosen,
-        "run_command": run_command(base, plan, at or run.unit) if plan else None,
+        "run_command": texts["run_command"],
         "notes": notes, "method": METHOD, "environment": environment(),
         **({"target": get_target(base.target).as_dict()} if base.target != LOCAL else {}),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from remat_lab.config import RunConfig
 from remat_lab.config.cli_flags import shape_flags, target_flags
+from remat_lab.model.policies import POLICIES
 from remat_lab.studies.synthesize_solve import Plan
 
 
@@ -44,6 +45,24 @@ def maxtext_yaml(plan: Plan, names: tuple[str, ...], depth: int) -> str:
         lines.append(f"# only the first {plan.remat_layers} of {depth} layers remat'd: MaxText has no "
                      "per-layer count; the rest are saved whole (two scans)")
     return "\n".join(lines)
+
+
+def named_texts(config: RunConfig, policy: str, batch: int) -> dict:
+    """What is handed out when the answer is a named policy: its own flags, code, MaxText YAML (its
+    name where MaxText has the recipe, its saved and offloaded names otherwise; None for a JAX
+    policy, which MaxText cannot express) and the ``run`` command at the answer's global batch."""
+    p = POLICIES[policy]
+    if p.group == "maxtext":
+        yaml = f"remat_policy: '{policy}'"
+    elif p.saves or p.offloads:
+        yaml = "\n".join(["remat_policy: 'custom'"] + [f"{n}: 'device'" for n in p.saves]
+                         + [f"{n}: 'offload'" for n in p.offloads])
+    else:
+        yaml = None
+    flags = f"--policy {policy}"
+    return {"custom": flags, "code": p.code, "maxtext_yaml": yaml,
+            "run_command": " ".join([*_model_flags(config, "run"), flags,
+                                     f"--batch {batch} --compile-only --json"])}
 
 
 def command(config: RunConfig, budget: int, goal: str, batch: int | None,
