@@ -19,12 +19,13 @@ from remat_lab.config import (
 from remat_lab.model.models import SEQ_MODELS
 from remat_lab.program import targets
 from remat_lab.program.backend import ExecutionError
-from remat_lab.serve import safe_text, worker
+from remat_lab.serve import quotas, safe_text, worker
 from remat_lab.store.bytecache import ByteCache
 from remat_lab.studies.experiment import STAGES
 
 STAGE_TEXT = {
-    "waiting": "Waiting for the worker: other visitors' jobs are served in turn, one at a time",
+    "waiting": ("Waiting for a worker: this instance's other jobs are running" if quotas.private()
+                else "Waiting for the worker: other visitors' jobs are served in turn, one at a time"),
     "building": "Building the model",
     "lowering": "Lowering the step",
     "compiling": "Compiling with XLA",

@@ -115,3 +115,15 @@ def test_a_cached_result_viewed_again_adds_no_history_row(home, monkeypatch):
     run = history.list_runs()[0]["id"]
     for cookie in (TOKEN_A, TOKEN_B):  # each visitor still finds the run they saw
         assert [r["id"] for r in history.list_runs(session_id=cookie, public=True)] == [run]
+
+
+def test_a_private_instance_runs_a_job_per_core_and_a_public_one_takes_turns():
+    """Issue 46: with REMAT_LAB_PUBLIC=0 (one owner, several tabs) jobs run side by side, one worker
+    per core up to two (a worker is recycled above half the memory: two fit); a public server keeps
+    one worker, visitors' jobs in turn."""
+    from remat_lab.serve.pool import default_workers
+
+    assert default_workers({"REMAT_LAB_PUBLIC": "0"}, cores=2) == 2
+    assert default_workers({"REMAT_LAB_PUBLIC": "0"}, cores=16) == 2
+    assert default_workers({"REMAT_LAB_PUBLIC": "0"}, cores=1) == 1
+    assert default_workers({"REMAT_LAB_PUBLIC": "1"}, cores=16) == default_workers({}, cores=16) == 1
