@@ -4,8 +4,8 @@
 reduce-scatter, all-reduce, all-to-all and collective-permute, times the runs of its computation
 (a scanned body runs ``depth`` times), with its result bytes, by phase. **Recomputed** is judged
 against the ``no_remat`` compile of the same mesh (``witness.Witness``): a collective is recomputed
-only when the program has it more often than no_remat's (``op_name`` alone is no witness: XLA CPU
-removes the remat barrier, CSE keeps either copy's name). Otherwise its phase is the **pass of its
+only when the program has it more often than no_remat's (``op_name`` alone is no witness: where CSE
+merges two copies, it keeps either copy's name). Otherwise its phase is the **pass of its
 place in the program** (``witness.passes``): a named collective's own (its no_remat twin's
 ``op_name``: ``transpose(`` = backward); an unnamed one's (XLA names no gradient reduce-scatter
 it creates inside a scanned backward) is its region's. A while loop's body whose named
