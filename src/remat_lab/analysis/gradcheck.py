@@ -187,11 +187,12 @@ def reference_loss(params: dict, x: jax.Array, model: str, depth: int) -> jax.Ar
     return jnp.sum(reference_forward(params, x, model, depth), dtype=jnp.float32)
 
 
-def _loss_and_abs(params: dict, x: jax.Array, model: str, depth: int, remat: bool = False):
+def _loss_and_abs(params: dict, x: jax.Array, model: str, depth: int, remat: bool = False,
+                  chunks: int = 1):
     """The loss and what bounds its rounding: ``(sum|out|, sqrt(sum out^2))`` (the llm: its mean
     ``|ce|`` and NaN, see ``gradcheck_bounds.loss_bound``)."""
     if model == "llm":
-        loss, mean_abs = llm_loss_and_abs(params, x, depth)
+        loss, mean_abs = llm_loss_and_abs(params, x, depth, chunks)
         return loss, (mean_abs, jnp.float32(jnp.nan))
     out = reference_forward(params, x, model, depth, remat).astype(jnp.float32)
     return jnp.sum(out), (jnp.sum(jnp.abs(out)), jnp.sqrt(jnp.sum(jnp.square(out))))
@@ -199,9 +200,9 @@ def _loss_and_abs(params: dict, x: jax.Array, model: str, depth: int, remat: boo
 
 @functools.lru_cache(maxsize=8)
 def _compiled(model: str, depth: int, shapes: tuple, x_shape: tuple, dtype: str, excess: bool,
-              remat: bool = False):
+              remat: bool = False, chunks: int = 1):
     fn = jax.jit(jax.value_and_grad(functools.partial(_loss_and_abs, model=model, depth=depth,
-                                                      remat=remat), has_aux=True))
+                                                      remat=remat, chunks=chunks), has_aux=True))
     params = {path: jax.ShapeDtypeStruct(shape, dtype) for path, shape in shapes}
     x_dtype = jnp.int32 if model == "llm" else dtype
     lowered = fn.lower(params, jax.ShapeDtypeStruct(x_shape, x_dtype))
@@ -283,7 +284,7 @@ def _reference(problem, dtype=None, excess_precision: bool = True, remat: bool =
     x = jnp.asarray(problem.x) if cfg.model == "llm" else jnp.asarray(problem.x).astype(dtype)
     shapes = tuple(sorted((p, tuple(v.shape)) for p, v in params.items()))
     fn = _compiled(cfg.model, cfg.depth, shapes, tuple(x.shape), dtype.name, excess_precision,
-                   remat and cfg.model != "llm")
+                   remat and cfg.model != "llm", cfg.loss_chunks if cfg.model == "llm" else 1)
     (loss, (abs_sum, l2)), grads = fn(params, x)
     return (float(loss), [np.asarray(grads[p]) for p in problem.paths], float(abs_sum), float(l2))
 
