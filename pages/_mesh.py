@@ -142,8 +142,8 @@ def explore_section(cfg: RunConfig, result: dict) -> None:
     else:
         st.dataframe(frame, hide_index=True, width="stretch")
     st.caption("Collectives in the compiled per-device program, times the runs of their loop (a scanned "
-               "body runs depth times), by phase from op_name (recomputed: under the remat; XLA CPU "
-               "may merge a recomputation back into the forward). vs no_remat: the same count minus "
+               "body runs depth times), by phase from op_name (recomputed: under the remat; CSE may "
+               "merge a recomputation back into the forward). vs no_remat: the same count minus "
                "the no_remat compile on the same mesh, whatever the names say. On emulated CPU "
                "devices there is no interconnect: step times are not a cluster's; memory per device is.")
     st.code(reproduce.cli_command(cfg), language="bash")

@@ -161,8 +161,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
     sb.slider("Depth (remat'd blocks)", *_llm.limits("depth", ss["model"]), key="depth")
     sb.radio("Stack", CHOICES["stack"], key="stack", horizontal=True, disabled=ss["depth"] == 1,
              help="How depth > 1 blocks run: scan over layers stacked on a leading axis (nnx.scan, "
-                  "how production code is written), or an unrolled Python loop, where XLA CPU "
-                  "merges most recomputation back into the forward pass (see the Guide).")
+                  "how production code is written), or an unrolled Python loop (see the Guide).")
     _precision.controls(sb)  # dtype; the llm: master weights, AdamW moments, the recipe
     sb.selectbox("Checkpoint policy", list(POLICIES), key="policy", format_func=grouped_policy_label,
                  help=POLICIES[ss["policy"]].description if ss["policy"] in POLICIES else None)

@@ -138,18 +138,20 @@ So a dense layer's product is saveable whatever the batch size, while the token-
 still keeps only what the backward pass needs, which is why the per-dot table shows the verdict and
 what was saved side by side.
 
-### Why `grad` alone can make every policy compile the same at depth 1
+### Why `grad` alone makes every policy compile the same products at depth 1
 With `jax.grad` the loss value is not an output, so the forward pass only exists to feed the
 backward pass. With a single block the backward pass starts right where the forward pass ends:
 *saving* a value (compute it in the forward pass and keep it) and *recomputing* it (compute it
 again at the start of the backward pass) leave the same operations in the same order with nothing
 in between, and XLA's dead-code and common-subexpression elimination remove the copy nobody needs.
-Every policy then compiles to the same program: same dots, same memory, same time, although the
-jaxprs differ. With `value_and_grad` the loss needs the whole forward pass, so a recomputation is
-real extra work; with depth > 1 later blocks run between a block's forward and backward passes,
-so what it saves must be held meanwhile. The per-dot table shows both the jaxpr's verdict and
-whether the compiled program really recomputes (its `compiled` column); the notes
-explain disagreements.
+Every policy then compiles to the same products, although the jaxprs differ; not quite to the
+same program (jax 0.12, mlp 256 × 64): everything_saveable keeps a relu's mask as booleans where
+the others keep the float32 value it is compared from (48 KiB less memory), and nothing_saveable
+fuses the relu's derivative differently. With `value_and_grad` the loss needs the whole forward
+pass, so a recomputation is real extra work; with depth > 1 later blocks run between a block's
+forward and backward passes, so what it saves must be held meanwhile. The per-dot table shows both
+the jaxpr's verdict and whether the compiled program really recomputes (its `compiled` column);
+the notes explain disagreements.
 
 ### How "recomputed in the compiled program" is known
 Not from XLA's `op_name` metadata: XLA drops it on products it rewrites, and when common-subexpression

@@ -96,12 +96,33 @@ def test_forward_equality_is_not_policy_equality():
     assert dots == [7, 5]
 
 
-def test_grad_only_at_depth_one_compiles_every_policy_alike(run):
+def _plain_grad_temp_bytes(width: int, batch: int, policy) -> int:
+    """XLA's temp bytes for ``jax.grad`` of a plain jax.numpy copy of the mlp (no NNX, no lab code),
+    the block under ``jax.checkpoint(policy=...)`` or none: an independent compile."""
+    def block(p, x):
+        return jax.nn.relu(jax.nn.relu(x @ p[0] + p[1]) @ p[2] + p[3])
+
+    def loss(p, x):
+        return jnp.sum(block(p, x) if policy is None else jax.checkpoint(block, policy=policy)(p, x))
+
+    p = [jnp.ones((width, width)), jnp.ones(width), jnp.ones((width, width)), jnp.ones(width)]
+    compiled = jax.jit(jax.grad(loss)).lower(p, jnp.ones((batch, width))).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_grad_only_at_depth_one_compiles_every_policy_to_the_same_products(run):
     results = {p: run(RunConfig(width=256, batch=64, objective="grad", policy=p)) for p in POLICIES}
     counts = {p: r["hlo"]["dot_count"] for p, r in results.items()}
     assert len(set(counts.values())) == 1, counts
+    # The same peak too, but for everything_saveable: under JAX/XLA 0.12 it holds a relu's mask as
+    # booleans where the others keep the float32 value it is compared from (XLA 0.10: all alike).
+    # A plain jax.numpy compile of the same mlp shows the same difference: the compiler's, not the lab's.
     peaks = {p: r["memory"]["peak_bytes"] for p, r in results.items()}
-    assert len(set(peaks.values())) == 1, peaks
+    assert {p for p, v in peaks.items() if v != peaks["no_remat"]} == {"everything_saveable"}, peaks
+    plain = {name: _plain_grad_temp_bytes(256, 64, policy) for name, policy in
+             (("no_remat", None), ("everything_saveable", jax.checkpoint_policies.everything_saveable))}
+    assert (peaks["no_remat"] - peaks["everything_saveable"]
+            == plain["no_remat"] - plain["everything_saveable"] == 64 * 256 * (4 - 1))
     # ... whereas value_and_grad tells them apart at the same size.
     vg = {p: run(RunConfig(width=256, batch=64, policy=p))["hlo"]["dot_count"]
           for p in ("nothing_saveable", "dots_with_no_batch_dims_saveable")}

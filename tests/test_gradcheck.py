@@ -118,17 +118,30 @@ def test_every_policy_passes(dtype, shape):
         assert result["loss_err"] is not None
 
 
-def test_excess_precision_is_the_one_freedom_allowed():
-    """everything_saveable rounds the softmax's exp to bf16 where no_remat keeps it in float32:
-    beyond the bound of the default reference, bit for bit the fully rounded one."""
-    cfg = _cfg(model="seq_mixer", width=32, batch=4, seq=8, depth=3, seed=1, dtype="bfloat16",
-               policy="everything_saveable")
-    problem, _, grads, _ = _run(cfg)
-    default = reference_loss_and_grads(problem)[1]
-    rounded = reference_loss_and_grads(problem, excess_precision=False)[1]
-    assert any(np.any(g != r) for g, r in zip(grads, default))
-    assert all(np.array_equal(g, r) for g, r in zip(grads, rounded))
-    assert _check(cfg)["ok"]
+def _failures_against(cfg: RunConfig, **how) -> list[str]:
+    """The check's failures against one reference evaluation (``gradcheck._reference``'s options)."""
+    problem, loss, grads, _ = _run(cfg)
+    return gradcheck._compare(problem, grads, loss, gradcheck._reference(problem, **how))["failures"]
+
+
+def test_excess_precision_and_recomputation_are_the_freedoms_allowed():
+    """Two roundings beyond the default reference's bound, each within another evaluation's.
+    everything_saveable rounds the softmax's exp to bf16 where no_remat keeps it in float32: within
+    the bound of the fully rounded reference (XLA 0.10: bit for bit; XLA 0.12 fuses it otherwise,
+    1.3 u * S from it). nothing_saveable's recomputation, which XLA 0.12 keeps, rounds in other
+    fusions than the forward: bit for bit the reference evaluated with each block remat'd."""
+    mixer = dict(model="seq_mixer", width=32, batch=4, seq=8, depth=3, seed=1, dtype="bfloat16")
+    everything, nothing = (_cfg(policy=p, **mixer) for p in ("everything_saveable", "nothing_saveable"))
+    assert _failures_against(everything) and not _failures_against(everything, excess_precision=False)
+    assert _failures_against(nothing) and _failures_against(nothing, excess_precision=False)
+    assert not _failures_against(nothing, remat=True)
+    problem, _, grads, _ = _run(nothing)
+    remat = reference_loss_and_grads(problem, remat=True)[1]
+    assert all(np.array_equal(g, r) for g, r in zip(grads, remat))
+    assert _check(everything)["ok"] and _check(nothing)["ok"]
+    # no_remat is the default evaluation itself, bit for bit.
+    problem, _, grads, _ = _run(_cfg(policy="no_remat", **mixer))
+    assert all(np.array_equal(g, r) for g, r in zip(grads, reference_loss_and_grads(problem)[1]))
 
 
 # --- injected errors fail ----------------------------------------------------------------------

@@ -62,6 +62,28 @@ def test_the_gradient_check_passes(changes):
     assert check["ok"], check["failures"]
 
 
+@pytest.mark.parametrize("seq,chunks", [(32, 4), (30, 4), (8, 16)])
+def test_the_reference_s_chunked_loss_is_the_whole_one_in_float32(seq, chunks):
+    """The gradient check's reference takes the loss in the model's slices (their rounding points in
+    bfloat16); in float32 that is the whole loss up to the order of float32 sums."""
+    import jax
+
+    from remat_lab.analysis.reference_llm import llm_loss_and_abs
+
+    problem = build_problem(RunConfig(**SMALL, seq=seq))
+    params = {p: np.asarray(v, np.float32) for p, v in zip(problem.paths, problem.leaves)}
+    tokens = np.asarray(problem.x)
+    run = jax.jit(jax.value_and_grad(llm_loss_and_abs, has_aux=True), static_argnums=(2, 3))
+    (loss, _), grads = run(params, tokens, SMALL["depth"], 1)
+    (c_loss, c_abs), c_grads = run(params, tokens, SMALL["depth"], chunks)
+    rtol = 4 * UNIT_ROUNDOFF["float32"] * math.sqrt(SMALL["vocab"] * seq)
+    assert abs(float(c_loss) - float(loss)) <= rtol * abs(float(loss))
+    assert float(c_abs) == float(c_loss)  # ce >= 0: the mean |ce| is the loss
+    for path in problem.paths:
+        g, c = np.asarray(grads[path], np.float64), np.asarray(c_grads[path], np.float64)
+        assert np.linalg.norm(c - g) <= rtol * np.linalg.norm(g), path
+
+
 def test_only_one_chunks_logits_are_live():
     base = RunConfig(model="llm", width=64, heads=4, depth=1, vocab=8192, batch=2, seq=512,
                      compile_only=True, policy="nothing_saveable")

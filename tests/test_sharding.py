@@ -102,6 +102,36 @@ def test_collectives_are_counted_by_phase_with_loop_runs_and_result_bytes():
                          "collective-permute": 1}
 
 
+WITNESS = """HloModule w, is_scheduled=true
+
+ENTRY %main (p: f32[8,4]) -> (f32[32,4], f32[16,4]) {
+  %p = f32[8,4]{1,0} parameter(0)
+  %ag = f32[32,4]{1,0} all-gather(%p), dimensions={0}, metadata={op_name="f/jvp()/ag"}
+  %n = f32[8,4]{1,0} negate(%p), metadata={op_name="f/transpose(jvp())/neg"}
+  %bg = f32[16,4]{1,0} all-gather(%n), dimensions={0}, metadata={op_name="f/transpose(jvp())/bg"}
+  ROOT %t = (f32[32,4]{1,0}, f32[16,4]{1,0}) tuple(%ag, %bg)
+}
+"""
+# Backward gathers with no twin in the witness (other operands) and no rematted_computation name,
+# as XLA 0.12 partitions a remat'd scanned block: one of a size the witness gathers as often (bg),
+# one of a size it gathers less often (ag2).
+REGATHER = WITNESS.replace("%bg = f32[16,4]{1,0} all-gather(%n)", (
+    '%m = f32[8,4]{1,0} abs(%n), metadata={op_name="f/transpose(jvp())/abs"}\n'
+    '  %ag2 = f32[32,4]{1,0} all-gather(%n), dimensions={0}, '
+    'metadata={op_name="f/transpose(jvp())/remat2"}\n'
+    "  %bg = f32[16,4]{1,0} all-gather(%m)"))
+
+
+def test_a_backward_gather_beyond_no_remat_s_count_is_recomputed_without_a_twin():
+    from remat_lab.analysis.collectives import rows
+
+    assert {r["name"]: r["phase"] for r in rows(REGATHER, WITNESS)} == {
+        "ag": "forward", "ag2": "recomputed", "bg": "backward"}
+    assert {r["name"]: r["phase"] for r in rows(REGATHER)} == {  # no witness: the passes alone
+        "ag": "forward", "ag2": "backward", "bg": "backward"}
+    assert {r["name"]: r["phase"] for r in rows(WITNESS, WITNESS)} == {"ag": "forward", "bg": "backward"}
+
+
 # --- four emulated devices ------------------------------------------------------------------------
 
 SCRIPT = r"""

@@ -4,8 +4,10 @@
 reduce-scatter, all-reduce, all-to-all and collective-permute, times the runs of its computation
 (a scanned body runs ``depth`` times), with its result bytes, by phase. **Recomputed** is judged
 against the ``no_remat`` compile of the same mesh (``witness.Witness``): a collective is recomputed
-only when the program has it more often than no_remat's (``op_name`` alone is no witness: XLA CPU
-removes the remat barrier, CSE keeps either copy's name). Otherwise its phase is the **pass of its
+only when the program has it more often than no_remat's (``op_name`` alone is no witness: where CSE
+merges two copies, it keeps either copy's name); one the witness finds no twin of is, when it
+runs in the backward and the program runs its kind and size more often than no_remat's
+(``_count_extras``). Otherwise its phase is the **pass of its
 place in the program** (``witness.passes``): a named collective's own (its no_remat twin's
 ``op_name``: ``transpose(`` = backward); an unnamed one's (XLA names no gradient reduce-scatter
 it creates inside a scanned backward) is its region's. A while loop's body whose named
@@ -47,20 +49,44 @@ def rows(text: str, witness: str | None = None) -> list[dict]:
     ``name``, ``kind``, ``phase`` (recomputed against ``witness``, no_remat's compiled text; else
     the pass of its place in the program), ``runs`` (its computation's, ``hlo.executions``) and
     ``bytes`` (its result's, per device, per run)."""
-    runs, _ = hlo.executions(text)
     judge = Witness(text, witness)
     where = passes(text, judge)
-    out = []
-    for comp, ins in hlotext.instructions(text):
-        kind = ins.opcode.removesuffix("-start")
-        if kind not in KINDS:
-            continue
-        phase = judge.phase(ins.name, hlotext.op_name(ins.rest), unnamed="")
-        out.append({"computation": comp, "name": ins.name, "kind": kind,
-                    "phase": "recomputed" if phase == "recomputed" else where[ins.name],
-                    "runs": max(runs.get(comp, 1), 1),
-                    "bytes": _result_bytes(ins.type, kind, ins.opcode != kind)})
+    out = [{**row, "phase": "recomputed" if judge.phase(row["name"], row["op_name"], unnamed="")
+            == "recomputed" else where[row["name"]]} for row in _found(text)]
+    if witness is not None:
+        _count_extras(out, _found(witness))
+    for row in out:
+        del row["op_name"]
     return out
+
+
+def _found(text: str) -> list[dict]:
+    """The collective instructions of ``text`` in order, without phases."""
+    runs, _ = hlo.executions(text)
+    return [{"computation": comp, "name": ins.name, "kind": kind, "op_name": hlotext.op_name(ins.rest),
+             "runs": max(runs.get(comp, 1), 1),
+             "bytes": _result_bytes(ins.type, kind, ins.opcode != kind)}
+            for comp, ins in hlotext.instructions(text)
+            if (kind := ins.opcode.removesuffix("-start")) in KINDS]
+
+
+def _count_extras(out: list[dict], witness: list[dict]) -> None:
+    """Backward collectives the witness has no twin of, but of a kind and size the program runs
+    more often than no_remat's, are recomputed: the latest in the schedule first, never more than
+    the program's excess of that kind and size, nor of that kind. (XLA 0.12's partitioner names
+    the parameter gathers of a remat'd scanned block after the ``remat2`` call, not JAX's
+    ``rematted_computation`` scope, and gathers them from other slices: no name and no twin says
+    what they are; their number against no_remat's does.)"""
+    def excess(kind: str, size: int | None = None) -> int:
+        same = lambda r: r["kind"] == kind and size in (None, r["bytes"])  # noqa: E731
+        return (sum(r["runs"] for r in out if same(r)) - sum(r["runs"] for r in witness if same(r))
+                - sum(r["runs"] for r in out if same(r) and r["phase"] == "recomputed"))
+
+    for row in reversed(out):
+        if row["phase"] != "backward":
+            continue
+        if min(excess(row["kind"], row["bytes"]), excess(row["kind"])) >= row["runs"]:
+            row["phase"] = "recomputed"
 
 
 def collectives(text: str, witness: str | None = None) -> dict:

@@ -1,27 +1,15 @@
 """The dissection's explanations: a note on each dot row and the notes on the whole program.
 
-Plain sentences for the tables (``dissect``): why a dot the policy saves is not stored, why the
-backward jaxpr's recomputations do not all survive XLA (and what the CPU backend does to them),
-offload without host memory, bf16 products run in float32, and a name policy's names that the
-model lacks or the backward pass never needs.
+Plain sentences for the tables (``dissect``): why a dot the policy saves is not stored, how many
+of the backward jaxpr's recomputations do not survive XLA (and why, with objective grad), offload
+without host memory, bf16 products run in float32, and a name policy's names that the model lacks
+or the backward pass never needs.
 """
 
 from __future__ import annotations
 
 from remat_lab.model.models import block_names
 from remat_lab.model.policies import get_policy, policy_names
-
-_BARRIER_CPU = (
-    "Why: XLA CPU removes JAX's remat optimization barrier early (before fusion and scheduling), "
-    "so common-subexpression elimination merges a recomputation with the forward product it "
-    "repeats. In a stack of remat'd blocks written as a Python loop it keeps at most the last "
-    "block's; even where it keeps one, the scheduler places it next to its forward twin, so the "
-    "peak memory barely moves. Stacks scanned over layers (stack scan, how production code is "
-    "written) are where the policy's effect on memory shows.")
-_BARRIER_CPU_SCAN = (
-    "Why: XLA CPU removes JAX's remat optimization barrier early, so common-subexpression "
-    "elimination merges a recomputation with a forward product it repeats wherever both sit in the "
-    "same computation; across the scan's forward and backward loops it cannot.")
 
 
 def dot_note(row: dict, cfg, compiled: dict, compared: bool, sharded: bool = False) -> str:
@@ -60,7 +48,6 @@ def program_notes(cfg, dots: list[dict], compiled: dict, backend: str) -> list[s
     notes = []
     jaxpr_rec = sum(d["layers"] for d in dots if d["recomputed"])
     excess = compiled.get("excess_dots_vs_no_remat")
-    scanned = any(d["layers"] > 1 for d in dots)
     if compiled.get("identical_to") and compiled["identical_to"] != cfg.policy:  # not itself
         notes.append(f"The compiled program is the same as {compiled['identical_to']}'s (same "
                      "instructions up to names and metadata): whatever the jaxpr says, this policy "
@@ -77,8 +64,6 @@ def program_notes(cfg, dots: list[dict], compiled: dict, backend: str) -> list[s
         if cfg.objective == "grad":
             said += (" With objective grad the loss is not returned: the forward products are "
                      "dead code and the backward's recomputed copies are the only ones left.")
-        elif backend == "cpu":
-            said += " " + (_BARRIER_CPU_SCAN if scanned else _BARRIER_CPU)
         notes.append(said)
     if any(d["offloaded"] for d in dots) and not compiled.get("host_memory"):
         notes.append(f"Offload is a no-op on this backend ({backend}): the jaxpr moves the saved "
