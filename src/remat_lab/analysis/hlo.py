@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from remat_lab.analysis import hlotext
+from remat_lab.analysis import hlotext, loop_trips
 
 _PRODUCTS = ("dot", "convolution", "custom-call")
 _MATMUL_TARGETS = ("gemm", "matmul")  # __cublas$gemm, __cublas$lt$matmul, __onednn$matmul, ...
@@ -64,12 +64,14 @@ def executions(text: str) -> tuple[dict[str, int], list[int]]:
     conditionals run as often as the instruction that calls them. XLA's cost analysis counts a loop
     body once; these multipliers are what it leaves out. Where XLA does not annotate the count (TPU),
     a condition that compares the counter with one constant (``i < N``, as ``scan`` lowers) gives N.
-    Unknown trip counts count as 1.
+    Other loops get the count ``loop_trips`` evaluates from the program's integer values: a bound
+    set by the enclosing loop's counter (``fori_loop(0, i + 1)``) gives the mean over that loop's
+    iterations, so the body's runs are the exact sum. Unknown trip counts count as 1.
     """
     comps: list[tuple[str, list[tuple[str, int]]]] = []
     trips: list[int] = []
     bounds: dict[str, list] = {}  # computation -> [s32 constants, ends in ROOT compare LT]
-    entry = None
+    entry, evaluated = None, None
     for line in text.splitlines():
         name = hlotext.computation(line)
         if name is not None:
@@ -92,11 +94,15 @@ def executions(text: str) -> tuple[dict[str, int], list[int]]:
                 cond = next((c for k, c in hlotext.called(line) if k == "condition"), None)
                 consts, less_than = bounds.get(cond, ([], False))
                 known = consts[0] if less_than and len(consts) == 1 and consts[0] > 0 else None
+            if known is None:
+                evaluated = loop_trips.trip_counts(text) if evaluated is None else evaluated
+                ins = hlotext.instruction(line)
+                known = evaluated.get((comps[-1][0][1:], ins.name)) if ins else None
             trip = known if known is not None else 1
             trips.append(trip)
         for kind, callee in hlotext.called(line):
             comps[-1][1].append((callee, trip if kind in ("body", "condition") else 1))
-    runs = {name: 0 for name, _ in comps}
+    runs: dict = {name: 0 for name, _ in comps}
     if entry is None:
         return {name: 1 for name in runs}, trips
     runs[entry] = 1
@@ -104,7 +110,8 @@ def executions(text: str) -> tuple[dict[str, int], list[int]]:
         for callee, times in calls:
             if callee in runs:
                 runs[callee] += runs[name] * times
-    return runs, trips
+    whole = [t if isinstance(t, int) else float(t) for t in trips]  # a mean count: a float
+    return {name: int(round(n)) for name, n in runs.items()}, whole
 
 
 def matmuls(text: str) -> list[dict]:
