@@ -23,13 +23,13 @@ from remat_lab.analysis import hlotext
 _PARAM = re.compile(r"^\s*(\d+)\)")
 _INDEX = re.compile(r"\bindex=(\d+)")
 _SIZES = re.compile(r"dynamic_slice_sizes=\{([\d,]*)\}")
-_CONSTANT = re.compile(r"^\s*\{?\s*(-?[\d,\s-]*?)\s*\}?\s*\)")
+_CONSTANT = re.compile(r"^([\s{}\d,-]*)\)")
 _DIRECTION = re.compile(r"direction=(\w+)")
 _COMPARE = {"LT": np.less, "LE": np.less_equal, "GT": np.greater, "GE": np.greater_equal,
             "EQ": np.equal, "NE": np.not_equal}
 _BINARY = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
            "maximum": np.maximum, "minimum": np.minimum}
-_SAME = ("copy", "bitcast", "reshape", "convert")
+_SAME = ("copy", "copy-start", "copy-done", "bitcast", "reshape", "convert")
 _LARGEST = 1 << 16  # arrays longer than this are not evaluated
 
 
@@ -70,7 +70,7 @@ class _Program:
     # --- values --------------------------------------------------------------------------------
 
     def value(self, comp: str, name: str, env: dict):
-        """The integer value (a Python int, or a 1-D NumPy array) of ``comp``'s instruction
+        """The integer value (a Python int, or a NumPy array, flattened) of ``comp``'s instruction
         ``name`` under ``env`` (``{computation: {("p", i) or ("t", k): value}}``); None when unknown."""
         ins = self.ins.get(comp, {}).get(name)
         if ins is None:
@@ -283,12 +283,12 @@ def _constant(ins):
     if not m:
         return None
     try:
-        values = [int(v) for v in m.group(1).replace(" ", "").split(",") if v]
+        values = [int(v) for v in re.sub(r"[\s{}]", "", m.group(1)).split(",") if v]
     except ValueError:
         return None
     if not shape[0][1]:
         return values[0] if len(values) == 1 else None
-    return np.asarray(values) if len(values) == shape[0][1][0] else None
+    return np.asarray(values) if len(values) == int(np.prod(shape[0][1])) <= _LARGEST else None
 
 
 def trip_counts(text: str) -> dict[tuple[str, str], Fraction]:
