@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from remat_lab.analysis import hlo, kernel_flops
-from remat_lab.analysis.costs import cost_of, program_flops, step_flops
+from remat_lab.analysis.costs import PRODUCT_FLOPS, cost_of, program_flops, step_flops
 from remat_lab.config import RunConfig
 from remat_lab.program.step import jit_step, problem_for
 from remat_lab.program.tracing import trace_and_lower
@@ -177,3 +177,14 @@ def test_splash_attention_step_flops_match_the_hand_count():
     lab, source = _lab(SPLASH)
     assert "splash" in source
     _within(lab, hand_flops(SPLASH, 9, entries), _elementwise(SPLASH, entries))
+
+
+def test_gpu_products_of_the_chunked_step_are_the_hand_count():
+    # A deviceless H100 compile has no cost analysis: the lab counts the products of the HLO, each
+    # times its runs, so the hand count of the products is the truth to rounding (no element-wise
+    # work on either side). Before the fix: the loops bounded by a counter counted once.
+    cfg = CHUNKED.replace(policy="no_remat", dtype="bfloat16", target="h100", compile_only=False)
+    lab, source = _lab(cfg)
+    assert source == PRODUCT_FLOPS
+    assert lab == pytest.approx(hand_flops(cfg, 7, _causal_entries(cfg.seq, cfg.attention_block)),
+                                rel=1e-9)

@@ -97,7 +97,9 @@ class _Program:
             return int(_COMPARE[_DIRECTION.search(ins.rest).group(1)](a, b))
         if op == "dynamic-slice" and len(args) == 2:
             return self._slice(ins, *(self.value(comp, x, env) for x in args))
-        if op in ("fusion", "call") and self.callee(ins, "calls") in self.root:
+        if op == "fusion-done" and args:  # an asynchronous fusion (XLA GPU): its start's value
+            return _scalar_if(ins, self.value(comp, args[0], env))
+        if op in ("fusion", "fusion-start", "call") and self.callee(ins, "calls") in self.root:
             inner = self.callee(ins, "calls")
             bound = {("p", i): self.value(comp, x, env) for i, x in enumerate(args)}
             return self.value(inner, self.root[inner], {**env, inner: bound})
@@ -120,6 +122,13 @@ class _Program:
             k = _INDEX.search(ins.rest)
             if source is not None and k and source.opcode in ("while", "call"):
                 return self._result(comp, source, int(k.group(1)), env)
+            if source is not None and k and source.opcode == "fusion":  # a multi-output fusion
+                inner = self.callee(source, "calls")
+                root = self.ins.get(inner, {}).get(self.root.get(inner, ""))
+                if root is None or root.opcode != "tuple" or int(k.group(1)) >= len(self.operands(root)):
+                    return None
+                bound = {("p", i): self.value(comp, x, env) for i, x in enumerate(self.operands(source))}
+                return self.value(inner, self.operands(root)[int(k.group(1))], {**env, inner: bound})
             return self._element(comp, args[0], ins, env)
         return None
 
@@ -210,43 +219,54 @@ class _Program:
 
     # --- loops ---------------------------------------------------------------------------------
 
-    def counter(self, loop) -> tuple[int, str] | None:
-        """``(counter index, bound instruction)`` of a loop whose condition is ``state[c] < bound``
-        (directly or through a fused compare); None otherwise."""
+    def counter(self, loop):
+        """``(counter index, bound)`` of a loop whose condition is ``state[c] < bound`` (directly or
+        through a fused compare, the bound a state element or a constant, fused or not); ``bound``
+        evaluates it under an ``env``. None for any other condition."""
         cond = self.callee(loop, "condition")
         root = self.ins.get(cond, {}).get(self.root.get(cond, ""))
         if root is None:
             return None
-        args = self.operands(root)
+        where, compare = cond, root
         if root.opcode == "fusion":
-            inner = self.callee(root, "calls")
-            compare = self.ins.get(inner, {}).get(self.root.get(inner, ""))
-            if compare is None or compare.opcode != "compare":
-                return None
-            picks = [_PARAM.match(self.ins[inner][x].rest) if self.ins[inner][x].opcode == "parameter"
-                     else None for x in self.operands(compare)]
-            if len(picks) != 2 or None in picks:
-                return None
-            args, root = [args[int(m.group(1))] for m in picks], compare
-        m = _DIRECTION.search(root.rest)
-        if root.opcode != "compare" or len(args) != 2 or not m or m.group(1) not in ("LT", "GT"):
+            where = self.callee(root, "calls")
+            compare = self.ins.get(where, {}).get(self.root.get(where, ""))
+        m = _DIRECTION.search(compare.rest) if compare is not None else None
+        if compare.opcode != "compare" or not m or m.group(1) not in ("LT", "GT"):
             return None
-        counter, bound = args if m.group(1) == "LT" else args[::-1]
+        pair = self.operands(compare)
+        if len(pair) != 2:
+            return None
+        counter, bound = pair if m.group(1) == "LT" else pair[::-1]
+        if where != cond:  # the counter enters the fused compare as a parameter
+            ins = self.ins[where][counter]
+            p = _PARAM.match(ins.rest) if ins.opcode == "parameter" else None
+            args = self.operands(root)
+            if p is None or int(p.group(1)) >= len(args):
+                return None
+            counter = args[int(p.group(1))]
         ins = self.ins[cond][counter]
         k = _INDEX.search(ins.rest)
         if ins.opcode != "get-tuple-element" or not k:
             return None
-        return int(k.group(1)), bound
+
+        def bound_value(env: dict):
+            if where == cond:
+                return self.value(cond, bound, env)
+            args = {("p", i): self.value(cond, x, env) for i, x in enumerate(self.operands(root))}
+            return self.value(where, bound, {**env, where: args})
+
+        return int(k.group(1)), bound_value
 
     def trip(self, comp: str, loop, env: dict) -> int | None:
         """``loop``'s trip count (it lies in ``comp``) under ``env``; None when unknown."""
         found = self.counter(loop)
-        body, cond = self.callee(loop, "body"), self.callee(loop, "condition")
+        body = self.callee(loop, "body")
         if found is None or body is None:
             return None
-        c, bound_name = found
+        c, bound_of = found
         start = self._initial(comp, loop, c, env)
-        bound = self.value(cond, bound_name, env)
+        bound = bound_of(env)
         step = self._step(body, c)
         if not all(isinstance(x, int) for x in (start, bound)) or step is None:
             return None
