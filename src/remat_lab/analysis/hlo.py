@@ -57,7 +57,7 @@ def _products(text: str):
 _S32_CONSTANT = re.compile(r"=\s*s32\[\][^=]*?\sconstant\((\d+)\)")
 
 
-def executions(text: str) -> tuple[dict[str, int], list[int]]:
+def executions(text: str) -> tuple[dict[str, int], list[int | float]]:
     """How many times each computation runs per call of the program, and the while loops' trip counts.
 
     A ``while`` body runs its known trip count times (``scan`` lowers to one); fusions, calls and
@@ -69,7 +69,7 @@ def executions(text: str) -> tuple[dict[str, int], list[int]]:
     iterations, so the body's runs are the exact sum. Unknown trip counts count as 1.
     """
     comps: list[tuple[str, list[tuple[str, int]]]] = []
-    trips: list[int] = []
+    trips: list = []  # ints, or a mean count (a Fraction) where the bound follows an outer counter
     bounds: dict[str, list] = {}  # computation -> [s32 constants, ends in ROOT compare LT]
     entry, evaluated = None, None
     for line in text.splitlines():
