@@ -54,6 +54,8 @@ def _products(text: str):
         yield comp, ins, *found[0]
 
 
+# cuBLAS's GEMM custom calls (XLA GPU) name their dimensions in the backend config.
+_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 _S32_CONSTANT = re.compile(r"=\s*s32\[\][^=]*?\sconstant\((\d+)\)")
 
 
@@ -122,8 +124,10 @@ def matmuls(text: str) -> list[dict]:
     result, ``operand_dtypes``, ``opcode``, ``op_name`` (``""`` when XLA dropped the metadata) and,
     for ``dot``, ``contracted`` (the product of the contracting dimensions' sizes, None when the
     operand shapes are unknown), ``batch`` (the product of the batch dimensions' sizes) and
-    ``flops`` (2 x result elements x contracted), and ``executions``: how many times the instruction
-    runs per step (the trip count of the while loops around it, see ``executions``).
+    ``flops`` (2 x result elements x contracted; for a library GEMM custom call too, its contracting
+    dimensions read from its ``gemm_backend_config``, ``contracted`` left None), and
+    ``executions``: how many times the instruction runs per step (the trip count of the while loops
+    around it, see ``executions``).
     """
     shapes = None
     runs, _ = executions(text)
@@ -144,6 +148,14 @@ def matmuls(text: str) -> list[dict]:
                 row["contracted"] = _prod(lhs[d] for d in contracting)
                 row["batch"] = _prod(lhs[d] for d in batch)
                 row["flops"] = 2 * _prod(out) * row["contracted"]
+        elif ins.opcode == "custom-call":  # a library GEMM: its dimensions in its backend config
+            shapes = shapes if shapes is not None else _shapes(text)
+            lhs_name = hlotext.NAME.search(operands)
+            lhs = shapes.get(lhs_name.group(0)) if lhs_name else None
+            contracting = _GEMM_CONTRACTING.search(ins.rest)
+            if lhs is not None and contracting:
+                dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))]
+                row["flops"] = 2 * _prod(out) * _prod(lhs[d] for d in dims)
         rows.append(row)
     return rows
 
