@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from remat_lab.analysis import hlotext
+from remat_lab.analysis import hlotext, loop_trips
 
 _PRODUCTS = ("dot", "convolution", "custom-call")
 _MATMUL_TARGETS = ("gemm", "matmul")  # __cublas$gemm, __cublas$lt$matmul, __onednn$matmul, ...
@@ -54,22 +54,26 @@ def _products(text: str):
         yield comp, ins, *found[0]
 
 
+# cuBLAS's GEMM custom calls (XLA GPU) name their dimensions in the backend config.
+_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 _S32_CONSTANT = re.compile(r"=\s*s32\[\][^=]*?\sconstant\((\d+)\)")
 
 
-def executions(text: str) -> tuple[dict[str, int], list[int]]:
+def executions(text: str) -> tuple[dict[str, int], list[int | float]]:
     """How many times each computation runs per call of the program, and the while loops' trip counts.
 
     A ``while`` body runs its known trip count times (``scan`` lowers to one); fusions, calls and
     conditionals run as often as the instruction that calls them. XLA's cost analysis counts a loop
     body once; these multipliers are what it leaves out. Where XLA does not annotate the count (TPU),
     a condition that compares the counter with one constant (``i < N``, as ``scan`` lowers) gives N.
-    Unknown trip counts count as 1.
+    Other loops get the count ``loop_trips`` evaluates from the program's integer values: a bound
+    set by the enclosing loop's counter (``fori_loop(0, i + 1)``) gives the mean over that loop's
+    iterations, so the body's runs are the exact sum. Unknown trip counts count as 1.
     """
     comps: list[tuple[str, list[tuple[str, int]]]] = []
-    trips: list[int] = []
+    trips: list = []  # ints, or a mean count (a Fraction) where the bound follows an outer counter
     bounds: dict[str, list] = {}  # computation -> [s32 constants, ends in ROOT compare LT]
-    entry = None
+    entry, evaluated = None, None
     for line in text.splitlines():
         name = hlotext.computation(line)
         if name is not None:
@@ -92,11 +96,15 @@ def executions(text: str) -> tuple[dict[str, int], list[int]]:
                 cond = next((c for k, c in hlotext.called(line) if k == "condition"), None)
                 consts, less_than = bounds.get(cond, ([], False))
                 known = consts[0] if less_than and len(consts) == 1 and consts[0] > 0 else None
+            if known is None:
+                evaluated = loop_trips.trip_counts(text) if evaluated is None else evaluated
+                ins = hlotext.instruction(line)
+                known = evaluated.get((comps[-1][0][1:], ins.name)) if ins else None
             trip = known if known is not None else 1
             trips.append(trip)
         for kind, callee in hlotext.called(line):
             comps[-1][1].append((callee, trip if kind in ("body", "condition") else 1))
-    runs = {name: 0 for name, _ in comps}
+    runs: dict = {name: 0 for name, _ in comps}
     if entry is None:
         return {name: 1 for name in runs}, trips
     runs[entry] = 1
@@ -104,7 +112,8 @@ def executions(text: str) -> tuple[dict[str, int], list[int]]:
         for callee, times in calls:
             if callee in runs:
                 runs[callee] += runs[name] * times
-    return runs, trips
+    whole = [t if isinstance(t, int) else float(t) for t in trips]  # a mean count: a float
+    return {name: int(round(n)) for name, n in runs.items()}, whole
 
 
 def matmuls(text: str) -> list[dict]:
@@ -115,8 +124,10 @@ def matmuls(text: str) -> list[dict]:
     result, ``operand_dtypes``, ``opcode``, ``op_name`` (``""`` when XLA dropped the metadata) and,
     for ``dot``, ``contracted`` (the product of the contracting dimensions' sizes, None when the
     operand shapes are unknown), ``batch`` (the product of the batch dimensions' sizes) and
-    ``flops`` (2 x result elements x contracted), and ``executions``: how many times the instruction
-    runs per step (the trip count of the while loops around it, see ``executions``).
+    ``flops`` (2 x result elements x contracted; for a library GEMM custom call too, its contracting
+    dimensions read from its ``gemm_backend_config``, ``contracted`` left None), and
+    ``executions``: how many times the instruction runs per step (the trip count of the while loops
+    around it, see ``executions``).
     """
     shapes = None
     runs, _ = executions(text)
@@ -137,6 +148,14 @@ def matmuls(text: str) -> list[dict]:
                 row["contracted"] = _prod(lhs[d] for d in contracting)
                 row["batch"] = _prod(lhs[d] for d in batch)
                 row["flops"] = 2 * _prod(out) * row["contracted"]
+        elif ins.opcode == "custom-call":  # a library GEMM: its dimensions in its backend config
+            shapes = shapes if shapes is not None else _shapes(text)
+            lhs_name = hlotext.NAME.search(operands)
+            lhs = shapes.get(lhs_name.group(0)) if lhs_name else None
+            contracting = _GEMM_CONTRACTING.search(ins.rest)
+            if lhs is not None and contracting:
+                dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))]
+                row["flops"] = 2 * _prod(out) * _prod(lhs[d] for d in dims)
         rows.append(row)
     return rows
 

@@ -31,6 +31,28 @@ def computation(line: str) -> str | None:
     return m.group(1) if m else None
 
 
+_INSTRUCTION_START = re.compile(r"^\s+(?:ROOT\s+)?%")
+
+
+def joined(text: str) -> str:
+    """``text`` with each instruction on one line. libtpu prints a Pallas kernel's
+    ``frontend_attributes={kernel_metadata={...}}`` over several lines (the metadata holds
+    newlines): inside a computation, a line that neither starts an instruction nor closes the
+    computation continues the instruction before it, and is joined to it with a space."""
+    out: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if computation(line) is not None:
+            inside = True
+        elif line.rstrip() == "}":
+            inside = False
+        elif inside and out and line.strip() and not _INSTRUCTION_START.match(line):
+            out[-1] += " " + line.strip()
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
 def parameters(signature: str) -> list[tuple[str, str, list[int]]]:
     """``(name, dtype, dims)`` of each array parameter of a signature line (names without ``%``)."""
     return [(name, dtype, dims(text)) for name, dtype, text in _PARAMETER.findall(signature)]

@@ -15,7 +15,7 @@ from remat_lab.analysis import collectives
 from remat_lab.analysis.by_kind import memory_by_kind
 from remat_lab.analysis.by_kind import source as by_kind_source
 from remat_lab.analysis.by_kind_buffers import compile_with_dump, read_kinds
-from remat_lab.analysis.costs import cost_of, memory_report, program_flops, step_flops
+from remat_lab.analysis.costs import cost_of, memory_report, program_flops
 from remat_lab.analysis.dissect import Dissection, dissect
 from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.gradcheck import check_gradients
@@ -110,7 +110,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
               "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1}}
     cost = cost_of(compiled)
     text = compiled.as_text()
-    flops = step_flops(cost["flops"], text)
+    flops, bytes_accessed, source = program_flops(compiled, text)
     result["compile"]["xla_remat"] = _xla_remat(config, lowered, text, flops, memory_report(compiled))
     try:
         out = None
@@ -132,11 +132,10 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     median = result["step_time_s"]["median"] if timing else None
     result["flops"] = flops
     result["flops_xla"] = cost["flops"]  # XLA's own count: a scan's loop body counted once
+    result["flops_source"] = source
     result["achieved_flops_per_s"] = flops / median if flops and median else None
     # The roofs are calibrated (measured once per machine, cached): only a timed run needs them.
-    # Bytes accessed, like flops, count a loop body once: scaled by the same factor.
-    scale = flops / cost["flops"] if flops and cost["flops"] else 1.0
-    bytes_accessed = cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None
+    # Bytes accessed, like flops, count a loop body once: scaled by the loops' factor (program_flops).
     result["roofline"] = (roofline_report(flops, bytes_accessed, median) if timing
                           else None)
     # Against an independent plain-jax.numpy implementation of the model, and structurally: the

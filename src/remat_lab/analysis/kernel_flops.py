@@ -1,0 +1,97 @@
+"""Flops of the fused attention kernels XLA's cost analysis counts as nothing: what each computes.
+
+A Pallas kernel is a ``custom-call`` (``tpu_custom_call``) whose body XLA does not see: its cost
+analysis gives it 0 flops, and the splash kernels the lab runs carry no cost estimate. Their
+products are counted here from the call's operand shapes (``operand_layout_constraints``), the
+block sizes splash records in the call's ``xprof_metadata`` and the lab's mask, causal
+(``model/attention.py``): the blocks at or below the diagonal are computed (the diagonal blocks
+whole, masked inside), those above it skipped. Per computed ``bq x bkv`` block and query head, in
+units of ``2 bq bkv D`` flops (D the head size): the forward kernel 2 (``q k^T``, ``p v``), the
+``dq`` kernel 3 (``q k^T`` again, ``do v^T``, ``ds k``), the ``dkv`` kernel 4 (``q k^T``,
+``do v^T``, ``p^T do``, ``ds^T q``). The block mask's values are an argument of the program,
+not in its text, so the causal structure is the lab's own, not read. Element-wise work inside the
+kernels (``exp``, the running max and sum) is left out: products only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from remat_lab.analysis import hlotext
+
+_LAYOUTS = "operand_layout_constraints={"
+_XPROF = re.compile(r'"xprof_metadata":"((?:[^"\\]|\\.)*)"')
+# kernel (the pallas_call's name in the instruction's name or op_name) -> (units, metadata keys)
+_SPLASH = {"splash_mha_fwd": (2, "block_q", "block_kv"),
+           "splash_mha_dq": (3, "block_q_dq", "block_kv_dq"),
+           "splash_mha_dkv": (4, "block_q_dkv", "block_kv_dkv")}
+SOURCE = ("Pallas splash attention kernels (custom calls XLA counts as 0) counted as what they "
+          "compute: their products over the causal blocks at or below the diagonal, from the "
+          "call's shapes and block sizes")
+
+
+def causal_blocks(n_q: int, n_kv: int, bq: int, bkv: int) -> int:
+    """How many ``bq x bkv`` blocks of an ``n_q x n_kv`` causal score matrix hold an unmasked
+    entry (query ``i`` sees keys ``j <= i``): the blocks a causal block-sparse kernel computes."""
+    blocks = 0
+    for i in range(-(-n_q // bq)):
+        last_key = min((i + 1) * bq, n_q) - 1
+        blocks += min(-(-n_kv // bkv), last_key // bkv + 1)
+    return blocks
+
+
+def _braced(text: str, opening: str) -> str | None:
+    """What follows ``opening`` (ending in ``{``) up to its matching ``}``; None without one."""
+    start = text.find(opening)
+    if start < 0:
+        return None
+    depth, i = 1, start + len(opening)
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
+def _kernel(ins: hlotext.Instruction) -> str | None:
+    where = ins.name + " " + hlotext.op_name(ins.rest)
+    return next((k for k in _SPLASH if k in where), None)
+
+
+def splash_flops(ins: hlotext.Instruction) -> float | None:
+    """The products one splash kernel call computes; None when ``ins`` is not one, or its shapes
+    or block sizes cannot be read."""
+    if ins.opcode != "custom-call" or hlotext.call_target(ins.rest) != "tpu_custom_call":
+        return None
+    kernel = _kernel(ins)
+    layouts, xprof = _braced(ins.rest, _LAYOUTS), _XPROF.search(ins.rest)
+    if kernel is None or layouts is None or xprof is None:
+        return None
+    try:
+        meta = json.loads(json.loads('"' + xprof.group(1) + '"'))
+    except ValueError:
+        return None
+    units, q_key, kv_key = _SPLASH[kernel]
+    shapes = [dims for _, dims in hlotext.arrays(layouts)]
+    if len(shapes) < 5 or q_key not in meta or kv_key not in meta:
+        return None
+    q, k = shapes[2], shapes[3]  # data_next, block_mask, q (..., H, N, D), k (..., G, N, D), v
+    if len(q) < 3 or len(k) < 3:
+        return None
+    rows = 1
+    for d in q[:-2]:
+        rows *= d  # batch x query heads
+    bq, bkv, d = int(meta[q_key]), int(meta[kv_key]), q[-1]
+    return float(units * 2 * bq * bkv * d * rows * causal_blocks(q[-2], k[-2], bq, bkv))
+
+
+def kernel_flops(text: str, runs: dict[str, int]) -> float:
+    """The splash kernels' flops over one step: each call's ``splash_flops`` times the runs of
+    its computation (``hlo.executions``). ``text``: instructions on one line (``hlotext.joined``)."""
+    total = 0.0
+    for comp, ins in hlotext.instructions(text):
+        flops = splash_flops(ins)
+        if flops:
+            total += flops * runs.get(comp, 1)
+    return total
