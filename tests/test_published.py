@@ -174,6 +174,21 @@ def test_a_check_compiles_the_run_and_sets_it_beside_the_record(tiny_run):
     assert doc["estimate_over_measured"] == pytest.approx(estimate / doc["measured_step_s"])
 
 
+def test_a_run_over_two_slices_prices_its_cross_slice_collectives(tiny_run):
+    """MaxText's dcn_fsdp over 2 slices of 2 v5e chips: the lab's mesh is dcn_fsdp=2,fsdp=2 (no
+    difference named), and the check's estimate has collectives across the slices at the v5e's
+    data-centre-network figure, apart from those within a slice."""
+    from remat_lab.studies import published as study
+
+    tiny_run.update(slices=2, knobs={**tiny_run["knobs"], "dcn_fsdp_parallelism": 2})
+    doc = study.check("tiny-v5e-4")
+    assert doc["config"]["mesh"] == "dcn_fsdp=2,fsdp=2" and not any("dcn" in d for d in doc["differences"])
+    terms = doc["estimate_terms"]
+    assert terms["collectives_dcn_s"] > 0
+    assert terms["dcn_bytes_per_s"] == get_target("tpu-v5e").dcn_bytes_per_s
+    assert terms["collectives_s"] == pytest.approx(terms["collectives_ici_s"] + terms["collectives_dcn_s"])
+
+
 def test_a_run_over_the_chip_is_refused_with_the_bytes_it_needs(tiny_run):
     """libtpu refuses a program over the v5e's 16 GiB: the check says does not fit, with the bytes
     libtpu says the program needs (more than the chip has), not an error."""
