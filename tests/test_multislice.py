@@ -125,7 +125,8 @@ def test_collectives_across_slices_are_found_and_priced_at_the_dcn_figure(compil
     """Crossing is read from the program: on GPUs a collective whose replica groups hold devices of
     both hosts (checked here against the hosts written out by hand, logical id // 4), on a
     multi-slice TPU libtpu's cross-slice transfers (recv to the megascale runtime, counted in the
-    text by hand); each link's time is its ring bytes over its own figure."""
+    text by hand); each link's time is its ring bytes over its own figure (on GPUs the crossing
+    collective's cross-host share is a quarter of its bytes: 2 hosts of 4, hierarchically)."""
     from remat_lab.analysis import collectives, hlotext
     from remat_lab.analysis.estimate import estimate_step
     from remat_lab.analysis.traffic import traffic_of
@@ -151,10 +152,13 @@ def test_collectives_across_slices_are_found_and_priced_at_the_dcn_figure(compil
     ring = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
             "reduce-scatter": lambda n: n - 1.0, "all-to-all": lambda n: (n - 1) / n,
             "collective-permute": lambda n: 1.0}
+    # hierarchical: a group over S hosts of P devices sends a P-th of its bytes across, in a ring of S
     largest = {}
     for r in dcn:
-        largest[r["kind"]] = max(largest.get(r["kind"], 1), r["group"])
-    by_hand = sum(r["runs"] * r["bytes"] * ring[r["kind"]](largest[r["kind"]]) for r in dcn)
+        largest[r["kind"]] = max(largest.get(r["kind"], 1), r["spans"])
+    share = {"h100": 4, "tpu-v5e": 1}[target]  # P: 4 GPUs a host; a TPU transfer is its own share
+    assert all(r["spans"] == 2 and r["group"] == 2 * share for r in dcn)
+    by_hand = sum(r["runs"] * r["bytes"] / share * ring[r["kind"]](largest[r["kind"]]) for r in dcn)
     est = estimate_step(None, None, spec, "float32", traffic_of(text, granules(problem.mesh)))
     assert est["collectives_dcn_s"] == pytest.approx(by_hand / spec.dcn_bytes_per_s, rel=1e-9)
     assert est["collective_links"]["dcn"]["bytes_per_s"] == spec.dcn_bytes_per_s

@@ -54,12 +54,11 @@ LINK_TEXT = ("ici: within a slice or host (ICI on TPU, NVLink on GPU); dcn: acro
              "runtime, counted at its recv)")
 
 
-def crosses(groups: list[list[int]], granules: list[int] | None) -> bool:
-    """Whether some group holds devices of two slices or hosts (``granules``: each logical device's
-    slice or host, in the program's device order; None: one)."""
+def _spans(groups: list[list[int]], granules: list[int] | None) -> int:
+    """The most slices or hosts one group holds devices of (1: none crosses)."""
     if not granules:
-        return False
-    return any(len({granules[i] for i in g if 0 <= i < len(granules)}) > 1 for g in groups)
+        return 1
+    return max((len({granules[i] for i in g if 0 <= i < len(granules)}) for g in groups), default=1)
 
 
 def _row(comp, ins, kind, judge, where, runs, granules, devices) -> dict:
@@ -67,27 +66,31 @@ def _row(comp, ins, kind, judge, where, runs, granules, devices) -> dict:
     if megascale:  # a cross-slice transfer: its result is the recv's first array
         first = hlotext.arrays(ins.type)[:1]
         size = sum(hlotext.array_bytes(t, d) for t, d in first)
-        group, link = hlotext.megascale_group(ins.rest) or 2, "dcn"
+        group = hlotext.megascale_group(ins.rest) or 2
+        link, spans = "dcn", group
     else:
         size = _result_bytes(ins.type, kind, ins.opcode != kind)
         groups = hlotext.replica_groups(ins.rest, devices)
         group = max((len(g) for g in groups), default=1)
         if kind == "collective-permute":
             group = 2
-        link = "dcn" if crosses(groups, granules) else "ici"
+        spans = _spans(groups, granules)
+        link = "dcn" if spans > 1 else "ici"
     phase = judge.phase(ins.name, hlotext.op_name(ins.rest), unnamed="")
     return {"computation": comp, "name": ins.name, "kind": kind,
             "phase": "recomputed" if phase == "recomputed" else where.get(ins.name, "forward"),
-            "runs": max(runs.get(comp, 1), 1), "bytes": size, "group": group, "link": link}
+            "runs": max(runs.get(comp, 1), 1), "bytes": size, "group": group, "link": link,
+            "spans": spans}
 
 
 def rows(text: str, witness: str | None = None, granules: list[int] | None = None) -> list[dict]:
     """One row per collective instruction of compiled HLO ``text``, in order: ``computation``,
     ``name``, ``kind``, ``phase`` (recomputed against ``witness``, no_remat's compiled text; else
     the pass of its place in the program), ``runs`` (its computation's, ``hlo.executions``),
-    ``bytes`` (its result's, per device, per run), ``group`` (its largest replica group) and
+    ``bytes`` (its result's, per device, per run), ``group`` (its largest replica group),
     ``link`` (``LINKS``: ``dcn`` when it crosses slices or hosts; ``granules``: each logical
-    device's slice or host, ``LINK_TEXT``)."""
+    device's slice or host, ``LINK_TEXT``) and ``spans`` (the most slices or hosts one of its
+    groups holds; a TPU cross-slice transfer's slices)."""
     runs, _ = hlo.executions(text)
     judge = Witness(text, witness)
     where = passes(text, judge)

@@ -26,11 +26,13 @@
 * **collectives**: ring-algorithm bytes per device (NCCL's bus-bandwidth factors, nccl-tests
   ``doc/PERFORMANCE.md``: all-reduce 2(n-1)/n of its bytes, all-gather and all-to-all (n-1)/n of
   the result, reduce-scatter (n-1)/n of its input = (n-1) x its result, collective-permute 1) at the
-  target's interconnect bandwidth, n the largest replica group of each kind; a collective whose
-  groups cross slices (TPU) or hosts (GPU), and a multi-slice TPU program's cross-slice transfer,
-  at the slower cross-slice figure (``dcn_bytes_per_s``: the data-centre network or the network
-  between GPU hosts, per device), its n the largest such group: ``collectives_s`` is the sum of
-  the two links' times (``collectives_ici_s``, ``collectives_dcn_s``), no overlap between them.
+  target's interconnect bandwidth, n the largest replica group of each kind; what crosses slices
+  (TPU) or hosts (GPU) at the slower cross-slice figure (``dcn_bytes_per_s``: the data-centre
+  network or the network between GPU hosts, per device; ``traffic.HIERARCHY``: a group over S hosts
+  of P devices is a ring over P on its bytes within the host and a ring over S on a P-th of them
+  across hosts; a multi-slice TPU program's transfers are their own cross-slice part):
+  ``collectives_s`` is the sum of the two links' times (``collectives_ici_s``,
+  ``collectives_dcn_s``), no overlap between them.
 
 A lower bound: no overlap is assumed beyond taking the largest term, and real steps also pay
 kernel launches, latency and imperfect overlap.
@@ -120,8 +122,9 @@ def _collectives(traffic: dict, target: Target) -> tuple[float | None, dict, dic
     for kind, c in traffic.get("collectives", {}).items():
         n, dcn_n = max(int(c.get("group") or 1), 1), max(int(c.get("dcn_group") or 1), 1)
         dcn = float(c.get("dcn_bytes") or 0)
-        moved[kind] = {"bytes": c["bytes"], "group": n, "dcn_bytes": dcn, "dcn_group": dcn_n,
-                       "ring_bytes": _ring(kind, c["bytes"] - dcn, n),
+        ici = float(c.get("ici_bytes", c["bytes"] - dcn))
+        moved[kind] = {"bytes": c["bytes"], "ici_bytes": ici, "group": n, "dcn_bytes": dcn,
+                       "dcn_group": dcn_n, "ring_bytes": _ring(kind, ici, n),
                        "dcn_ring_bytes": _ring(kind, dcn, dcn_n)}
     links = {}
     for link, key, rate in (("ici", "ring_bytes", target.interconnect_bytes_per_s),

@@ -279,24 +279,41 @@ def _products(module: _Module, runs: dict[str, int]) -> list[dict]:
 
 
 def _collectives(text: str, devices: int, granules: list[int] | None) -> dict:
-    """``{kind: {"count", "bytes", "group", "dcn_count", "dcn_bytes", "dcn_group"}}`` of the kinds
-    the program runs: count and result bytes per device (``collectives.rows``), ``group`` the
-    largest replica group of the kind within a slice or host; the ``dcn_`` part crosses slices or
-    hosts (``collectives.LINK_TEXT``), its group the largest of those."""
+    """``{kind: {"count", "bytes", "ici_bytes", "group", "dcn_count", "dcn_bytes", "dcn_group"}}``
+    of the kinds the program runs: count and result bytes per device (``collectives.rows``); what
+    each link carries per device (``HIERARCHY``): ``ici_bytes`` over rings of ``group`` devices
+    within a slice or host, ``dcn_bytes`` over rings of ``dcn_group`` slices or hosts."""
     if not _COLLECTIVE.search(text) and "_xla_megascale_transfer_type" not in text:
         return {}
     out: dict[str, dict] = {}
     for row in collectives.rows(text, granules=granules or [0] * devices):
-        cell = out.setdefault(row["kind"], {"count": 0, "bytes": 0, "group": 1, "dcn_count": 0,
-                                            "dcn_bytes": 0, "dcn_group": 1})
-        cell["count"] += row["runs"]
-        cell["bytes"] += row["runs"] * row["bytes"]
-        prefix = "dcn_" if row["link"] == "dcn" else ""
-        if prefix:
-            cell["dcn_count"] += row["runs"]
-            cell["dcn_bytes"] += row["runs"] * row["bytes"]
-        cell[prefix + "group"] = max(cell[prefix + "group"], row["group"])
+        cell = out.setdefault(row["kind"], {"count": 0, "bytes": 0, "ici_bytes": 0, "group": 1,
+                                            "dcn_count": 0, "dcn_bytes": 0, "dcn_group": 1})
+        n, size = row["runs"], row["runs"] * row["bytes"]
+        cell["count"] += n
+        cell["bytes"] += size
+        if row["link"] == "ici":
+            cell["ici_bytes"] += size
+            cell["group"] = max(cell["group"], row["group"])
+            continue
+        cell["dcn_count"] += n
+        cell["dcn_group"] = max(cell["dcn_group"], row["spans"])
+        if row["spans"] == row["group"]:  # one device a slice (a TPU transfer): all of it crosses
+            cell["dcn_bytes"] += size
+            continue
+        per_slice = row["group"] // row["spans"]
+        cell["ici_bytes"] += size
+        cell["group"] = max(cell["group"], per_slice)
+        cell["dcn_bytes"] += size / per_slice
     return {k: v for k, v in out.items() if v["count"]}
+
+
+HIERARCHY = ("a collective whose group spans S slices or hosts of P devices each runs as NCCL's "
+             "and XLA's hierarchical collectives do (within each host over P devices on the full "
+             "bytes, across hosts over S on a P-th of them, each device's own NIC carrying its "
+             "share): ring bytes over P at the interconnect figure plus ring bytes of a P-th over S "
+             "at the cross-slice figure; a multi-slice TPU program's transfers are already its "
+             "cross-slice part, their bytes as they are")
 
 
 devices_of = hlotext.devices_of  # its home: hlotext
