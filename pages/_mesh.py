@@ -9,7 +9,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from remat_lab.config import MESH_AXES, ConfigError, RunConfig, format_mesh, human_bytes, parse_mesh
+from remat_lab.config import (
+    MESH_AXES,
+    ConfigError,
+    RunConfig,
+    format_mesh,
+    human_bytes,
+    mesh_devices,
+    mesh_parts,
+)
 from remat_lab.present import reproduce
 from remat_lab.program import mesh as sharding
 from remat_lab.program.backend import ExecutionError
@@ -54,7 +62,8 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-TARGET_SIZES = (1, 2, 4, 8, 16, 32, 64)  # each axis's choices on a named target (compile-only devices)
+TARGET_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # each axis's choices on a named target (compile-only)
+DCN_SIZES = (1, 2, 4, 8, 16)  # each cross-slice (dcn_*) axis's choices on a named target
 
 
 def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
@@ -70,13 +79,18 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
     if "_mesh_loaded" not in ss:  # a shared link's mesh, once per session
         ss["_mesh_loaded"] = True
         try:
-            sizes = parse_mesh(st.query_params.get("mesh", ""))
+            sizes, dcn = mesh_parts(st.query_params.get("mesh", ""))
         except ConfigError as err:
             st.warning(f"URL parameter `mesh` is not valid ({safe_text.escape_markdown(err)}) "
                        "Using one device.")
-            sizes = {}
+            sizes, dcn = {}, {}
+        if dcn and not on_target:
+            st.warning("URL parameter `mesh` spans slices or hosts (its `dcn_*` axes); the attached "
+                       "devices are one slice, so they are dropped here: choose a named target "
+                       "(e.g. tpu-v6e or h100) to compile over several.")
         for axis in MESH_AXES:
             ss[f"mesh_{axis}"] = sizes.get(axis, 1) if sizes.get(axis, 1) in choices else 1
+            ss[f"mesh_dcn_{axis}"] = dcn.get(axis, 1) if dcn.get(axis, 1) in DCN_SIZES else 1
     for axis in MESH_AXES:  # a value the other backend allowed: back to 1
         if ss.get(f"mesh_{axis}", 1) not in choices:
             ss[f"mesh_{axis}"] = 1
@@ -89,13 +103,26 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
     for col, axis in zip(cols, MESH_AXES):
         col.selectbox(axis, choices, key=f"mesh_{axis}")
     sizes = {a: int(ss[f"mesh_{a}"]) for a in MESH_AXES}
+    dcn = {}
+    if on_target:
+        with sb.expander("Across slices or hosts (dcn)", expanded=any(
+                ss.get(f"mesh_dcn_{a}", 1) > 1 for a in MESH_AXES)):
+            st.caption("MaxText's `dcn_*` axes: each axis above is repeated over this many TPU "
+                       "slices or GPU hosts (the slower axis outermost); collectives that cross "
+                       "them are priced at the data-centre network, not ICI / NVLink.")
+            for col, axis in zip(st.columns(len(MESH_AXES)), MESH_AXES):
+                col.selectbox(f"dcn_{axis}", DCN_SIZES, key=f"mesh_dcn_{axis}")
+        dcn = {a: int(ss.get(f"mesh_dcn_{a}", 1)) for a in MESH_AXES}
     used = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
     if not on_target and n % used:
         sb.warning(f"The mesh uses {used} devices, which does not divide the {n} present: "
                    "running on one device.")
         return cfg
     try:
-        return cfg.replace(mesh=format_mesh(sizes))
+        mesh = format_mesh({a: sizes[a] * dcn.get(a, 1) for a in MESH_AXES}, dcn)
+        if on_target:  # a dcn axis needs the named target (the attached devices are one slice)
+            return cfg.replace(mesh=mesh, target=target, target_devices=mesh_devices(mesh))
+        return cfg.replace(mesh=mesh)
     except ConfigError as err:
         sb.warning(f"{safe_text.escape_markdown(err)} Running on one device.")
         return cfg
@@ -115,6 +142,9 @@ def _collectives_frame(sh: dict) -> pd.DataFrame:
         for phase, c in phases.items():
             row[f"{phase} (count)"] = c["count"]
             row[f"{phase} (bytes)"] = human_bytes(c["bytes"])
+        if any(c.get("dcn_count") for c in phases.values()):
+            row["across slices or hosts (bytes)"] = human_bytes(sum(c.get("dcn_bytes", 0)
+                                                                    for c in phases.values()))
         row["vs no_remat (count)"] = None if sh["vs_no_remat"] is None else sh["vs_no_remat"][kind]
         rows.append(row)
     return pd.DataFrame(rows)
@@ -127,7 +157,7 @@ def explore_section(cfg: RunConfig, result: dict) -> None:
         return
     mem = sh["per_device"] or {}
     st.subheader("On the device mesh")
-    mesh = ", ".join(f"{a}={s}" for a, s in sh["mesh"].items())
+    mesh = sh.get("mesh_text") or ", ".join(f"{a}={s}" for a, s in sh["mesh"].items())
     a, b, c = st.columns(3)
     a.metric("Peak per device", human_bytes(mem.get("peak_bytes", 0)),
              help="memory_analysis() of the partitioned program: it describes one device's program")
@@ -135,7 +165,8 @@ def explore_section(cfg: RunConfig, result: dict) -> None:
               f"{sh['processes']} process(es)")
     b.metric("Parameters per device", human_bytes(sh["param_bytes_per_device"]))
     b.caption(f"of {human_bytes(sh['param_bytes_total'])} in all")
-    c.metric("Gradient norm", f"{sh['grad_norm']:.6g}")
+    norm = sh.get("grad_norm")  # none when compiled for a target: nothing ran
+    c.metric("Gradient norm", "not run" if norm is None else f"{norm:.6g}")
     frame = _collectives_frame(sh)
     if frame.empty:
         st.caption("The compiled program has no collectives.")

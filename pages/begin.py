@@ -11,6 +11,7 @@ import streamlit as st  # noqa: E402
 from pages import _shared, _url  # noqa: E402
 from pages._begin_link import start_params  # noqa: E402
 from remat_lab.config import PRESETS, TARGETS, ConfigError  # noqa: E402
+from remat_lab.config.targets import MAX_TARGET_DEVICES  # noqa: E402
 
 ANSWERS = {  # button -> (page, the question it answers)
     "advisor": ("pages/advisor.py", "Which policy, and how large a batch per device?"),
@@ -38,8 +39,9 @@ with right:
     names = ["local", *TARGETS]
     target = st.selectbox("Accelerator", names, index=names.index("h100"), key="start_target",
                           format_func=lambda t: "this machine" if t == "local" else t)
-    devices = st.number_input("Devices (FSDP over all of them)", 1, 256, 8 if target != "local" else 1,
-                              key="start_devices", disabled=target == "local")
+    devices = st.number_input("Devices (FSDP over all of them)", 1, MAX_TARGET_DEVICES,
+                              8 if target != "local" else 1, key="start_devices",
+                              disabled=target == "local")
 recipe = st.toggle("The usual training recipe: the AdamW step, float32 master weights and moments, "
                    "bfloat16 compute, flash-style attention, the vocabulary loss in chunks",
                    value=True, key="start_recipe")

@@ -113,6 +113,12 @@ if doc.get("mfu_definition"):
     st.caption(f"The published MFU ({d['published']:.2%}) and tokens/s agree when attention is counted as "
                f"{'the full square' if d['matches'] == 'full_square' else 'causal'} "
                f"({d['full_square']:.2%} full square, {d['causal']:.2%} causal, as MaxText counts now).")
+terms = doc.get("estimate_terms") or {}
+if terms.get("collectives_dcn_s"):
+    st.caption(f"The estimate's collectives: {terms['collectives_ici_s'] or 0:.3f} s within slices or "
+               f"hosts, {terms['collectives_dcn_s']:.3f} s across them (the data-centre network or "
+               f"the hosts' network, {terms['dcn_bytes_per_s'] / 1e9:g} GB/s a device); bound by "
+               f"{terms['bound']}.")
 st.caption("Per-device peak: XLA's compiled memory analysis of the lab's training step for one chip "
            "of the target; on TPU libtpu refuses a program over the chip's HBM. The estimate is a "
            "roofline from the target's spec figures, not a measurement.")

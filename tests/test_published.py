@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from remat_lab.config import ConfigError, RunConfig, get_target
+from remat_lab.config import ConfigError, RunConfig, get_target, parse_mesh
 from remat_lab.config import published as pub
 from remat_lab.config.catalog import PRESETS
 from remat_lab.studies.experiment import run_experiment
@@ -43,15 +43,26 @@ def test_llama3_8b_translates_to_the_issue_command():
     assert diff == []
 
 
-def test_mesh_knobs_fill_and_fold():
-    """-1 takes the devices left; a dcn axis multiplies its ICI axis and is named as a difference;
-    knobs that do not divide the chips are refused."""
+def test_mesh_knobs_fill_and_cross_slices():
+    """-1 takes the devices left in a slice (ici) or the slices left (dcn); a dcn knob becomes the
+    lab's dcn axis (no longer folded into the ICI axis, so no difference is named), and its logical
+    axis is ici x dcn; knobs that do not divide the chips or the slices are refused."""
     fill = pub._mesh({"ici_fsdp_parallelism": -1, "ici_tensor_parallelism": 4}, 64)
     assert fill == ("fsdp=16,tensor=4", [])
     mesh, notes = pub._mesh({"ici_fsdp_parallelism": 8, "dcn_data_parallelism": 2}, 16)
-    assert mesh == "data=2,fsdp=8" and "dcn_data_parallelism=2" in notes[0]
+    assert mesh == "dcn_data=2,fsdp=8" and notes == []
+    assert parse_mesh(mesh) == {"data": 2, "fsdp": 8}
+    # MaxText's 405B on 2 x v6e-256: ici_fsdp -1 fills a slice's 256 chips, dcn_fsdp 2
+    mesh, _ = pub._mesh({"ici_fsdp_parallelism": -1, "dcn_fsdp_parallelism": 2}, 512, 2)
+    assert mesh == "dcn_fsdp=2,fsdp=256" and parse_mesh(mesh) == {"fsdp": 512}
+    assert pub._mesh({"dcn_data_parallelism": -1, "ici_fsdp_parallelism": 8}, 32, 4)[0] == \
+        "dcn_data=4,fsdp=8"
     with pytest.raises(ConfigError, match="do not divide"):
         pub._mesh({"ici_fsdp_parallelism": 3}, 16)
+    with pytest.raises(ConfigError, match="slices"):
+        pub._mesh({"ici_fsdp_parallelism": 8, "dcn_data_parallelism": 2}, 16, 4)
+    fields, diff = pub.translate(pub.RUNS["llama2-7b-a3-2hosts"])
+    assert fields["mesh"] == "dcn_data=2,fsdp=8" and not any("dcn" in d for d in diff)
 
 
 def test_custom_plans_map_names_and_name_what_the_lab_lacks():
@@ -161,6 +172,21 @@ def test_a_check_compiles_the_run_and_sets_it_beside_the_record(tiny_run):
     assert doc["measured_step_s"] == pytest.approx(2 * 256 / 100000)
     estimate = same["timing"]["estimate_s"]
     assert doc["estimate_over_measured"] == pytest.approx(estimate / doc["measured_step_s"])
+
+
+def test_a_run_over_two_slices_prices_its_cross_slice_collectives(tiny_run):
+    """MaxText's dcn_fsdp over 2 slices of 2 v5e chips: the lab's mesh is dcn_fsdp=2,fsdp=2 (no
+    difference named), and the check's estimate has collectives across the slices at the v5e's
+    data-centre-network figure, apart from those within a slice."""
+    from remat_lab.studies import published as study
+
+    tiny_run.update(slices=2, knobs={**tiny_run["knobs"], "dcn_fsdp_parallelism": 2})
+    doc = study.check("tiny-v5e-4")
+    assert doc["config"]["mesh"] == "dcn_fsdp=2,fsdp=2" and not any("dcn" in d for d in doc["differences"])
+    terms = doc["estimate_terms"]
+    assert terms["collectives_dcn_s"] > 0
+    assert terms["dcn_bytes_per_s"] == get_target("tpu-v5e").dcn_bytes_per_s
+    assert terms["collectives_s"] == pytest.approx(terms["collectives_ici_s"] + terms["collectives_dcn_s"])
 
 
 def test_a_run_over_the_chip_is_refused_with_the_bytes_it_needs(tiny_run):

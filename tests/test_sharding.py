@@ -94,10 +94,11 @@ def test_collectives_are_counted_by_phase_with_loop_runs_and_result_bytes():
     from remat_lab.analysis.collectives import collectives, totals
 
     c = collectives(HLO)
-    assert c["all-reduce"]["backward"] == {"count": 3, "bytes": 3 * 128}  # a loop body runs 3 times
-    assert c["all-reduce"]["forward"] == {"count": 1, "bytes": 144}  # a combined tuple sums
-    assert c["all-gather"]["recomputed"] == {"count": 1, "bytes": 512}  # the gathered result only
-    assert c["collective-permute"]["forward"] == {"count": 1, "bytes": 128}
+    none = {"dcn_count": 0, "dcn_bytes": 0}  # one slice or host: nothing crosses the slower link
+    assert c["all-reduce"]["backward"] == {"count": 3, "bytes": 3 * 128, **none}  # a loop runs 3 times
+    assert c["all-reduce"]["forward"] == {"count": 1, "bytes": 144, **none}  # a combined tuple sums
+    assert c["all-gather"]["recomputed"] == {"count": 1, "bytes": 512, **none}  # the gathered result
+    assert c["collective-permute"]["forward"] == {"count": 1, "bytes": 128, **none}
     assert totals(c) == {"all-gather": 1, "reduce-scatter": 0, "all-reduce": 4, "all-to-all": 0,
                          "collective-permute": 1}
 

@@ -132,6 +132,8 @@ def test_every_target_has_figures_and_a_source():
         assert t.memory_bytes > 1 << 30 and t.bandwidth_bytes_per_s > 1e11 and t.source
         assert t.peak_flops["bfloat16"] > t.peak_flops["float32"] > 1e12
         assert 0 < t.usable_bytes() < t.memory_bytes
+        # across slices or hosts: slower than within them, and sourced
+        assert 1e9 < t.dcn_bytes_per_s < t.interconnect_bytes_per_s and t.dcn_source
     assert np.isclose(get_target("h100").memory_bytes / 2**30, 79.1, atol=0.1)
 
 

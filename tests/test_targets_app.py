@@ -203,3 +203,17 @@ def test_the_targets_page_restores_its_selections_from_its_link_and_writes_them_
     assert "local" not in fresh.multiselect(key="targets_chosen").value
     bad = _app("pages/targets.py", targets="h100,gpu9000", **TINY).run()
     assert any("URL parameter `targets`" in w.value and "gpu9000" in w.value for w in bad.warning)
+
+
+def test_explore_takes_a_mesh_over_two_hosts_from_the_link():
+    """A link with MaxText's dcn axes opens on them: the sidebar's dcn selectors, the mesh in the
+    URL as given (canonical), the run over 2 hosts x 4 H100 and its cross-host collectives."""
+    at = _app("pages/explore.py", target="h100", mesh="fsdp=4,dcn_data=2", **TINY).run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="mesh_dcn_data").value == 2 and at.selectbox(key="mesh_fsdp").value == 4
+    assert at.query_params["mesh"] == "dcn_data=2,fsdp=4"
+    text = _texts(at)
+    assert "dcn_data=2,fsdp=4" in text and "--mesh dcn_data=2,fsdp=4" in text
+    frames = [df.value for df in at.dataframe if "collective" in df.value.columns]
+    assert frames and "across slices or hosts (bytes)" in frames[0].columns

@@ -26,8 +26,8 @@ import numpy as np
 
 from remat_lab.analysis import hlo, hlotext
 from remat_lab.analysis.witness import Witness, passes
-from remat_lab.config import parse_mesh
-from remat_lab.program.mesh import RULES_TEXT, input_spec, shard_shape
+from remat_lab.config import mesh_slices, parse_mesh
+from remat_lab.program.mesh import RULES_TEXT, granules, input_spec, shard_shape
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 PHASES = ("forward", "recomputed", "backward")
@@ -44,30 +44,76 @@ def _result_bytes(types: str, kind: str, start: bool) -> int:
     return sum(hlotext.array_bytes(t, dims) for t, dims in found)
 
 
-def rows(text: str, witness: str | None = None) -> list[dict]:
+# A multi-slice TPU transfer's kind (``hlotext.MEGASCALE_KIND``) as the collective it is.
+_MEGASCALE = {"ALL_GATHER": "all-gather", "REDUCE_SCATTER": "reduce-scatter",
+              "ALL_REDUCE": "all-reduce", "ALL_TO_ALL": "all-to-all"}
+LINKS = ("ici", "dcn")
+LINK_TEXT = ("ici: within a slice or host (ICI on TPU, NVLink on GPU); dcn: across slices or hosts "
+             "(the data-centre network between TPU slices, the network between GPU hosts): a "
+             "collective whose replica groups hold devices of two slices or hosts (each device's "
+             "TPU slice_index or GPU process_index, by the program's device assignment), or a "
+             "multi-slice TPU program's cross-slice transfer (libtpu's send/recv to the megascale "
+             "runtime, counted at its recv)")
+
+
+def _spans(groups: list[list[int]], granules: list[int] | None) -> int:
+    """The most slices or hosts one group holds devices of (1: none crosses)."""
+    if not granules:
+        return 1
+    return max((len({granules[i] for i in g if 0 <= i < len(granules)}) for g in groups), default=1)
+
+
+def _row(comp, ins, kind, judge, where, runs, granules, devices) -> dict:
+    megascale = hlotext.MEGASCALE_KIND.search(ins.rest)
+    if megascale:  # a cross-slice transfer: its result is the recv's first array
+        first = hlotext.arrays(ins.type)[:1]
+        size = sum(hlotext.array_bytes(t, d) for t, d in first)
+        group = hlotext.megascale_group(ins.rest) or 2
+        link, spans = "dcn", group
+    else:
+        size = _result_bytes(ins.type, kind, ins.opcode != kind)
+        groups = hlotext.replica_groups(ins.rest, devices)
+        group = max((len(g) for g in groups), default=1)
+        if kind == "collective-permute":
+            group = 2
+        spans = _spans(groups, granules)
+        link = "dcn" if spans > 1 else "ici"
+    phase = judge.phase(ins.name, hlotext.op_name(ins.rest), unnamed="") if judge else ""
+    return {"computation": comp, "name": ins.name, "kind": kind,
+            "phase": "recomputed" if phase == "recomputed" else where.get(ins.name, "forward"),
+            "runs": max(runs.get(comp, 1), 1), "bytes": size, "group": group, "link": link,
+            "spans": spans}
+
+
+def rows(text: str, witness: str | None = None, granules: list[int] | None = None) -> list[dict]:
     """One row per collective instruction of compiled HLO ``text``, in order: ``computation``,
     ``name``, ``kind``, ``phase`` (recomputed against ``witness``, no_remat's compiled text; else
-    the pass of its place in the program), ``runs`` (its computation's, ``hlo.executions``) and
-    ``bytes`` (its result's, per device, per run)."""
+    the pass of its place in the program), ``runs`` (its computation's, ``hlo.executions``),
+    ``bytes`` (its result's, per device, per run), ``group`` (its largest replica group),
+    ``link`` (``LINKS``: ``dcn`` when it crosses slices or hosts; ``granules``: each logical
+    device's slice or host, ``LINK_TEXT``) and ``spans`` (the most slices or hosts one of its
+    groups holds; a TPU cross-slice transfer's slices)."""
     judge = Witness(text, witness)
-    where = passes(text, judge)
-    out = [{**row, "phase": "recomputed" if judge.phase(row["name"], row["op_name"], unnamed="")
-            == "recomputed" else where[row["name"]]} for row in _found(text)]
+    out = _found(text, granules, judge, passes(text, judge))
     if witness is not None:
         _count_extras(out, _found(witness))
-    for row in out:
-        del row["op_name"]
     return out
 
 
-def _found(text: str) -> list[dict]:
-    """The collective instructions of ``text`` in order, without phases."""
+def _found(text: str, granules: list[int] | None = None, judge: Witness | None = None,
+           where: dict | None = None) -> list[dict]:
+    """The collective instructions of ``text`` in order (``_row``); without ``judge``, no phases."""
     runs, _ = hlo.executions(text)
-    return [{"computation": comp, "name": ins.name, "kind": kind, "op_name": hlotext.op_name(ins.rest),
-             "runs": max(runs.get(comp, 1), 1),
-             "bytes": _result_bytes(ins.type, kind, ins.opcode != kind)}
-            for comp, ins in hlotext.instructions(text)
-            if (kind := ins.opcode.removesuffix("-start")) in KINDS]
+    devices = hlotext.devices_of(text)
+    out = []
+    for comp, ins in hlotext.instructions(text):
+        kind = ins.opcode.removesuffix("-start")
+        if kind == "recv" and hlotext.MEGASCALE_KIND.search(ins.rest):
+            kind = _MEGASCALE.get(hlotext.MEGASCALE_KIND.search(ins.rest).group(1), "collective-permute")
+        elif kind not in KINDS:
+            continue
+        out.append(_row(comp, ins, kind, judge, where or {}, runs, granules, devices))
+    return out
 
 
 def _count_extras(out: list[dict], witness: list[dict]) -> None:
@@ -89,15 +135,20 @@ def _count_extras(out: list[dict], witness: list[dict]) -> None:
             row["phase"] = "recomputed"
 
 
-def collectives(text: str, witness: str | None = None) -> dict:
-    """``{kind: {phase: {"count", "bytes"}}}`` of compiled HLO ``text``: instructions times the
-    runs of their computation, result bytes per device (``rows``). ``witness``: the no_remat
-    compile's text, which decides what is recomputed (without it, ``op_name`` alone)."""
-    out = {k: {p: {"count": 0, "bytes": 0} for p in PHASES} for k in KINDS}
-    for row in rows(text, witness):
+def collectives(text: str, witness: str | None = None, granules: list[int] | None = None) -> dict:
+    """``{kind: {phase: {"count", "bytes", "dcn_count", "dcn_bytes"}}}`` of compiled HLO ``text``:
+    instructions times the runs of their computation, result bytes per device (``rows``); the
+    ``dcn_`` share of them crosses slices or hosts (``granules``, ``LINK_TEXT``). ``witness``: the
+    no_remat compile's text, which decides what is recomputed (without it, ``op_name`` alone)."""
+    out = {k: {p: {"count": 0, "bytes": 0, "dcn_count": 0, "dcn_bytes": 0} for p in PHASES}
+           for k in KINDS}
+    for row in rows(text, witness, granules):
         cell = out[row["kind"]][row["phase"]]
         cell["count"] += row["runs"]
         cell["bytes"] += row["runs"] * row["bytes"]
+        if row["link"] == "dcn":
+            cell["dcn_count"] += row["runs"]
+            cell["dcn_bytes"] += row["runs"] * row["bytes"]
     return out
 
 
@@ -109,13 +160,14 @@ def totals(counts: dict) -> dict[str, int]:
 def report(problem, compiled_text: str, memory: dict | None, baseline_text: str | None) -> dict:
     """The ``sharding`` section of ``run --json`` for a compiled sharded step."""
     config, mesh = problem.config, problem.mesh
-    counts = collectives(compiled_text, baseline_text)
+    counts = collectives(compiled_text, baseline_text, granules(mesh))
     mine = totals(counts)
     base = totals(collectives(baseline_text)) if baseline_text is not None else None
     per_device = sum(int(np.prod(shard_shape(leaf))) * leaf.dtype.itemsize for leaf in problem.leaves)
     total = sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in problem.leaves)
     return {
-        "mesh": parse_mesh(config.mesh), "devices": int(mesh.devices.size),
+        "mesh": parse_mesh(config.mesh), "mesh_text": config.mesh, "slices": mesh_slices(config.mesh),
+        "devices": int(mesh.devices.size),
         "processes": jax.process_count(), "process_index": jax.process_index(), "rules": RULES_TEXT,
         "per_device": memory, "param_bytes_per_device": per_device, "param_bytes_total": total,
         "input_spec": str(input_spec(config)),
@@ -130,7 +182,7 @@ def report(problem, compiled_text: str, memory: dict | None, baseline_text: str 
                    "instructions are all backward (forward) is backward (forward), one with none "
                    "takes its while's pass, the entry is backward after its first backward "
                    "instruction that reads data in the schedule, a fusion takes its caller's pass; "
-                   "vs_no_remat: the same count minus the no_remat compile's"),
+                   "vs_no_remat: the same count minus the no_remat compile's; " + LINK_TEXT),
     }
 
 

@@ -26,7 +26,13 @@
 * **collectives**: ring-algorithm bytes per device (NCCL's bus-bandwidth factors, nccl-tests
   ``doc/PERFORMANCE.md``: all-reduce 2(n-1)/n of its bytes, all-gather and all-to-all (n-1)/n of
   the result, reduce-scatter (n-1)/n of its input = (n-1) x its result, collective-permute 1) at the
-  target's interconnect bandwidth, n the largest replica group of each kind.
+  target's interconnect bandwidth, n the largest replica group of each kind; what crosses slices
+  (TPU) or hosts (GPU) at the slower cross-slice figure (``dcn_bytes_per_s``: the data-centre
+  network or the network between GPU hosts, per device; ``traffic.HIERARCHY``: a group over S hosts
+  of P devices is a ring over P on its bytes within the host and a ring over S on a P-th of them
+  across hosts; a multi-slice TPU program's transfers are their own cross-slice part):
+  ``collectives_s`` is the sum of the two links' times (``collectives_ici_s``,
+  ``collectives_dcn_s``), no overlap between them.
 
 A lower bound: no overlap is assumed beyond taking the largest term, and real steps also pay
 kernel launches, latency and imperfect overlap.
@@ -40,7 +46,8 @@ from remat_lab.config import Target
 BASIS = ("roofline estimate, not a measurement: the largest of compute (each product's flops at the "
          "rate XLA runs its dtype and precision: f32 DEFAULT as TF32 on a GPU, as bf16 on a TPU), "
          "memory (bytes accessed / HBM bandwidth), host offload (bytes to and from host memory / "
-         "host link bandwidth) and collectives (ring-algorithm bytes / interconnect bandwidth), "
+         "host link bandwidth) and collectives (ring-algorithm bytes / interconnect bandwidth within a "
+         "slice or host, / cross-slice network bandwidth across them), "
          "with the target's spec figures; no overlap assumed beyond that max")
 XLA_BYTES = "XLA's cost analysis (bytes accessed), each loop body scaled by its trip count"
 HLO_BYTES = "counted in the optimized HLO text: " + METHOD
@@ -104,25 +111,43 @@ def _compute(flops: float | None, traffic: dict | None, target: Target, dtype: s
     return sum(r["s"] for r in rates.values()), rates, note
 
 
-def _collectives(traffic: dict, target: Target) -> tuple[float | None, dict]:
-    rate = target.interconnect_bytes_per_s
+def _ring(kind: str, nbytes: float, n: int) -> float:
+    return nbytes * _RING.get(kind, lambda _: 1.0)(n) if n > 1 else 0.0
+
+
+def _collectives(traffic: dict, target: Target) -> tuple[float | None, dict, dict]:
+    """``(seconds, by kind, by link)``: each kind's ring bytes within a slice or host at the
+    interconnect figure, across slices or hosts (``dcn_``) at the cross-slice figure."""
     moved = {}
     for kind, c in traffic.get("collectives", {}).items():
-        n = max(int(c.get("group") or 1), 1)
-        moved[kind] = {"bytes": c["bytes"], "group": n,
-                       "ring_bytes": c["bytes"] * _RING.get(kind, lambda _: 1.0)(n) if n > 1 else 0.0}
-    total = sum(m["ring_bytes"] for m in moved.values())
-    return (total / rate if rate else None) if moved else 0.0, moved
+        n, dcn_n = max(int(c.get("group") or 1), 1), max(int(c.get("dcn_group") or 1), 1)
+        dcn = float(c.get("dcn_bytes") or 0)
+        ici = float(c.get("ici_bytes", c["bytes"] - dcn))
+        moved[kind] = {"bytes": c["bytes"], "ici_bytes": ici, "group": n, "dcn_bytes": dcn,
+                       "dcn_group": dcn_n, "ring_bytes": _ring(kind, ici, n),
+                       "dcn_ring_bytes": _ring(kind, dcn, dcn_n)}
+    links = {}
+    for link, key, rate in (("ici", "ring_bytes", target.interconnect_bytes_per_s),
+                            ("dcn", "dcn_ring_bytes", target.dcn_bytes_per_s)):
+        total = sum(m[key] for m in moved.values())
+        links[link] = {"ring_bytes": total, "bytes_per_s": rate,
+                       "s": total / rate if rate else (0.0 if not total else None)}
+    if not moved:
+        return 0.0, moved, links
+    parts = [v["s"] for v in links.values()]
+    return (None if None in parts else sum(parts)), moved, links
 
 
 def estimate_step(flops: float | None, bytes_accessed: float | None, target: Target, dtype: str,
                   traffic: dict | None = None) -> dict:
     """The estimate and every term: ``estimate_s``, ``bound`` (the largest term's name, with what
     is unknown), ``compute_s`` with ``rates``, ``memory_s`` with ``memory_bytes`` and
-    ``memory_source``, ``offload_s`` with ``offload_bytes``, ``collectives_s`` with
-    ``collective_bytes``, the target figures used and ``basis``. ``flops`` and ``bytes_accessed``:
-    the step's (``costs.program_flops``); ``traffic``: ``traffic.traffic_of`` of its compiled text
-    (None: products, offload and collectives unknown)."""
+    ``memory_source``, ``offload_s`` with ``offload_bytes``, ``collectives_s`` (=
+    ``collectives_ici_s`` + ``collectives_dcn_s``, each link's ring bytes, figure and time in
+    ``collective_links``) with ``collective_bytes`` by kind, the target figures used and
+    ``basis``. ``flops`` and ``bytes_accessed``: the step's (``costs.program_flops``);
+    ``traffic``: ``traffic.traffic_of`` of its compiled text (None: products, offload and
+    collectives unknown)."""
     missing = []
     compute, rates, compute_note = _compute(flops, traffic, target, dtype)
     if compute is None:
@@ -136,7 +161,7 @@ def estimate_step(flops: float | None, bytes_accessed: float | None, target: Tar
         missing.append("memory (no cost analysis and no program text)")
     memory = memory_bytes / target.bandwidth_bytes_per_s if memory_bytes is not None else None
     offload = collective = None
-    offload_bytes = moved = None
+    offload_bytes = moved = links = None
     if traffic is None:
         missing.append("host offload and collectives (no program text)")
     else:
@@ -146,9 +171,9 @@ def estimate_step(flops: float | None, bytes_accessed: float | None, target: Tar
         if offload is None and host:
             missing.append("host offload (no host link figure for this target)")
         offload = 0.0 if offload is None and not host else offload
-        collective, moved = _collectives(traffic, target)
+        collective, moved, links = _collectives(traffic, target)
         if collective is None:
-            missing.append("collectives (no interconnect figure for this target)")
+            missing.append("collectives (no interconnect or cross-slice figure for this target)")
     terms = {"compute": compute, "memory": memory, "offload": offload, "collectives": collective}
     known = {k: v for k, v in terms.items() if v is not None}
     estimate = max(known.values()) if known else None
@@ -156,10 +181,14 @@ def estimate_step(flops: float | None, bytes_accessed: float | None, target: Tar
     if bound is not None and missing:
         bound += f" (of the terms known; unknown: {'; '.join(missing)})"
     return {"estimate_s": estimate, "bound": bound, "compute_s": compute, "memory_s": memory,
-            "offload_s": offload, "collectives_s": collective, "rates": rates,
+            "offload_s": offload, "collectives_s": collective,
+            "collectives_ici_s": links and links["ici"]["s"],
+            "collectives_dcn_s": links and links["dcn"]["s"], "collective_links": links,
+            "rates": rates,
             "compute_note": compute_note or None, "memory_bytes": memory_bytes,
             "memory_source": source, "offload_bytes": offload_bytes, "collective_bytes": moved,
             "peak_flops_per_s": target.peak_flops.get(dtype),
             "bandwidth_bytes_per_s": target.bandwidth_bytes_per_s,
             "host_bandwidth_bytes_per_s": target.host_bandwidth_bytes_per_s,
-            "interconnect_bytes_per_s": target.interconnect_bytes_per_s, "basis": BASIS}
+            "interconnect_bytes_per_s": target.interconnect_bytes_per_s,
+            "dcn_bytes_per_s": target.dcn_bytes_per_s, "basis": BASIS}

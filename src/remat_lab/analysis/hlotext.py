@@ -1,4 +1,4 @@
-"""Reading XLA's HLO text: instructions, computations, types, metadata.
+"""Reading XLA's HLO text: instructions, computations, types, collectives' device groups, metadata.
 
 The one place that knows the shapes of the text ``compiled.as_text()`` and XLA's
 ``*after_optimizations.txt`` dump print; ``hlo``, ``timeline`` and ``collectives`` read programs
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 from typing import NamedTuple
+
+import numpy as np
 
 # --- names and computations ---------------------------------------------------------------------
 
@@ -168,6 +170,83 @@ def array_bytes(dtype: str, shape: list[int]) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+# --- the devices of a collective ---------------------------------------------------------------
+
+_GROUPS_LIST = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]*)\](?:T\(([\d,]*)\))?")
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:<=\[([\d,]*)\](?:T\(([\d,]*)\))?)?"
+                          r"\s*\{([^}]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+_INNER = re.compile(r"\{([\d,]*)\}")
+# A cross-slice transfer on a multi-slice TPU: libtpu's per-slice program sends and receives it
+# through the data-centre network (``send`` / ``recv`` to the ``xla_megascale_runtime``), its
+# kind in ``_xla_megascale_transfer_type``, its slices in ``_xla_megascale_target``: the groups of
+# global device ids (slice x 100000 + id) ``{{100000,200000},...}``, or ``"{1,2}x{0:3}"`` (those
+# slices, those devices in each).
+MEGASCALE_KIND = re.compile(r'_xla_megascale_transfer_type="([A-Z_]+)"')
+_MEGASCALE_GROUPS = re.compile(r"_xla_megascale_target=\{\{([\d,]*)\}")
+_MEGASCALE_SLICES = re.compile(r'_xla_megascale_target="\{([\d,]*)\}x')
+
+
+_PARTITIONS = re.compile(r"\bnum_partitions=(\d+)")
+_REPLICAS = re.compile(r"\breplica_count=(\d+)")
+
+
+def devices_of(text: str) -> int:
+    """The devices a compiled SPMD program runs on: ``num_partitions x replica_count`` (1 unstated;
+    on a multi-slice TPU, one slice's)."""
+    head = text[:4096]
+    parts, replicas = _PARTITIONS.search(head), _REPLICAS.search(head)
+    return (int(parts.group(1)) if parts else 1) * (int(replicas.group(1)) if replicas else 1)
+
+
+def _iota(shape: list[int], perm: str | None) -> list[int]:
+    """``[0, n)`` laid out as ``shape``, transposed by ``perm`` (HLO's ``<=[dims]T(perm)``), flat."""
+    ids = np.arange(int(np.prod(shape)) if shape else 1).reshape(shape or [1])
+    if perm:
+        ids = ids.transpose(dims(perm))
+    return ids.reshape(-1).tolist()
+
+
+def replica_groups(line: str, devices: int) -> list[list[int]]:
+    """The device groups (logical ids, the program's partitions) a collective instruction runs over:
+    the list form ``{{0,1},{2,3}}``, the iota form ``[2,2]<=[4]`` (with ``T(...)``), the mesh form
+    ``mesh['data'=2,'fsdp'=4] {'fsdp'}`` (the listed axes vary within a group), a permute's
+    ``source_target_pairs`` (each pair a group); unstated: one group of all ``devices``."""
+    m = _GROUPS_MESH.search(line)
+    if m:
+        axes = [(k.strip().strip("'"), int(v)) for k, v in
+                (part.split("=") for part in m.group(1).split(",") if "=" in part)]
+        shape = [n for _, n in axes]
+        ids = np.array(_iota(dims(m.group(2)) if m.group(2) else shape, m.group(3))).reshape(shape)
+        inside = [a.strip().strip("'") for a in m.group(4).split(",") if a.strip()]
+        names = [a for a, _ in axes]
+        keep = [names.index(a) for a in inside if a in names]
+        rest = [i for i in range(len(names)) if i not in keep]
+        size = int(np.prod([shape[i] for i in keep])) if keep else 1
+        return ids.transpose(rest + keep).reshape(-1, size).tolist()
+    m = _GROUPS_IOTA.search(line)
+    if m:
+        return np.array(_iota(dims(m.group(3)), m.group(4))).reshape(
+            int(m.group(1)), int(m.group(2))).tolist()
+    m = _GROUPS_LIST.search(line)
+    if m and m.group(1):
+        return [dims(g) for g in _INNER.findall(m.group(1))]
+    m = _PAIRS.search(line)
+    if m and m.group(1):
+        return [dims(g) for g in _INNER.findall(m.group(1))]
+    return [list(range(devices))]
+
+
+def megascale_group(line: str) -> int | None:
+    """How many slices a multi-slice TPU transfer (``MEGASCALE_KIND``) spans; None when unstated."""
+    m = _MEGASCALE_GROUPS.search(line)
+    if m:
+        return len(dims(m.group(1)))
+    m = _MEGASCALE_SLICES.search(line)
+    return len(dims(m.group(1))) if m else None
 
 
 # --- attributes and metadata --------------------------------------------------------------------

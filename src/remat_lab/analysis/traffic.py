@@ -16,7 +16,8 @@
 * **host transfers**: the same bytes where the array lives in host memory (layout memory space
   ``S(5)``, as ``hlo.uses_host_memory`` detects offload): device -> host when a result is in host
   memory, host -> device when an operand is; these leave the memory count;
-* **collectives**: bytes per kind (``collectives.collectives``) and each kind's largest group.
+* **collectives**: bytes per kind (``collectives.rows``) and each kind's largest group, within a slice
+  or host and across them (``dcn_``).
 """
 
 from __future__ import annotations
@@ -41,11 +42,6 @@ _JSON_ALGORITHM = re.compile(r'"algorithm":"(ALG_DOT_[A-Z0-9_]+)"')
 _JSON_LHS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 _DIM_LABELS = re.compile(r"dim_labels=[^_]*_([^-]*)->")
 _PRECISIONS = ("DEFAULT", "HIGH", "HIGHEST")
-_PARTITIONS = re.compile(r"\bnum_partitions=(\d+)")
-_REPLICAS = re.compile(r"\breplica_count=(\d+)")
-_GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
-_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
-_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _COLLECTIVE = re.compile(r"\s(?:" + "|".join(collectives.KINDS) + r")(?:-start)?\(")
 
 METHOD = ("top-level instructions of the computations that run (not the "
@@ -282,61 +278,56 @@ def _products(module: _Module, runs: dict[str, int]) -> list[dict]:
     return [{"dtype": d, "precision": p, "flops": f} for (d, p), f in sorted(out.items())]
 
 
-def _group(rest: str, devices: int) -> int:
-    """The size of a collective's replica groups (the first group's), ``devices`` when unstated."""
-    m = _GROUPS_MESH.search(rest)
-    if m:
-        sizes = {k.strip().strip("'"): int(v) for k, v in
-                 (part.split("=") for part in m.group(1).split(",") if "=" in part)}
-        axes = [a.strip().strip("'") for a in m.group(2).split(",") if a.strip()]
-        n = 1
-        for a in axes:
-            n *= sizes.get(a, 1)
-        return n
-    m = _GROUPS_IOTA.search(rest)
-    if m:
-        return int(m.group(2))
-    m = _GROUPS_LIST.search(rest)
-    if m:
-        return len([s for s in m.group(1).split(",") if s])
-    return devices
-
-
-def _collectives(text: str, module: _Module, devices: int) -> dict:
-    """``{kind: {"count", "bytes", "group"}}`` of the kinds the program runs: count and result bytes
-    per device from ``collectives.collectives``, ``group`` the largest replica group of the kind."""
-    if not _COLLECTIVE.search(text):
+def _collectives(text: str, devices: int, granules: list[int] | None) -> dict:
+    """``{kind: {"count", "bytes", "ici_bytes", "group", "dcn_count", "dcn_bytes", "dcn_group"}}``
+    of the kinds the program runs: count and result bytes per device (``collectives.rows``); what
+    each link carries per device (``HIERARCHY``): ``ici_bytes`` over rings of ``group`` devices
+    within a slice or host, ``dcn_bytes`` over rings of ``dcn_group`` slices or hosts."""
+    if not _COLLECTIVE.search(text) and "_xla_megascale_transfer_type" not in text:
         return {}
-    counts = collectives.collectives(text)
-    groups: dict[str, int] = {}
-    for ops in module.comps.values():
-        for op in ops:
-            kind = op.opcode.removesuffix("-start")
-            if kind in collectives.KINDS and not op.opcode.endswith("-done"):
-                groups[kind] = max(groups.get(kind, 1), _group(op.rest, devices))
-    out = {}
-    for kind, phases in counts.items():
-        count = sum(c["count"] for c in phases.values())
-        if count:
-            out[kind] = {"count": count, "bytes": sum(c["bytes"] for c in phases.values()),
-                         "group": groups.get(kind, devices)}
-    return out
+    out: dict[str, dict] = {}
+    for row in collectives.rows(text, granules=granules or [0] * devices):
+        cell = out.setdefault(row["kind"], {"count": 0, "bytes": 0, "ici_bytes": 0, "group": 1,
+                                            "dcn_count": 0, "dcn_bytes": 0, "dcn_group": 1})
+        n, size = row["runs"], row["runs"] * row["bytes"]
+        cell["count"] += n
+        cell["bytes"] += size
+        if row["link"] == "ici":
+            cell["ici_bytes"] += size
+            cell["group"] = max(cell["group"], row["group"])
+            continue
+        cell["dcn_count"] += n
+        cell["dcn_group"] = max(cell["dcn_group"], row["spans"])
+        if row["spans"] == row["group"]:  # one device a slice (a TPU transfer): all of it crosses
+            cell["dcn_bytes"] += size
+            continue
+        per_slice = row["group"] // row["spans"]
+        cell["ici_bytes"] += size
+        cell["group"] = max(cell["group"], per_slice)
+        cell["dcn_bytes"] += size / per_slice
+    return {k: v for k, v in out.items() if v["count"]}
 
 
-def devices_of(text: str) -> int:
-    """The devices a compiled SPMD program runs on: ``num_partitions x replica_count`` (1 unstated)."""
-    head = text[:4096]
-    parts, replicas = _PARTITIONS.search(head), _REPLICAS.search(head)
-    return (int(parts.group(1)) if parts else 1) * (int(replicas.group(1)) if replicas else 1)
+HIERARCHY = ("a collective whose group spans S slices or hosts of P devices each runs as NCCL's "
+             "and XLA's hierarchical collectives do (within each host over P devices on the full "
+             "bytes, across hosts over S on a P-th of them, each device's own NIC carrying its "
+             "share): ring bytes over P at the interconnect figure plus ring bytes of a P-th over S "
+             "at the cross-slice figure; a multi-slice TPU program's transfers are already its "
+             "cross-slice part, their bytes as they are")
 
 
-def traffic_of(text: str) -> dict:
+devices_of = hlotext.devices_of  # its home: hlotext
+
+
+def traffic_of(text: str, granules: list[int] | None = None) -> dict:
     """What the estimate needs from a compiled step's text (JSON-ready): ``products``,
     ``memory_bytes``, ``to_host_bytes``, ``from_host_bytes``, ``collectives``, ``devices`` and the
-    counting ``method``. Bytes and flops per device, per call of the step."""
+    counting ``method``. Bytes and flops per device, per call of the step. ``granules``: each
+    logical device's slice or host (``mesh.granules``), which splits the collectives' bytes into
+    in-slice and cross-slice (None: all in one)."""
     module = _Module(text)
     runs, _ = hlo.executions(text)
     devices = devices_of(text)
     return {"products": _products(module, runs), **_memory(module, runs),
-            "collectives": _collectives(text, module, devices), "devices": devices,
+            "collectives": _collectives(text, devices, granules), "devices": devices,
             "method": METHOD}

@@ -26,6 +26,7 @@ from remat_lab.config import (
     RunConfig,
 )
 from remat_lab.config.catalog import RECIPE
+from remat_lab.config.targets import MAX_TARGET_DEVICES
 from remat_lab.model.models import MODELS
 from remat_lab.model.policies import DEFAULT_POLICY, POLICIES
 from remat_lab.model.stacks import STACKS
@@ -284,11 +285,14 @@ def add_target_args(p: argparse.ArgumentParser,
                     target_help: str = "compile for this accelerator without it (see `targets`); "
                                        "default: local, run",
                     mesh_help: str = "shard the step over a device mesh (any subset of the axes; "
-                                     "default: one device)") -> None:
+                                     "on a named target dcn_data, dcn_fsdp, dcn_tensor repeat an "
+                                     "axis over slices or hosts, MaxText's dcn_*_parallelism: "
+                                     "dcn_data=2,fsdp=8 is 16 devices; default: one device)") -> None:
     """``--mesh``, ``--target`` and ``--target-devices`` (run, advise, synthesize)."""
-    p.add_argument("--mesh", default="", metavar="data=D,fsdp=F,tensor=T", help=mesh_help)
+    p.add_argument("--mesh", default="", metavar="[dcn_data=S,]data=D,fsdp=F,tensor=T", help=mesh_help)
     p.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET", help=target_help)
-    p.add_argument("--target-devices", type=count_arg("target devices", 256), default=1, metavar="N",
+    p.add_argument("--target-devices", type=count_arg("target devices", MAX_TARGET_DEVICES), default=1,
+                   metavar="N",
                    help="devices of the target the program is placed on (with a --mesh over all of them)")
 
 

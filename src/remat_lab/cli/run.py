@@ -148,6 +148,11 @@ def format_run(result: dict) -> str:
         est = timing.get("estimate_s")
         lines.append(f"step time: not measured; estimate {fmt_time(est)} ({timing['estimate_basis']})"
                      if est else f"step time: not measured ({timing['estimate_basis']})")
+        terms = timing.get("estimate") or {}
+        if terms.get("collectives_dcn_s"):
+            lines.append(f"collectives: {fmt_time(terms['collectives_ici_s'] or 0)} within slices or "
+                         f"hosts, {fmt_time(terms['collectives_dcn_s'])} across them (at "
+                         f"{terms['dcn_bytes_per_s'] / 1e9:g} GB/s a device)")
         lines.append(f"gradient check: not run ({g['reason']})")
     elif g.get("ok") is None:  # a user block: no independent reference
         lines.append(g["reason"])
@@ -181,13 +186,19 @@ def format_run(result: dict) -> str:
 def format_sharding(sh: dict) -> list[str]:
     """The ``sharding`` section as lines: mesh, per-device memory and collectives by phase."""
     mem = sh["per_device"] or {}
-    mesh = ",".join(f"{k}={v}" for k, v in sh["mesh"].items())
-    lines = [f"mesh {mesh}: {sh['devices']} devices in {sh['processes']} process(es); per device: "
+    mesh = sh.get("mesh_text") or ",".join(f"{k}={v}" for k, v in sh["mesh"].items())
+    lines = [f"mesh {mesh}: {sh['devices']} devices in {sh['processes']} process(es)"
+             + (f" over {sh['slices']} slices or hosts" if sh.get("slices", 1) > 1 else "") + "; per device: "
              f"peak {human_bytes(mem.get('peak_bytes', 0))}, parameters "
              f"{human_bytes(sh['param_bytes_per_device'])} of {human_bytes(sh['param_bytes_total'])}"]
     rows = [{"collective": k, **{p: f"{c['count']} ({human_bytes(c['bytes'])})" for p, c in ph.items()},
+             "across slices": f"{sum(c.get('dcn_count', 0) for c in ph.values())} "
+                              f"({human_bytes(sum(c.get('dcn_bytes', 0) for c in ph.values()))})",
              "vs no_remat": "-" if sh["vs_no_remat"] is None else f"{sh['vs_no_remat'][k]:+d}"}
             for k, ph in sh["collectives"].items() if any(c["count"] for c in ph.values())]
-    lines.append(format_table(rows, ["collective", "forward", "recomputed", "backward", "vs no_remat"]))
+    cols = ["collective", "forward", "recomputed", "backward"]
+    cols += ["across slices"] if sh.get("slices", 1) > 1 or any(
+        c.get("dcn_count") for ph in sh["collectives"].values() for c in ph.values()) else []
+    lines.append(format_table(rows, [*cols, "vs no_remat"]))
     return lines
 

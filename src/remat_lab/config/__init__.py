@@ -32,6 +32,7 @@ from .catalog import (
     names_of,
 )
 from .defaults import APP_DEFAULT, flag_defaults
+from .mesh_text import DCN_AXES, canonical_mesh, mesh_dcn, mesh_parts, mesh_slices
 from .run import (
     BOOL_FIELDS,
     BUDGET_ENV,
@@ -59,7 +60,8 @@ from .targets import LOCAL, TARGET_NAMES, TARGETS, Target, get_target
 __all__ = [
     "APP_DEFAULT", "flag_defaults",
     "BUDGET_ENV", "CHOICES", "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS", "LLM_LIMITS",
-    "MAX_MESH_DEVICES", "MESH_AXES", "MODELS", "NAMES", "NAME_FIELDS", "OBJECTIVES", "POLICY_IDS",
+    "MAX_MESH_DEVICES", "MESH_AXES", "DCN_AXES", "canonical_mesh", "mesh_dcn", "mesh_parts",
+    "mesh_slices", "MODELS", "NAMES", "NAME_FIELDS", "OBJECTIVES", "POLICY_IDS",
     "PROCESS_FACTOR", "SEQ_MODELS", "STACKS", "ConfigError", "MemoryBudgetError", "RunConfig",
     "check_budget", "coerce_config", "default_budget_bytes", "estimate_bytes", "estimate_process_bytes",
     "format_mesh", "human_bytes", "human_seconds", "mesh_devices", "names_of", "parse_bytes", "parse_mesh",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .catalog import NAMES, POLICY_IDS, PRESETS
 from .errors import ConfigError
-from .mesh_text import MESH_AXES
+from .mesh_text import MESH_AXES, format_mesh
 from .targets import MAX_TARGET_DEVICES, get_target
 
 CATALOGUE: dict = json.loads(Path(__file__).with_name("published.json").read_text())
@@ -22,8 +22,9 @@ IGNORED = ("dataset_type", "dataset_path", "enable_checkpointing", "profiler", "
 # MaxText's attention kernels as the lab's attention: a blockwise kernel that never holds the
 # (seq x seq) scores (splash on TPU, cuDNN's through Transformer Engine on GPUs) is the lab's flash.
 ATTENTION = {"flash": "flash", "cudnn_flash_te": "flash", "dot_product": "full", "autoselected": "flash"}
-# MaxText's mesh knobs and the lab's axes (``mesh_text.MESH_AXES``): ici_* within a slice or host,
-# dcn_* across slices or hosts (the data-centre network, or InfiniBand between GPU hosts).
+# MaxText's mesh knobs and the lab's axes (``mesh_text.MESH_AXES``, ``DCN_AXES``): ici_* within a
+# slice or host, dcn_* across slices or hosts (the data-centre network, or the network between GPU
+# hosts), each logical axis ici x dcn.
 _AXIS = {"data": "data", "fsdp": "fsdp", "tensor": "tensor"}
 # A custom plan's values (MaxText's ``remat_policy: custom``): keep on the device, move to the
 # host, or recompute in the backward pass.
@@ -47,30 +48,44 @@ def source_url(source: dict) -> str:
     return f"https://github.com/{REPOSITORY}/blob/{source['commit']}/{source['file']}#L{source['line']}"
 
 
-def _mesh(knobs: dict, devices: int) -> tuple[str, list[str]]:
-    """The lab's mesh for MaxText's ``ici_*`` / ``dcn_*`` parallelism knobs (-1: the devices left),
-    and what the lab does not reproduce of them (a cross-slice axis, folded into its ICI axis)."""
-    sizes, notes, fill = {}, [], None
+def _mesh(knobs: dict, devices: int, slices: int | None = None) -> tuple[str, list[str]]:
+    """The lab's mesh for MaxText's ``ici_*`` / ``dcn_*`` parallelism knobs (-1: the devices left
+    within a slice, or the slices left): ``dcn_*`` becomes the lab's cross-slice axis of the same
+    name (each logical axis ici x dcn, the dcn part outermost, as MaxText); ``slices``: the run's
+    slices or hosts (None: the dcn knobs' product). The second item: what the lab does not
+    reproduce of them (nothing now; kept for the callers' differences)."""
+    ici, dcn = {}, {}
+    fill_ici = fill_dcn = None
     for axis in MESH_AXES:
-        ici, dcn = knobs.get(f"ici_{axis}_parallelism", 1), knobs.get(f"dcn_{axis}_parallelism", 1)
-        if ici == -1:
-            fill = axis
-            ici = 1
-        if dcn > 1:
-            notes.append(f"dcn_{axis}_parallelism={dcn} (across slices or hosts) is folded into the "
-                         f"lab's {axis} axis: its collectives are priced at the in-slice link, not "
-                         "the slower one between slices")
-        sizes[axis] = ici * dcn
-    used = 1
-    for n in sizes.values():
+        ici[axis] = knobs.get(f"ici_{axis}_parallelism", 1)
+        dcn[axis] = knobs.get(f"dcn_{axis}_parallelism", 1)
+        if ici[axis] == -1:
+            fill_ici, ici[axis] = axis, 1
+        if dcn[axis] == -1:
+            fill_dcn, dcn[axis] = axis, 1
+    known = 1
+    for n in dcn.values():
+        known *= n
+    slices = known if slices is None else slices
+    if slices % known:
+        raise ConfigError(f"the dcn knobs use {known} slices, which do not divide {slices}.")
+    if fill_dcn is not None:
+        dcn[fill_dcn] *= slices // known
+    elif known != slices:
+        raise ConfigError(f"the dcn knobs use {known} slices, not the run's {slices}.")
+    if devices % slices:
+        raise ConfigError(f"{devices} devices cannot be split into {slices} slices.")
+    per_slice, used = devices // slices, 1
+    for n in ici.values():
         used *= n
-    if devices % used:
-        raise ConfigError(f"the mesh knobs use {used} devices, which do not divide {devices}.")
-    if fill is not None:
-        sizes[fill] *= devices // used
-    elif used != devices:
-        raise ConfigError(f"the mesh knobs use {used} devices, not the run's {devices}.")
-    return ",".join(f"{a}={n}" for a, n in sizes.items() if n > 1), notes
+    if per_slice % used:
+        raise ConfigError(f"the mesh knobs use {used} devices, which do not divide {per_slice}.")
+    if fill_ici is not None:
+        ici[fill_ici] *= per_slice // used
+    elif used != per_slice:
+        raise ConfigError(f"the mesh knobs use {used} devices, not the run's {per_slice}"
+                          + (" a slice." if slices > 1 else "."))
+    return format_mesh({a: ici[a] * dcn[a] for a in MESH_AXES}, dcn), []
 
 
 def translate(run: dict) -> tuple[dict, list[str]]:
@@ -88,7 +103,7 @@ def translate(run: dict) -> tuple[dict, list[str]]:
                           f"{MAX_TARGET_DEVICES}.")
     get_target(run["target"])
     pdb = knobs["per_device_batch_size"]
-    mesh, notes = _mesh(knobs, devices)
+    mesh, notes = _mesh(knobs, devices, run.get("slices"))
     diff += notes
     fields = {"preset": preset, "seq": knobs["max_target_length"], "batch": int(pdb * devices),
               "step": "train", "loss_chunks": 1, "compile_only": True, "target": run["target"],

@@ -25,11 +25,13 @@ from .mesh_text import (  # noqa: F401 (re-exported: the mesh text's home is mes
     MAX_MESH_DEVICES,
     MESH_AXES,
     _show,
+    canonical_mesh,
     format_mesh,
     mesh_devices,
+    mesh_slices,
     parse_mesh,
 )
-from .targets import LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES
+from .targets import GPUS_PER_HOST, LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES, TARGETS
 from .userblock import checked_input_shape
 
 DTYPES = ("float32", "bfloat16")
@@ -245,12 +247,22 @@ class RunConfig:
             raise ConfigError(f"{self.target_devices} {self.target} devices need a mesh over all of "
                               f"them (e.g. fsdp={self.target_devices}); the mesh "
                               f"{self.mesh or '(none)'} uses {devices}.")
+        slices = mesh_slices(self.mesh)
+        if slices > 1 and TARGETS[self.target].platform == "cuda" and devices // slices > GPUS_PER_HOST:
+            raise ConfigError(f"mesh {self.mesh} puts {devices // slices} GPUs in each of its {slices} "
+                              f"hosts; a {self.target} host has {GPUS_PER_HOST} (NVLink within it): "
+                              "move the rest to a dcn_ axis (e.g. dcn_data=4,fsdp=8).")
 
     def _check_mesh(self) -> None:
         """``mesh``: known axes whose sizes divide what they shard; stored canonically
         (``parse_mesh``), so equal meshes make equal configurations."""
         sizes = parse_mesh(self.mesh)
-        object.__setattr__(self, "mesh", format_mesh(sizes))
+        object.__setattr__(self, "mesh", canonical_mesh(self.mesh))
+        if mesh_slices(self.mesh) > 1 and self.target == LOCAL:
+            raise ConfigError(f"mesh {self.mesh} spans slices or hosts (its dcn_* axes), which only "
+                              "a named target has (e.g. --target tpu-v6e or h100): the attached "
+                              "devices are one slice; on them use the same sizes without dcn_ "
+                              "(dcn_data=2,fsdp=4 -> data=2,fsdp=4).")
         rows = sizes.get("data", 1) * sizes.get("fsdp", 1)
         if rows > 1 and (self.batch == 0 or self.batch % rows):
             raise ConfigError(f"batch {self.batch} cannot be split over data x fsdp = {rows} devices; "

@@ -1,7 +1,8 @@
 """The accelerators a configuration can be compiled for without the hardware: names and spec figures.
 
 Pure data from ``targets.json`` beside this file (no JAX): memory, dense peak FLOP/s by dtype,
-memory, host link and interconnect bandwidth per device, and where each figure comes from.
+memory, host link, interconnect and cross-slice (data-centre network) bandwidth per device, and
+where each figure comes from.
 ``local`` is the attached backend, run and timed; every other target is compile-only
 (``program/targets.py`` makes its devices).
 """
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOCAL = "local"
-MAX_TARGET_DEVICES = 256
+MAX_TARGET_DEVICES = 512  # 2 x v6e-256 (MaxText's 405B); 512 v5p chips (v5p:8x8x8)
+GPUS_PER_HOST = 8  # a GPU host (A3, DGX): its GPUs share NVLink; hosts meet over the network
 # JAX preallocates this fraction of a GPU's memory for its arrays by default
 # (XLA_PYTHON_CLIENT_MEM_FRACTION); the rest is the CUDA context, cuBLAS/cuDNN workspaces, NCCL.
 GPU_USABLE_FRACTION = 0.75
@@ -42,6 +44,10 @@ class Target:
     interconnect_bytes_per_s: float | None = None  # what one device sends into a ring collective
     host_link_source: str = ""
     interconnect_source: str = ""
+    # what one device sends per second across slices (TPU: the data-centre network) or hosts (GPU:
+    # the host's network), one direction: the host's figure over its devices
+    dcn_bytes_per_s: float | None = None
+    dcn_source: str = ""
 
     def usable_bytes(self) -> int:
         """The memory JAX can give the program by default (the advisor's default budget), per
@@ -57,7 +63,9 @@ class Target:
                 "host_bandwidth_bytes_per_s": self.host_bandwidth_bytes_per_s,
                 "interconnect_bytes_per_s": self.interconnect_bytes_per_s,
                 "host_link_source": self.host_link_source,
-                "interconnect_source": self.interconnect_source, "deviceless": True}
+                "interconnect_source": self.interconnect_source,
+                "dcn_bytes_per_s": self.dcn_bytes_per_s, "dcn_source": self.dcn_source,
+                "deviceless": True}
 
 
 def _load() -> dict[str, Target]:
@@ -71,7 +79,8 @@ def _load() -> dict[str, Target]:
                               host_bandwidth_bytes_per_s=float(t["host_bandwidth_bytes_per_s"]),
                               interconnect_bytes_per_s=float(t["interconnect_bytes_per_s"]),
                               host_link_source=t["host_link_source"],
-                              interconnect_source=t["interconnect_source"])
+                              interconnect_source=t["interconnect_source"],
+                              dcn_bytes_per_s=float(t["dcn_bytes_per_s"]), dcn_source=t["dcn_source"])
             for t in raw["targets"]}
 
 

@@ -25,6 +25,7 @@ from remat_lab.config import (
     RunConfig,
     format_mesh,
     human_bytes,
+    mesh_dcn,
     mesh_devices,
     parse_mesh,
 )
@@ -77,7 +78,7 @@ def static_bytes(config: RunConfig) -> dict:
 def _with_fsdp(config: RunConfig, fsdp: int) -> RunConfig | None:
     """``config`` on its mesh with fsdp ``fsdp`` (the other axes kept), local and compile-only
     (only its layout is read); None where the shape does not split that way."""
-    sizes = {**parse_mesh(config.mesh), "fsdp": fsdp}
+    sizes = {**parse_mesh(config.mesh), "fsdp": fsdp}  # logical sizes: dcn axes folded (local layout)
     rows = sizes.get("data", 1) * fsdp
     try:
         return config.replace(mesh=format_mesh(sizes), batch=rows * config.microbatches,
@@ -105,7 +106,11 @@ def fewest_devices(config: RunConfig, budget: int, now: int | None = None) -> di
             continue
         need = static_bytes(wider)["static_bytes_per_device"]
         if need <= budget:
-            return {"fsdp": n, "devices": n * others, "mesh": wider.mesh,
+            try:  # the slices or hosts kept (the layout is read locally, where there are none)
+                mesh = format_mesh(parse_mesh(wider.mesh), mesh_dcn(config.mesh))
+            except ConfigError:
+                mesh = wider.mesh
+            return {"fsdp": n, "devices": n * others, "mesh": mesh,
                     "static_bytes_per_device": need}
     return None
 

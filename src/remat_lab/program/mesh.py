@@ -25,7 +25,15 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from remat_lab.config import ConfigError, RunConfig, mesh_devices, parse_mesh
+from remat_lab.config import (
+    MESH_AXES,
+    ConfigError,
+    RunConfig,
+    mesh_devices,
+    mesh_parts,
+    mesh_slices,
+    parse_mesh,
+)
 
 # Per in-block parameter name: the mesh role of each of its axes (a scan stack adds a leading
 # layer axis, never sharded). "fsdp" = where fsdp shards the stored parameter, "tensor" = the
@@ -122,8 +130,11 @@ def input_spec(config: RunConfig) -> PartitionSpec:
 def build_mesh(mesh: str, devices: list | None = None) -> Mesh:
     """The ``Mesh`` of ``mesh`` (``'fsdp=4'``) over the first devices (of ``devices``, when given:
     a target's compile-only devices); ``ConfigError`` when the devices are too few or the mesh does
-    not divide them."""
+    not divide them. A mesh with ``dcn_*`` axes (over several slices or hosts: ``devices`` in
+    slice order) is laid out as MaxText lays it (``hybrid``)."""
     sizes = parse_mesh(mesh)
+    if devices is not None and mesh_slices(mesh) > 1:
+        return Mesh(hybrid(mesh, devices), tuple(sizes))
     if devices is not None:
         return Mesh(np.array(devices[:mesh_devices(mesh)]).reshape(tuple(sizes.values())), tuple(sizes))
     need, have = mesh_devices(mesh), jax.device_count()
@@ -135,6 +146,51 @@ def build_mesh(mesh: str, devices: list | None = None) -> Mesh:
                           f"{jax.default_backend()} device{'s' * (have != 1)}: {hint}.")
     devices = np.array(jax.devices()[:need]).reshape(tuple(sizes.values()))
     return Mesh(devices, tuple(sizes))
+
+
+def hybrid(mesh: str, devices: list) -> np.ndarray:
+    """The devices of a mesh over several slices (TPU: each device's ``slice_index``) or hosts
+    (GPU: its ``process_index``), shaped as ``parse_mesh(mesh)``: each logical axis is its dcn part
+    (outermost: which slice) times its ICI part (within the slice), MaxText's layout, by
+    ``jax.experimental.mesh_utils.create_hybrid_device_mesh`` (within a slice, on TPU, the ring
+    order of the chips' coordinates)."""
+    from jax.experimental import mesh_utils
+
+    from remat_lab.program.targets import granule
+
+    ici, dcn = mesh_parts(mesh)
+    ici_shape = tuple(ici.get(a, 1) for a in MESH_AXES)
+    dcn_shape = tuple(dcn.get(a, 1) for a in MESH_AXES)
+    per_slice, slices = int(np.prod(ici_shape)), int(np.prod(dcn_shape))
+    by_slice: dict[int, list] = {}
+    for d in devices:
+        by_slice.setdefault(granule(d), []).append(d)
+    groups = [g[:per_slice] for _, g in sorted(by_slice.items()) if len(g) >= per_slice][:slices]
+    if len(groups) < slices:
+        raise ConfigError(f"mesh {mesh} needs {slices} slices or hosts of {per_slice} devices; "
+                          f"the target's devices make {len(groups)}.")
+    chosen = [d for g in groups for d in g]
+    tpu = getattr(chosen[0], "platform", "") == "tpu"
+    try:
+        laid = mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, chosen,
+                                                    process_is_granule=not tpu,
+                                                    allow_split_physical_axes=True)
+    except (ValueError, NotImplementedError, AssertionError):  # a shape the ring order cannot take
+        blocks = np.empty(dcn_shape, dtype=object)
+        for i, g in enumerate(groups):
+            blocks[np.unravel_index(i, dcn_shape)] = np.array(g).reshape(ici_shape)
+        laid = np.block(blocks.tolist())
+    return laid.reshape(tuple(parse_mesh(mesh).values()))
+
+
+def granules(mesh: Mesh | None) -> list[int] | None:
+    """Each device's slice or host (``targets.granule``), in the mesh's order: the program's logical
+    device ids (a ``NamedSharding``'s device assignment is the mesh's devices, flat)."""
+    if mesh is None:
+        return None
+    from remat_lab.program.targets import granule
+
+    return [granule(d) for d in mesh.devices.flat]
 
 
 def place(values: list[jax.Array], specs: list[PartitionSpec], mesh: Mesh) -> list[jax.Array]:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from remat_lab.config import LOCAL, RunConfig, mesh_devices
+from remat_lab.config import LOCAL, RunConfig, mesh_devices, mesh_slices
 from remat_lab.model.attention import for_config as attention_for
 from remat_lab.model.llm import chunked_next_token_loss, next_token_loss
 from remat_lab.model.models import build_model, llm_options
@@ -236,7 +236,8 @@ def abstract_problem(config: RunConfig, config_file: str | None = None) -> Probl
         return Problem(config, graphdef, treedef, leaves, paths, x,
                        _loss_fn(config, graphdef, treedef), opt_state=state)
     devices = (None if config.target == LOCAL else
-               targets.target_devices(config.target, config.target_devices, config_file))
+               targets.target_devices(config.target, config.target_devices, config_file,
+                                      mesh_slices(config.mesh)))
     mesh = sharding.build_mesh(config.mesh, devices)
     specs = tuple(sharding.param_specs(jax.tree_util.tree_unflatten(treedef, leaves), config))
     put = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,

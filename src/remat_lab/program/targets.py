@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from remat_lab.config import ConfigError, get_target
+from remat_lab.config.targets import GPUS_PER_HOST
 
 SPECS = Path(__file__).with_name("target_specs")
 # What a compile-only run on a named target may add to a worker (backends started, a local run done,
@@ -40,7 +41,7 @@ def compile_only_bytes(name: str) -> int:
 
 
 _LOCK = threading.Lock()
-_DEVICES: dict[tuple[str, int, str | None], list] = {}
+_DEVICES: dict[tuple[str, int, str | None, int], list] = {}
 
 # libtpu's own lock: a process that loads libtpu without ALLOW_MULTIPLE_LIBTPU_LOAD takes a POSIX
 # lock on this file and keeps it until it exits; a second such process cannot load libtpu at all
@@ -213,13 +214,16 @@ def _tpu_topology(topology: str, n: int) -> tuple[str, dict]:
     return name, kwargs
 
 
-def _tpu_topology_desc(name: str, one_chip: str, n: int):
-    """libtpu's topology for ``n`` devices; this process's first load under ``_first_libtpu_load``
-    unless libtpu is shared (``ALLOW_MULTIPLE_LIBTPU_LOAD``)."""
+def _tpu_topology_desc(name: str, one_chip: str, n: int, slices: int = 1):
+    """libtpu's topology for ``n`` devices per slice, ``slices`` slices (``num_slices``: libtpu's
+    multi-slice devices, each with its ``slice_index``); this process's first load under
+    ``_first_libtpu_load`` unless libtpu is shared (``ALLOW_MULTIPLE_LIBTPU_LOAD``)."""
     global _TPU_LOADED
     from jax.experimental import topologies
 
     topo_name, kwargs = _tpu_topology(one_chip, n)
+    if slices > 1:
+        kwargs["num_slices"] = slices
     with _TPU_INIT:
         if _TPU_LOADED or _shares_libtpu():
             topo = topologies.get_topology_desc(topo_name, "tpu", **kwargs)
@@ -230,10 +234,19 @@ def _tpu_topology_desc(name: str, one_chip: str, n: int):
     return topo
 
 
-def target_devices(name: str, n: int = 1, config_file: str | None = None) -> list:
-    """``n`` compile-only devices of target ``name`` (cached); ``ConfigError`` when the backend for
-    it is missing or refuses."""
-    key = (name, n, config_file)
+def granule(device) -> int:
+    """The slice (TPU: ``slice_index``) or host (GPU, CPU: ``process_index``) of a device: what a
+    collective crosses the slower network to leave."""
+    if getattr(device, "platform", "") == "tpu":
+        return int(getattr(device, "slice_index", 0) or 0)
+    return int(device.process_index)
+
+
+def target_devices(name: str, n: int = 1, config_file: str | None = None, slices: int = 1) -> list:
+    """``n`` compile-only devices of target ``name`` (cached), over ``slices`` slices (TPU) or
+    hosts (GPU) of ``n / slices`` each, in slice order; one slice: GPUs come in hosts of
+    ``GPUS_PER_HOST``. ``ConfigError`` when the backend for it is missing or refuses."""
+    key = (name, n, config_file, slices)
     with _LOCK:
         if key in _DEVICES:
             return list(_DEVICES[key])
@@ -243,14 +256,17 @@ def target_devices(name: str, n: int = 1, config_file: str | None = None) -> lis
     try:
         with quiet_native_stderr():
             if target.platform == "cuda":
-                hosts = math.ceil(n / 8)
-                per_host = n // hosts if n % hosts == 0 else n
-                hosts = n // per_host
+                if slices > 1:
+                    hosts, per_host = slices, n // slices
+                else:
+                    hosts = math.ceil(n / GPUS_PER_HOST)
+                    per_host = n // hosts if n % hosts == 0 else n
+                    hosts = n // per_host
                 topo = topologies.get_topology_desc(platform="cuda", topology_name="",
                                                     topology=f"1x{hosts}x{per_host}",
                                                     target_config=config_text(name, config_file))
             else:
-                topo = _tpu_topology_desc(name, target.topology, n)
+                topo = _tpu_topology_desc(name, target.topology, n // slices, slices)
     except ConfigError:
         raise
     except Exception as err:  # plugin missing, a config the plugin refuses, libtpu locked

@@ -44,6 +44,7 @@ from remat_lab.config import (
 from remat_lab.model.models import block_names
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.backend import needed_bytes, out_of_memory, xla_error
+from remat_lab.program.mesh import granules
 from remat_lab.program.step import (
     abstract_problem,
     device_model_report,
@@ -118,13 +119,14 @@ def compile_abstract(config: RunConfig, unlimited: bool = False):
         raise xla_error("compiling" + " with XLA's remat limit lifted" * unlimited, err) from err
 
 
-def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None = None) -> dict:
+def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None = None,
+                      granules: list[int] | None = None) -> dict:
     """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint,
     whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text),
     compiled for a named target (``on_target``), what the step-time estimate reads (``traffic``:
     locally steps are timed, not estimated) and, for ``train`` (a training step's configuration),
     its memory by kind read from its own buffers (``buffers``: None after a persistent-cache hit,
-    which dumps nothing)."""
+    which dumps nothing); ``granules``: each device's slice or host (``mesh.granules``)."""
     dump = None
     try:
         if train is None:
@@ -147,7 +149,7 @@ def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None =
     return {"peak_bytes": int(memory["peak_bytes"]), "memory": {k: memory.get(k) for k in parts},
             "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text),
             "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat},
-            "traffic": traffic_of(text) if on_target else None,  # analysis/estimate.py reads it
+            "traffic": traffic_of(text, granules) if on_target else None,  # analysis/estimate.py reads it
             "buffers": _buffers(train, dump, memory)}
 
 
@@ -190,7 +192,8 @@ def probe(config: RunConfig) -> dict:
         figures = _PROGRAMS.get(text_key)
         if figures is None:
             figures = _compiled_figures(lowered, config.target != LOCAL,
-                                        config if config.step == "train" else None)
+                                        config if config.step == "train" else None,
+                                        granules(getattr(problem, "mesh", None)))
             _PROGRAMS.put(text_key, figures)
             return figures, False
         return figures, True

@@ -35,7 +35,7 @@ from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the stud
     out_of_memory,
     xla_error,
 )
-from remat_lab.program.mesh import to_host
+from remat_lab.program.mesh import granules, to_host
 from remat_lab.program.native_log import logged
 from remat_lab.program.step import (
     Problem,
@@ -303,7 +303,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     dis, base = sec["dissection"], sec["baseline"]
     if target is not None:
         estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype,
-                                 traffic_of(dis.texts["compiled_hlo"]))
+                                 traffic_of(dis.texts["compiled_hlo"], granules(problem.mesh)))
         reason = f"compiled for {config.target} without the device: nothing was run"
     else:
         estimate = {"estimate_s": None, "basis": "compile-only on this machine: no step time"}

@@ -37,7 +37,8 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
     ``run_experiment``; None with ``refused``, the compiler's out-of-memory refusal): ``fits`` (the
     per-device peak within the chip's HBM, and on TPU libtpu's own HBM check passed; refused:
     ``fits`` False with the bytes the compiler says it needs), the lab's program flops and MaxText's
-    model flops per device, the measured step time against the lab's estimate."""
+    model flops per device, the measured step time against the lab's estimate (its terms in
+    ``estimate_terms``: the collectives within slices or hosts and across them apart)."""
     run = pub.run_named(name)
     config, differences = config_for(name)
     hbm = get_target(run["target"]).memory_bytes
@@ -53,7 +54,8 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
     if result is None:
         doc.update(fits=False, refused=str(refused), peak_bytes=None, temp_bytes=needed_bytes(refused),
                    program_flops=None, lab_model_flops=None, estimate_s=None, estimate_basis=None,
-                   estimate_over_measured=None, program_over_source_flops=None, notes=[])
+                   estimate_over_measured=None, program_over_source_flops=None, notes=[],
+                   estimate_terms=None)
         return doc
     mem = result["memory"] or {}
     peak = mem.get("peak_bytes")
@@ -63,6 +65,10 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
                lab_model_flops=(result.get("baseline") or {}).get("flops"),
                estimate_s=timing.get("estimate_s"), estimate_basis=timing.get("estimate_basis"),
                notes=result.get("notes") or [])
+    terms = timing.get("estimate") or {}
+    doc["estimate_terms"] = {k: terms.get(k) for k in (
+        "bound", "compute_s", "memory_s", "offload_s", "collectives_s", "collectives_ici_s",
+        "collectives_dcn_s", "interconnect_bytes_per_s", "dcn_bytes_per_s")} if terms else None
     doc["estimate_over_measured"] = _ratio(doc["estimate_s"], doc["measured_step_s"])
     doc["program_over_source_flops"] = _ratio(doc["program_flops"], doc["source_model_flops"])
     return doc
