@@ -138,3 +138,21 @@ def test_a_gradient_step_dump_is_read_too():
     assert found["parameters"] == P * 4 and found["optimizer_state"] == 0
     assert 0 < found["gradients"] <= P * 4
     assert sum(found[k] for k in KINDS) == memory["peak_bytes"]
+
+
+def test_tuple_elements_printed_as_operands_are_read_as_get_tuple_element():
+    """XLA 0.12 prints no get-tuple-element: an operand ``%while.3#1`` is element 1 of the loop's
+    tuple (``#2#0`` one level deeper); the gradient reader keys it as the buffer assignment does."""
+    from remat_lab.analysis.gradient_values import Program
+
+    program = Program(textwrap.dedent("""\
+        ENTRY %main (p: f32[4]) -> f32[4] {
+          %p = f32[4]{0} parameter(0)
+          %while.3 = (s32[], f32[4]{0}, /*index=2*/(f32[2]{0}, u32[])) while(%p), body=%b, condition=%c
+          ROOT %add.1 = f32[4]{0} add(%while.3#1, %while.3#2#0)
+        }
+        """))
+    assert program.get("add.1").operands == ["while.3#1", "while.3#2#0"]
+    assert program.get("while.3#1").shape == ("f32", (4,))
+    assert program.get("while.3#2").shape is None and program.get("while.3#2#0").shape == ("f32", (2,))
+    assert [program.key(o) for o in program.get("add.1").operands] == ["while.3{1}", "while.3{2,0}"]

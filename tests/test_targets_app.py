@@ -159,7 +159,7 @@ def test_the_advisor_sizes_an_llm_per_device_on_a_target_mesh():
     at = _app("pages/advisor.py", timeout=600, model="llm", vocab="256", width="64", heads="4", kv_heads="2",
               mlp_dim="128", seq="16", depth="2", batch="8", target="tpu-v5e", mesh="fsdp=8",
               step="train", dtype="bfloat16", param_dtype="float32", optimizer_dtype="float32",
-              budget="4M", policies="nothing_saveable").run()
+              budget="4.7M", policies="nothing_saveable").run()
     assert not at.exception, at.exception
     assert at.selectbox(key="mesh_fsdp").value == 8 and at.query_params["mesh"] == "fsdp=8"
     at.button(key="advisor_run").click().run()

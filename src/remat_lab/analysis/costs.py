@@ -33,11 +33,14 @@ def _tpu_peak(out: dict, xla_peak: int | None) -> None:
     libtpu's ``peak_memory_in_bytes`` also counts buffers it keeps in the chip's on-chip vector
     memory (the dump's ``vmem`` memory space), which take no HBM: for small programs it is far above
     the HBM they use. Its ``temp_size_in_bytes`` is above the temporary HBM its buffer assignment
-    holds for large programs (the sum was 1.5x that HBM in one measured case). The smaller of the
+    holds for large programs (the sum was 1.14x that HBM in one measured case). The smaller of the
     two agrees to 2 MiB or 0.2 % with the HBM libtpu's own check counts (its compile refuses a
     program over ``xla_tpu_max_hbm_size_mib`` with "Used X of Y hbm"), measured for mlp and
-    transformer steps on v4, v5e, v5p and v6e, one chip and four. ``temp_bytes`` is then the rest
-    of the peak, so that the peak is still argument + output - alias + temp + generated_code."""
+    transformer steps on v4, v5e, v5p and v6e, one chip and four (libtpu 0.0.52: for the program
+    it compiles under the cap, which, within about 2.5 GiB of the program's need, holds less temp
+    than the program compiled for the whole chip that is read here; README). ``temp_bytes`` is
+    then the rest of the peak, so that the peak is still argument + output - alias + temp +
+    generated_code."""
     total, fixed = out["peak_bytes"], out["peak_bytes"] - out["temp_bytes"]
     out["xla_temp_bytes"] = out["temp_bytes"]
     out["peak_source"], out["notes"] = PEAK_FROM_SUM, []

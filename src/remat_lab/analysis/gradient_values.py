@@ -50,6 +50,7 @@ class Program:
         self.ins: dict[str, Ins] = {}
         self.roots: dict[str, str] = {}
         self.products: set[str] = set()
+        self._types: dict[str, str] = {}
         comp = ""
         for line in hlo.splitlines():
             if (name := hlotext.computation(line)) is not None:
@@ -58,7 +59,8 @@ class Program:
                 found = hlotext.arrays(ins.type)
                 shape = ((found[0][0], tuple(found[0][1])) if len(found) == 1 and ins.type[:1] != "("
                          else None)
-                operands = [n.lstrip("%") for n in hlotext.NAME.findall(ins.operands)]
+                operands = [n.lstrip("%") for n in hlotext.OPERAND.findall(ins.operands)]
+                self._types[ins.name] = ins.type
                 self.ins[ins.name] = Ins(comp, operands, shape, hlotext.op_name(ins.rest), ins.opcode,
                                          ins.rest)
                 if line.lstrip().startswith("ROOT "):
@@ -67,8 +69,24 @@ class Program:
                     self.products.add(comp)
 
     def get(self, name: str) -> Ins:
-        """Instruction ``name`` (an empty one when unknown)."""
-        return self.ins.get(name, _NONE)
+        """Instruction ``name`` (an empty one when unknown); an operand ``%while.3#4`` (XLA 0.12's
+        tuple element, ``hlotext.OPERAND``) as the get-tuple-element XLA 0.10 printed for it."""
+        if name in self.ins or "#" not in name:
+            return self.ins.get(name, _NONE)
+        base, index = name.rsplit("#", 1)
+        typed = self._element_type(name)
+        found = hlotext.arrays(typed)
+        shape = (found[0][0], tuple(found[0][1])) if len(found) == 1 and typed[:1] != "(" else None
+        of = self.get(base)
+        return Ins(of.comp, [base], shape, of.op, "get-tuple-element", f"index={index}")
+
+    def _element_type(self, name: str) -> str:
+        """The type text of a tuple element operand ``a#1#2``."""
+        base, *indices = name.split("#")
+        types = self._types.get(base, "")
+        for i in indices:
+            types = hlotext.element(types, int(i))
+        return types
 
     def entry_parameters(self) -> dict[int, tuple[str, tuple | None]]:
         """``{number: (op_name, shape)}`` of the entry computation's parameters (JAX names each

@@ -21,6 +21,9 @@ import numpy as np
 
 # An instruction or computation name as operands and ``calls=`` refer to it: ``%fusion.3``.
 NAME = re.compile(r"%[\w.\-]+")
+# An operand with the tuple elements it reads: XLA 0.12 prints no get-tuple-element instruction but
+# its element as ``%while.3#4`` (element 4 of ``%while.3``; one ``#i`` per nesting level).
+OPERAND = re.compile(r"%[\w.\-]+(?:#\d+)*")
 # A computation's signature line: ``[ENTRY ]%name (param_0.4: f32[128], ...) -> f32[8] {``.
 SIGNATURE = re.compile(r"^(?:ENTRY )?(%[\w.\-]+).*\) -> .*\{$", re.M)
 # One parameter of a signature: ``param_0.4: f32[128]`` (name, dtype, dims).
@@ -162,6 +165,26 @@ def dims(text: str) -> list[int]:
 def arrays(types: str) -> list[tuple[str, list[int]]]:
     """``(dtype, dims)`` of every array in a type text, in order (a tuple's elements)."""
     return [(dtype, dims(text)) for dtype, text in ARRAY.findall(types)]
+
+
+def element(types: str, index: int) -> str:
+    """The type text of element ``index`` of a tuple type text (``(s32[], f32[8]{0})``, 1 ->
+    ``f32[8]{0}``); ``""`` when there is none."""
+    inner = types.strip()
+    if not inner.startswith("("):
+        return ""
+    parts, depth, start = [], 0, 1
+    for i, ch in enumerate(inner):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if (ch == "," and depth == 1) or depth == 0:
+            parts.append(re.sub(r"/\*.*?\*/", "", inner[start:i]).strip())
+            start = i + 1
+        if depth == 0:
+            break
+    return parts[index] if 0 <= index < len(parts) else ""
 
 
 def array_bytes(dtype: str, shape: list[int]) -> int:

@@ -225,7 +225,9 @@ def activations(config: RunConfig, mesh: Mesh, *, vocab: bool = False
                 ) -> Callable[[jax.Array], jax.Array]:
     """``x -> x`` constrained to its batch axis over data x fsdp (``vocab``: the last axis, the
     logits' vocabulary, over tensor), as MaxText constrains its activations. Without it XLA's
-    propagation may follow the fsdp-sharded embedding and give every device whole batches."""
+    propagation may follow the fsdp-sharded embedding and give every device whole batches. (XLA
+    0.12 still all-gathers the whole batch's gradient for the embedding's own gradient, a
+    scatter-add into the table: tests/test_llm_mesh.py.)"""
     rows, sizes = input_spec(config)[0], parse_mesh(config.mesh)
     last = "tensor" if vocab and "tensor" in sizes else None
 
