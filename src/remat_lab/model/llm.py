@@ -77,6 +77,7 @@ class DecoderBlock(nnx.Module):
         self.attention: AttentionFn = FULL  # the kernel (attention.py); LLM.__call__ may set another
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        x = checkpoint_name(x, "decoder_layer_input")
         with jax.named_scope("attn_norm"):
             h = self.attn_norm(x)
         with jax.named_scope("q_proj"):
@@ -144,16 +145,51 @@ class LLM(nnx.Module):
         return self.head(self.hidden(tokens, block_fn, attention))
 
 
+@jax.custom_vjp
+def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """``-sum(targets * log_softmax(logits), -1)``: MaxText's ``max_utils.cross_entropy_with_logits``
+    (T5X's) without its z-loss, with its custom gradient ``softmax(logits) - targets``. ``logits``
+    and ``targets`` (one-hot) ``(..., V)``; the result ``(...)``."""
+    lse = jax.scipy.special.logsumexp(logits, axis=-1, keepdims=True)
+    return -jnp.sum(targets * (logits - lse), axis=-1)
+
+
+def _cross_entropy_fwd(logits: jax.Array, targets: jax.Array):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp_shifted = jnp.exp(shifted)
+    sum_exp = jnp.sum(exp_shifted, axis=-1, keepdims=True)
+    loss = -jnp.sum(targets * (shifted - jnp.log(sum_exp)), axis=-1)
+    return loss, (logits, targets, exp_shifted, sum_exp)
+
+
+def _cross_entropy_bwd(res, g: jax.Array):
+    logits, targets, exp_shifted, sum_exp = res
+    g_logits = g[..., None] * (exp_shifted / sum_exp - targets)
+    return jnp.asarray(g_logits, logits.dtype), None
+
+
+cross_entropy_with_logits.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
+
+
+def _labels(tokens: jax.Array) -> jax.Array:
+    """``tokens`` shifted left by one (``labels[:, t] = tokens[:, t + 1]``), the last position 0."""
+    return jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+
+
+def _token_losses(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Each position's float32 cross-entropy, as MaxText's train step takes it (``num_vocab_tiling``
+    1): the logits cast to float32 (``cast_logits_to_fp32``), the labels one-hot, then
+    ``cross_entropy_with_logits``."""
+    one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
+    return cross_entropy_with_logits(logits.astype(jnp.float32), one_hot)
+
+
 def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """Mean softmax cross-entropy of ``logits: (B, N, V)`` against ``tokens`` shifted by one, in
-    float32; the last position (no next token) has weight 0."""
-    labels = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    float32 (``_token_losses``: MaxText's loss); the last position (no next token) has weight 0."""
     weights = (jnp.arange(tokens.shape[1]) < tokens.shape[1] - 1).astype(jnp.float32)
     with jax.named_scope("loss"):
-        lf = logits.astype(jnp.float32)
-        lse = jax.nn.logsumexp(lf, axis=-1)
-        picked = jnp.take_along_axis(lf, labels[..., None], axis=-1)[..., 0]
-        ce = (lse - picked) * weights
+        ce = _token_losses(logits, _labels(tokens)) * weights
         return jnp.sum(ce) / (tokens.shape[0] * (tokens.shape[1] - 1))
 
 
@@ -169,7 +205,7 @@ def chunked_next_token_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array
     chunks = min(chunks, n)
     size = -(-n // chunks)
     pad = size * chunks - n
-    labels = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    labels = _labels(tokens)
     weights = (jnp.arange(n + pad) < n - 1).astype(jnp.float32).reshape(chunks, size)
 
     def split(x: jax.Array) -> jax.Array:  # (B, N, ...) -> (chunks, B, size, ...), zeros appended
@@ -179,10 +215,9 @@ def chunked_next_token_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array
 
     @jax.checkpoint
     def piece(h_c: jax.Array, labels_c: jax.Array, weights_c: jax.Array) -> jax.Array:
-        lf = head(h_c).astype(jnp.float32)
+        logits = head(h_c)
         with jax.named_scope("loss"):
-            picked = jnp.take_along_axis(lf, labels_c[..., None], axis=-1)[..., 0]
-            return jnp.sum((jax.nn.logsumexp(lf, axis=-1) - picked) * weights_c)
+            return jnp.sum(_token_losses(logits, labels_c) * weights_c)
 
     def body(total: jax.Array, xs) -> tuple[jax.Array, None]:
         return total + piece(*xs), None
