@@ -171,26 +171,37 @@ def _cross_entropy_bwd(res, g: jax.Array):
 cross_entropy_with_logits.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
-def _labels(tokens: jax.Array) -> jax.Array:
-    """``tokens`` shifted left by one (``labels[:, t] = tokens[:, t + 1]``), the last position 0."""
-    return jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+IGNORE = -1  # the label of a position with no next token: one-hot all zeros, weight 0
+
+
+def _labels(tokens: jax.Array, fill: int = 0) -> jax.Array:
+    """``tokens`` shifted left by one (``labels[:, t] = tokens[:, t + 1]``), the last position
+    ``fill``."""
+    return jnp.concatenate([tokens[:, 1:], jnp.full_like(tokens[:, :1], fill)], axis=1)
 
 
 def _token_losses(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Each position's float32 cross-entropy, as MaxText's train step takes it (``num_vocab_tiling``
-    1): the logits cast to float32 (``cast_logits_to_fp32``), the labels one-hot, then
-    ``cross_entropy_with_logits``."""
+    1): the logits cast to float32 (``cast_logits_to_fp32``), the labels one-hot (``IGNORE``: all
+    zeros), then ``cross_entropy_with_logits``."""
     one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
     return cross_entropy_with_logits(logits.astype(jnp.float32), one_hot)
 
 
 def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """Mean softmax cross-entropy of ``logits: (B, N, V)`` against ``tokens`` shifted by one, in
-    float32 (``_token_losses``: MaxText's loss); the last position (no next token) has weight 0."""
-    weights = (jnp.arange(tokens.shape[1]) < tokens.shape[1] - 1).astype(jnp.float32)
+    float32, as MaxText's loss: each position's ``_token_losses`` times its weight (1 where a
+    label is, 0 at the last position, whose label is ``IGNORE``: MaxText's
+    ``targets_segmentation != 0``), summed, divided by the weights' sum (``batch * (seq - 1)``).
+    The weights come from the labels, as MaxText's from its data, not from a constant: XLA then
+    fuses the gradient of the float32 cross-entropy into the vocabulary projection's two backward
+    matrix products, so no ``(B, N, V)`` gradient is ever materialised, as in MaxText's compiled
+    step (with constant weights it writes one, a second logits-sized buffer in the dtype)."""
+    labels = _labels(tokens, IGNORE)
     with jax.named_scope("loss"):
-        ce = _token_losses(logits, _labels(tokens)) * weights
-        return jnp.sum(ce) / (tokens.shape[0] * (tokens.shape[1] - 1))
+        weights = (labels != IGNORE).astype(jnp.float32)
+        ce = _token_losses(logits, labels) * weights
+        return jnp.sum(ce) / jnp.sum(weights)
 
 
 def chunked_next_token_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array, tokens: jax.Array,
