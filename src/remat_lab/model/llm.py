@@ -8,14 +8,20 @@ attention (``kv_heads`` key/value heads, each shared by ``heads // kv_heads`` qu
 ``head_dim`` (which need not be ``width // heads``), rotary position embedding on queries and keys
 (base ``ROPE_THETA``, halves rotated as in Llama/MaxText), a gated SiLU MLP of hidden size
 ``mlp_dim``; no biases. Checkpoint names are MaxText's (``query_proj``, ``key_proj``,
-``value_proj`` after the rotation, ``context``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``)
+``value_proj`` after the rotation, ``context``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``,
+and ``decoder_layer_input``, the block's input, named first thing inside the block as MaxText's
+decoders name it: under ``full`` it is the remat's input, saved anyway; a ``custom`` policy may save,
+offload or recompute it like any name, and offloading it moves each layer's input to host memory)
 plus ``embed`` and ``logits`` outside the blocks (no per-block policy reaches them).
 
-**Logits.** ``next_token_loss`` follows MaxText's default: the full ``(batch, seq, vocab)`` logits
-in the compute dtype (one matrix product; nothing tiled over the vocabulary), then log-softmax and
-cross-entropy in float32 (the logits upcast inside the loss, as MaxText's
-``cross_entropy_with_logits`` does). So the step holds the logits in the dtype, their float32
-log-softmax and its gradient: no more than that real implementation.
+**Logits.** ``next_token_loss`` is MaxText's loss with ``num_vocab_tiling`` 1: the full
+``(batch, seq, vocab)`` logits in the compute dtype (one matrix product; nothing tiled over the
+vocabulary), cast to float32 (MaxText's ``cast_logits_to_fp32``), the labels one-hot, and
+``cross_entropy_with_logits`` (MaxText's and T5X's, with its custom gradient
+``softmax - one_hot``); each position weighted (MaxText's ``targets_segmentation != 0``), the sum
+divided by the weights' sum. XLA fuses the float32 work into its neighbours: the step holds the
+logits in the dtype and nothing else of their size (checked against MaxText 0.2.5's own compile
+of ``llama3-8b-8192`` on v6e-256, README).
 ``chunked_next_token_loss`` (``loss_chunks`` > 1; MaxText's vocabulary tiling is the same idea)
 computes the same sum over slices of the sequence, each slice's final norm, projection and loss
 under ``jax.checkpoint`` in a ``lax.scan``, so only one slice's logits are live (the ``logits``
