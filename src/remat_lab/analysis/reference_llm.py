@@ -8,7 +8,8 @@ head over its query group (the model reshapes the queries instead), scores scale
 softmaxed in float32, the gated MLP; the final norm, the logits (``h @ E.T`` tied, else
 ``h @ W``) and the mean next-token cross-entropy in float32 with the labels picked by a one-hot
 product, differentiated by JAX (the model's is MaxText's ``cross_entropy_with_logits`` with its
-own custom gradient), whole or in the model's ``loss_chunks`` slices. ``gradcheck.py`` differentiates it and bounds the step.
+own custom gradient), whole or in the model's ``loss_chunks`` slices. ``gradcheck.py``
+differentiates it and bounds the step.
 """
 
 from __future__ import annotations
