@@ -7,8 +7,9 @@ scaling in float32), the q/k/v products, the rotary embedding written as
 head over its query group (the model reshapes the queries instead), scores scaled in the dtype and
 softmaxed in float32, the gated MLP; the final norm, the logits (``h @ E.T`` tied, else
 ``h @ W``) and the mean next-token cross-entropy in float32 with the labels picked by a one-hot
-product (the model uses ``take_along_axis``), whole or in the model's ``loss_chunks`` slices.
-``gradcheck.py`` differentiates it and bounds the step.
+product, differentiated by JAX (the model's is MaxText's ``cross_entropy_with_logits`` with its
+own custom gradient), whole or in the model's ``loss_chunks`` slices. ``gradcheck.py``
+differentiates it and bounds the step.
 """
 
 from __future__ import annotations

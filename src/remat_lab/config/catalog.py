@@ -22,10 +22,11 @@ NAMES = {
     "seq_mixer": ("l1", "scores", "mix", "l2"),
     "transformer": ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0",
                     "mlpwi_1", "mlpwo"),
-    # The decoder LM: MaxText's block names; "embed" (the token embedding's output) and "logits"
-    # (the vocabulary projection) lie outside the per-block remat, so a policy cannot move them.
-    "llm": ("embed", "query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0",
-            "mlpwi_1", "mlpwo", "logits"),
+    # The decoder LM: MaxText's block names, "decoder_layer_input" (a block's input, named inside
+    # the scanned block as MaxText's decoders do) first; "embed" (the token embedding's output) and
+    # "logits" (the vocabulary projection) lie outside the per-block remat, so a policy cannot move them.
+    "llm": ("embed", "decoder_layer_input", "query_proj", "key_proj", "value_proj", "context",
+            "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo", "logits"),
 }
 
 

@@ -125,7 +125,7 @@ def translate(run: dict) -> tuple[dict, list[str]]:
     fields["policy"] = policy
     if policy == "custom":
         save, offload = [], []
-        for name in NAMES["llm"] + ("decoder_layer_input",):
+        for name in dict.fromkeys((*NAMES["llm"], "decoder_layer_input")):  # each name once
             where = knobs.get(name)
             if where is None:
                 continue

@@ -8,14 +8,20 @@ attention (``kv_heads`` key/value heads, each shared by ``heads // kv_heads`` qu
 ``head_dim`` (which need not be ``width // heads``), rotary position embedding on queries and keys
 (base ``ROPE_THETA``, halves rotated as in Llama/MaxText), a gated SiLU MLP of hidden size
 ``mlp_dim``; no biases. Checkpoint names are MaxText's (``query_proj``, ``key_proj``,
-``value_proj`` after the rotation, ``context``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``)
+``value_proj`` after the rotation, ``context``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``,
+and ``decoder_layer_input``, the block's input, named first thing inside the block as MaxText's
+decoders name it: under ``full`` it is the remat's input, saved anyway; a ``custom`` policy may save,
+offload or recompute it like any name, and offloading it moves each layer's input to host memory)
 plus ``embed`` and ``logits`` outside the blocks (no per-block policy reaches them).
 
-**Logits.** ``next_token_loss`` follows MaxText's default: the full ``(batch, seq, vocab)`` logits
-in the compute dtype (one matrix product; nothing tiled over the vocabulary), then log-softmax and
-cross-entropy in float32 (the logits upcast inside the loss, as MaxText's
-``cross_entropy_with_logits`` does). So the step holds the logits in the dtype, their float32
-log-softmax and its gradient: no more than that real implementation.
+**Logits.** ``next_token_loss`` is MaxText's loss with ``num_vocab_tiling`` 1: the full
+``(batch, seq, vocab)`` logits in the compute dtype (one matrix product; nothing tiled over the
+vocabulary), cast to float32 (MaxText's ``cast_logits_to_fp32``), the labels one-hot, and
+``cross_entropy_with_logits`` (MaxText's and T5X's, with its custom gradient
+``softmax - one_hot``); each position weighted (MaxText's ``targets_segmentation != 0``), the sum
+divided by the weights' sum. XLA fuses the float32 work into its neighbours: the step holds the
+logits in the dtype and nothing else of their size (checked against MaxText 0.2.5's own compile
+of ``llama3-8b-8192`` on v6e-256, README).
 ``chunked_next_token_loss`` (``loss_chunks`` > 1; MaxText's vocabulary tiling is the same idea)
 computes the same sum over slices of the sequence, each slice's final norm, projection and loss
 under ``jax.checkpoint`` in a ``lax.scan``, so only one slice's logits are live (the ``logits``
@@ -77,6 +83,7 @@ class DecoderBlock(nnx.Module):
         self.attention: AttentionFn = FULL  # the kernel (attention.py); LLM.__call__ may set another
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        x = checkpoint_name(x, "decoder_layer_input")
         with jax.named_scope("attn_norm"):
             h = self.attn_norm(x)
         with jax.named_scope("q_proj"):
@@ -144,17 +151,63 @@ class LLM(nnx.Module):
         return self.head(self.hidden(tokens, block_fn, attention))
 
 
+@jax.custom_vjp
+def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """``-sum(targets * log_softmax(logits), -1)``: MaxText's ``max_utils.cross_entropy_with_logits``
+    (T5X's) without its z-loss, with its custom gradient ``softmax(logits) - targets``. ``logits``
+    and ``targets`` (one-hot) ``(..., V)``; the result ``(...)``."""
+    lse = jax.scipy.special.logsumexp(logits, axis=-1, keepdims=True)
+    return -jnp.sum(targets * (logits - lse), axis=-1)
+
+
+def _cross_entropy_fwd(logits: jax.Array, targets: jax.Array):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp_shifted = jnp.exp(shifted)
+    sum_exp = jnp.sum(exp_shifted, axis=-1, keepdims=True)
+    loss = -jnp.sum(targets * (shifted - jnp.log(sum_exp)), axis=-1)
+    return loss, (logits, targets, exp_shifted, sum_exp)
+
+
+def _cross_entropy_bwd(res, g: jax.Array):
+    logits, targets, exp_shifted, sum_exp = res
+    g_logits = g[..., None] * (exp_shifted / sum_exp - targets)
+    return jnp.asarray(g_logits, logits.dtype), None
+
+
+cross_entropy_with_logits.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
+
+
+IGNORE = -1  # the label of a position with no next token: one-hot all zeros, weight 0
+
+
+def _labels(tokens: jax.Array, fill: int = 0) -> jax.Array:
+    """``tokens`` shifted left by one (``labels[:, t] = tokens[:, t + 1]``), the last position
+    ``fill``."""
+    return jnp.concatenate([tokens[:, 1:], jnp.full_like(tokens[:, :1], fill)], axis=1)
+
+
+def _token_losses(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Each position's float32 cross-entropy, as MaxText's train step takes it (``num_vocab_tiling``
+    1): the logits cast to float32 (``cast_logits_to_fp32``), the labels one-hot (``IGNORE``: all
+    zeros), then ``cross_entropy_with_logits``."""
+    one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
+    return cross_entropy_with_logits(logits.astype(jnp.float32), one_hot)
+
+
 def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """Mean softmax cross-entropy of ``logits: (B, N, V)`` against ``tokens`` shifted by one, in
-    float32; the last position (no next token) has weight 0."""
-    labels = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
-    weights = (jnp.arange(tokens.shape[1]) < tokens.shape[1] - 1).astype(jnp.float32)
+    float32, as MaxText's loss: each position's ``_token_losses`` times its weight (1 where a
+    label is, 0 at the last position, whose label is ``IGNORE``: MaxText's
+    ``targets_segmentation != 0``), summed, divided by the weights' sum (``batch * (seq - 1)``).
+    The weights come from the labels, as MaxText's from its data, not from a constant: XLA then
+    fuses the gradient of the float32 cross-entropy into the vocabulary projection's two backward
+    matrix products, so no ``(B, N, V)`` gradient is ever materialised, as in MaxText's compiled
+    step (with constant weights it writes one, a second logits-sized buffer in the dtype)."""
+    labels = _labels(tokens, IGNORE)
     with jax.named_scope("loss"):
-        lf = logits.astype(jnp.float32)
-        lse = jax.nn.logsumexp(lf, axis=-1)
-        picked = jnp.take_along_axis(lf, labels[..., None], axis=-1)[..., 0]
-        ce = (lse - picked) * weights
-        return jnp.sum(ce) / (tokens.shape[0] * (tokens.shape[1] - 1))
+        weights = (labels != IGNORE).astype(jnp.float32)
+        ce = _token_losses(logits, labels) * weights
+        return jnp.sum(ce) / jnp.sum(weights)
 
 
 def chunked_next_token_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array, tokens: jax.Array,
@@ -169,7 +222,7 @@ def chunked_next_token_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array
     chunks = min(chunks, n)
     size = -(-n // chunks)
     pad = size * chunks - n
-    labels = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    labels = _labels(tokens)
     weights = (jnp.arange(n + pad) < n - 1).astype(jnp.float32).reshape(chunks, size)
 
     def split(x: jax.Array) -> jax.Array:  # (B, N, ...) -> (chunks, B, size, ...), zeros appended
@@ -179,10 +232,9 @@ def chunked_next_token_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array
 
     @jax.checkpoint
     def piece(h_c: jax.Array, labels_c: jax.Array, weights_c: jax.Array) -> jax.Array:
-        lf = head(h_c).astype(jnp.float32)
+        logits = head(h_c)
         with jax.named_scope("loss"):
-            picked = jnp.take_along_axis(lf, labels_c[..., None], axis=-1)[..., 0]
-            return jnp.sum((jax.nn.logsumexp(lf, axis=-1) - picked) * weights_c)
+            return jnp.sum(_token_losses(logits, labels_c) * weights_c)
 
     def body(total: jax.Array, xs) -> tuple[jax.Array, None]:
         return total + piece(*xs), None

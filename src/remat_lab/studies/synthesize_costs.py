@@ -38,6 +38,9 @@ from remat_lab.studies.synthesize_solve import MAX_NAMES, Model, Plan
 # The llm's names outside the per-block remat (the embedding, the vocabulary projection): a policy
 # cannot move them, so they are not choices.
 OUTSIDE_THE_BLOCK = ("embed", "logits")
+# The block's input (MaxText's decoder_layer_input): saving it is what the remat does anyway, so the
+# plans leave it on the device (maxtext_yaml writes 'device'); offloading it is not yet a choice.
+NOT_CHOSEN = ("decoder_layer_input",)
 LO, HI = 1, 2  # the per-device batches probed
 
 
@@ -60,7 +63,7 @@ def host_memory(config: RunConfig) -> tuple[bool, str]:
 
 def choice_names(config: RunConfig) -> tuple[str, ...]:
     """The checkpoint names a plan chooses for: the block's (the llm's inside its blocks)."""
-    names = tuple(n for n in block_names(config) if n not in OUTSIDE_THE_BLOCK)
+    names = tuple(n for n in block_names(config) if n not in (*OUTSIDE_THE_BLOCK, *NOT_CHOSEN))
     if len(names) > MAX_NAMES:
         raise ConfigError(f"the block has {len(names)} checkpoint names; the synthesizer solves "
                           f"exactly for at most {MAX_NAMES}.")
