@@ -121,7 +121,7 @@ def test_a_private_instance_runs_a_job_per_core_and_a_public_one_takes_turns():
     """Issue 46: with REMAT_LAB_PUBLIC=0 (one owner, several tabs) jobs run side by side, one worker
     per core up to two (a worker is recycled above half the memory: two fit); a public server keeps
     one worker, visitors' jobs in turn."""
-    from remat_lab.serve.pool import default_workers
+    from remat_lab.serve.quotas import default_workers
 
     assert default_workers({"REMAT_LAB_PUBLIC": "0"}, cores=2) == 2
     assert default_workers({"REMAT_LAB_PUBLIC": "0"}, cores=16) == 2

@@ -21,8 +21,9 @@ from remat_lab.cli import (
     synthesize,
     targets,
 )
-from remat_lab.cli.common import Failure, Parser, setup_devices
+from remat_lab.cli.common import Failure, Parser
 from remat_lab.cli.common import config_from as _config_from
+from remat_lab.cli.devices import setup_devices
 
 __all__ = ["_config_from", "build_parser", "main"]
 

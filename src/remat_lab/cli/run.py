@@ -16,7 +16,8 @@ import argparse
 import json
 import sys
 
-from remat_lab.cli.common import add_config_args, config_from, engine_errors, quiet_if_distributed, record
+from remat_lab.cli.common import add_config_args, config_from, engine_errors, record
+from remat_lab.cli.devices import quiet_if_distributed
 from remat_lab.cli.format import fmt_time, format_table, format_tables
 from remat_lab.config import flag_defaults, human_bytes
 from remat_lab.model.models import SEQ_MODELS

@@ -382,22 +382,13 @@ _SHARED: dict[str, Pool] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def default_workers(env: Mapping[str, str] | None = None, cores: int | None = None) -> int:
-    """Workers when ``$REMAT_LAB_WORKERS`` is unset: one on a public server (visitors' jobs take
-    turns, each with the whole machine); on a private instance one per core, but two at most: a
-    worker is recycled above half the memory limit (``Pool.max_rss``), so two fit beside each other."""
-    if not quotas.private(env):
-        return 1
-    return max(1, min(cores or os.cpu_count() or 1, 2))
-
-
 def shared_pool() -> Pool:
     """The process's pool: ``$REMAT_LAB_WORKERS`` workers (0 runs in-process; at most 4), else
-    ``default_workers``."""
+    ``quotas.default_workers``."""
     with _SHARED_LOCK:
         if "pool" not in _SHARED:
             text = os.environ.get("REMAT_LAB_WORKERS", "").strip()
-            size = min(int(text), 4) if text.isdigit() else default_workers()
+            size = min(int(text), 4) if text.isdigit() else quotas.default_workers()
             _SHARED["pool"] = pool = Pool(size=size)
             pool.warm()
         return _SHARED["pool"]

@@ -130,3 +130,12 @@ def stopped_message(kind: str, seconds: float) -> str:
         # the owner of a private instance set it: name the setting (never shown to web visitors)
         text += f" ${DEADLINE_ENV} sets the limits (0 or off: none)."
     return text
+
+
+def default_workers(env: Mapping[str, str] | None = None, cores: int | None = None) -> int:
+    """Workers when ``$REMAT_LAB_WORKERS`` is unset: one on a public server (visitors' jobs take
+    turns, each with the whole machine); on a private instance one per core, but two at most: a
+    worker is recycled above half the memory limit (``Pool.max_rss``), so two fit beside each other."""
+    if not private(env):
+        return 1
+    return max(1, min(cores or os.cpu_count() or 1, 2))
