@@ -83,9 +83,9 @@ What to look for, on the default stack (mlp 256 × 128, depth 8):
 """)
 
 BIG = dict(model="mlp", width=1024, batch=4096, depth=8, stack="scan", dtype="bfloat16")
-PEAKS = {  # MiB, measured 2026-12-01 (see below); (local, h100, tpu-v5e)
-    "no_remat": (532.1, 304.1, 235.6), "nothing_saveable": (352.1, 180.1, 92.7),
-    "dots_with_no_batch_dims_saveable": (608.1, 316.1, 283.4)}
+PEAKS = {  # MiB, measured 2026-12-04 with the Advisor's probe (see below); (local, h100, tpu-v5e)
+    "no_remat": (330.1, 312.1, 236.3), "nothing_saveable": (212.1, 180.1, 109.6),
+    "dots_with_no_batch_dims_saveable": (338.1, 308.1, 275.9)}
 ROWS = "\n".join(f"| {p} | " + " | ".join(
     _open(f"{v:.1f} MiB" + (f" ({v / PEAKS['no_remat'][i]:.2f}×)" if p != "no_remat" else ""),
           **BIG, policy=p, **({"target": t} if t != "local" else {}))
@@ -96,19 +96,17 @@ st.markdown(f"""
 The sidebar's **Target** compiles the configuration for a GPU or TPU that is not attached (nothing
 runs: memory, products and the timeline are the compiled program's; the time is a roofline
 **estimate**). Compiled peaks per device of a scanned mlp 1024 × 4096, depth 8, bfloat16, measured
-2026-12-01 on this app's server (2 Intel Xeon cores at 2.6 GHz, XLA CPU as local, jax 0.10.2); each
-cell opens that configuration and target in Explore:
+2026-12-04 on this app's server (2 Intel Xeon cores, XLA CPU as local, jax 0.12.0.1); each cell
+opens that configuration and target in Explore:
 
 | policy | local (XLA CPU) | H100 | TPU v5e |
 |---|---|---|---|
 {ROWS}
 
-The order held on all three (nothing_saveable < no_remat < dots_with_no_batch_dims_saveable), the
-amounts did not: nothing_saveable keeps 0.66× of no_remat's peak on CPU, 0.59× on the H100 and 0.39×
-on the TPU v5e, and the saveable policy costs 4 % more on the H100 but 20 % on the v5e. The CPU's
-figures are larger still (it computes bf16 products in float32). The H100's estimated step time is
-0.42 ms for no_remat and 0.56 ms for nothing_saveable (estimates, not measurements: spec peak
-FLOP/s and bandwidth against XLA's counts). [Targets](/targets?{urlencode(BIG)}) puts chosen
+nothing_saveable keeps the least everywhere, but by different amounts: 0.64× of no_remat's peak on
+CPU, 0.58× on the H100 and 0.46× on the TPU v5e; and the saveable policy's rank changes: 2 % above
+no_remat on CPU, 1 % below it on the H100, 17 % above it on the v5e. The CPU's figures are larger
+still (it computes bf16 products in float32). [Targets](/targets?{urlencode(BIG)}) puts chosen
 policies and targets side by side and says so in words when the ranking itself changes.
 """)
 
