@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from remat_lab.cli import main
 from remat_lab.config import (
+    BOOL_FIELDS,
     CHOICES,
     LIMITS,
     LLM_LIMITS,
@@ -67,7 +68,7 @@ def _valid_text(name: str):
         return st.integers(lo, min(hi, 64)).map(str)
     if name in ("save_names", "offload_names"):  # the custom policy's checkpoint names
         return st.sampled_from(["l1", "l1,l2", "query_proj", "context,mlpwo", "scores"])
-    if name in ("tie_embeddings", "compile_only"):  # yes/no fields, as a URL or form writes them
+    if name in BOOL_FIELDS:  # yes/no fields, as a URL or form writes them
         return st.sampled_from(["true", "false"])
     if name == "model_module":  # the user's own block is code: the fuzz never names a real one
         return st.sampled_from(["", "no/such/file.py:make_block", "nosuchpkg.blocks:make"])

@@ -210,7 +210,7 @@ ALLOWED_WRITES = {
     # sweep --out FILE.jsonl, the file the user names: rows appended (cli.py), a cut last line cut off
     "sweep.py": {"open"},  # cli/sweep.py opens it, studies/sweep.py locks and repairs it
     # the CLI under jax.distributed: stdout of the non-zero processes to os.devnull
-    "common.py": {"open"},
+    "devices.py": {"open"},
     # the Advisor's Stop: an empty flag file in the temp directory (server-made name), removed after
     "_advisor_run.py": {"unlink", "touch"},
     # a TPU target's first libtpu load: the lab's lock file in the temp directory (a fixed name, its
