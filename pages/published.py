@@ -17,17 +17,6 @@ from remat_lab.program.backend import ExecutionError, out_of_memory  # noqa: E40
 from remat_lab.serve import safe_text  # noqa: E402
 from remat_lab.studies import published as study  # noqa: E402
 
-
-def _figure(m: dict | None) -> str:
-    if not m:
-        return "none published"
-    return ", ".join(p for p in (f"{m['mfu']:.2%} MFU" if m.get("mfu") else "",
-                                 f"{m['tokens_per_s_per_device']:,} tokens/s/device"
-                                 if m.get("tokens_per_s_per_device") else "",
-                                 f"{m['tflops_per_s_per_chip']} TFLOP/s/chip"
-                                 if m.get("tflops_per_s_per_chip") else "") if p)
-
-
 _shared.page_start("Published runs", "MaxText's tuned training configurations, with the throughput "
                                      "measured on real chips. Pick one: the lab compiles the same "
                                      "configuration for the same chips (without them) and sets its "
@@ -35,7 +24,7 @@ _shared.page_start("Published runs", "MaxText's tuned training configurations, w
                                      "sidebar's settings are not used here.")
 ss = st.session_state
 st.dataframe(pd.DataFrame([{"run": r["name"], "chips": f"{r['devices']} × {r['target']}",
-                            "published": _figure(r.get("measured")),
+                            "published": pub.figure_text(r.get("measured")),
                             "configuration": pub.source_url(r["source"])} for r in pub.RUNS.values()]),
              hide_index=True, width="stretch", height=35 * (len(pub.RUNS) + 1) + 3,
              column_config={"configuration": st.column_config.LinkColumn(
@@ -52,7 +41,7 @@ _page_state.write({"run": name})
 run = pub.RUNS[name]
 figure_source = f" (`{pub.source_link(run['measured']['source'])}`)" if run.get("measured") else ""
 st.caption(f"Configuration: `{pub.source_link(run['source'])}` · published figure: "
-           f"{_figure(run.get('measured'))}{figure_source}")
+           f"{pub.figure_text(run.get('measured'))}{figure_source}")
 if run.get("note"):
     st.info(run["note"], icon=":material/info:")
 try:

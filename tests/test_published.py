@@ -209,3 +209,29 @@ def test_a_witness_over_the_chip_leaves_the_run_standing():
     assert doc["memory"]["peak_bytes"] < get_target("tpu-v5e").memory_bytes
     assert doc["baseline"]["flops"] is None and "does not fit" in doc["baseline"]["left_out"]
     assert doc["notes"][0] == doc["baseline"]["left_out"] and doc["flops"] > 0
+
+
+def test_figures_in_words_and_the_page_lists_the_catalogue():
+    """The figure as the CLI and the page print it; the page opens on a linked run with the whole
+    catalogue, the lab's command and no compile until asked; a link to no run is said."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    assert pub.figure_text({"mfu": 0.4546, "tokens_per_s_per_device": 7207}) == \
+        "45.46% MFU, 7,207 tokens/s/device"
+    assert pub.figure_text({"tflops_per_s_per_chip": 492}) == "492 TFLOP/s/chip"
+    assert pub.figure_text(None) == "none published"
+    page = str(Path(__file__).resolve().parents[1] / "pages" / "published.py")
+    at = AppTest.from_file(page, default_timeout=120)
+    at.query_params["run"] = "llama3-8b-v6e-256"
+    at.run()
+    assert not at.exception, at.exception
+    assert len(at.dataframe[0].value) == len(pub.RUNS)
+    assert at.selectbox(key="published_run").value == "llama3-8b-v6e-256"
+    assert "--check llama3-8b-v6e-256" in at.code[0].value and "--mesh fsdp=256" in at.code[0].value
+    assert not at.metric  # nothing compiled before the click
+    bad = AppTest.from_file(page, default_timeout=120)
+    bad.query_params["run"] = "gpt-5"
+    bad.run()
+    assert not bad.exception and any("no published run" in w.value for w in bad.warning)

@@ -18,20 +18,6 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def _figure(measured: dict | None) -> str:
-    """A run's published figure in words."""
-    if not measured:
-        return "none published"
-    parts = []
-    if measured.get("mfu"):
-        parts.append(f"{measured['mfu']:.2%} MFU")
-    if measured.get("tokens_per_s_per_device"):
-        parts.append(f"{measured['tokens_per_s_per_device']:,} tokens/s/device")
-    if measured.get("tflops_per_s_per_chip"):
-        parts.append(f"{measured['tflops_per_s_per_chip']} TFLOP/s/chip")
-    return ", ".join(parts)
-
-
 def _listing(as_json: bool) -> int:
     runs = [{"name": r["name"], "title": r["title"], "target": r["target"], "devices": r["devices"],
              "source": pub.source_link(r["source"]), "measured": r.get("measured"),
@@ -41,7 +27,7 @@ def _listing(as_json: bool) -> int:
         print(json.dumps({"about": pub.CATALOGUE["about"], "runs": runs}, indent=1))
         return 0
     print(format_table([{"name": r["name"], "chips": f"{r['devices']} x {r['target']}",
-                         "published": _figure(r["measured"])} for r in runs],
+                         "published": pub.figure_text(r["measured"])} for r in runs],
                        ["name", "chips", "published"]))
     print("\nSources: MaxText's benchmark configurations and tables (`published --json`). "
           "`published --check NAME` compiles one for its chips.")

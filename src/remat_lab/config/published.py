@@ -43,6 +43,18 @@ def source_link(source: dict) -> str:
     return f"{REPOSITORY}/{source['file']}@{source['commit'][:7]}#L{source['line']}"
 
 
+def figure_text(measured: dict | None) -> str:
+    """A run's published figure in words: ``45.46% MFU, 7,207 tokens/s/device``."""
+    if not measured:
+        return "none published"
+    parts = [f"{measured['mfu']:.2%} MFU" if measured.get("mfu") else "",
+             f"{measured['tokens_per_s_per_device']:,} tokens/s/device"
+             if measured.get("tokens_per_s_per_device") else "",
+             f"{measured['tflops_per_s_per_chip']} TFLOP/s/chip"
+             if measured.get("tflops_per_s_per_chip") else ""]
+    return ", ".join(p for p in parts if p)
+
+
 def source_url(source: dict) -> str:
     """The web address of a published configuration or figure, at its commit and line."""
     return f"https://github.com/{REPOSITORY}/blob/{source['commit']}/{source['file']}#L{source['line']}"
