@@ -107,7 +107,9 @@ def cost_of(compiled) -> dict:
         cost = cost[0] if cost else None
     cost = cost or {}
     get = lambda key: float(cost[key]) if key in cost else None
-    return {"flops": get("flops"), "bytes_accessed": get("bytes accessed")}
+    # libtpu's own cost model of the program, in seconds (a loop body counted once); TPU only
+    return {"flops": get("flops"), "bytes_accessed": get("bytes accessed"),
+            "optimal_seconds": get("optimal_seconds")}
 
 
 def step_flops(xla_flops: float | None, text: str) -> float | None:
@@ -241,12 +243,28 @@ def program_flops(compiled, text: str) -> tuple[float | None, float | None, str]
     by their trip counts, fused attention kernels counted as what they compute (said in the
     source when the program has one). Deviceless GPU compiles carry no cost analysis: their flops
     are then the products counted in the HLO, and bytes accessed are unknown (None)."""
+    parts = step_costs(compiled, text)
+    return parts["flops"], parts["bytes_accessed"], parts["source"]
+
+
+def step_costs(compiled, text: str) -> dict:
+    """``program_flops``'s three figures (``flops``, ``bytes_accessed``, ``source``) and what the
+    step-time prediction needs beside them: ``loop_factor`` (the loop-scaled count over XLA's, 1.0
+    without XLA's count), ``kernel_flops`` (the fused attention kernels') and libtpu's
+    ``optimal_seconds`` (None off a TPU)."""
     cost = cost_of(compiled)
     parts = _step_parts(cost["flops"], text)
+    out = {"loop_factor": 1.0, "optimal_seconds": cost["optimal_seconds"]}
     if parts is None:
         products = sum((m["flops"] or 0) * max(m["executions"], 1) for m in hlo.matmuls(text))
-        return (products or None), None, PRODUCT_FLOPS
+        joined = hlotext.joined(text)
+        kernels = kernel_flops.kernel_flops(joined, hlo.executions(joined)[0])
+        source = f"{PRODUCT_FLOPS}; plus {kernel_flops.SOURCE}" if kernels else PRODUCT_FLOPS
+        return {**out, "flops": (products + kernels) or None, "bytes_accessed": None,
+                "source": source, "kernel_flops": kernels}
     scaled, kernels = parts
     scale = scaled / cost["flops"] if cost["flops"] else 1.0
     source = f"{XLA_FLOPS}; plus {kernel_flops.SOURCE}" if kernels else XLA_FLOPS
-    return scaled + kernels, (cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None), source
+    return {**out, "flops": scaled + kernels, "loop_factor": scale, "kernel_flops": kernels,
+            "bytes_accessed": cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None,
+            "source": source}

@@ -1,5 +1,11 @@
 """Flops of the fused attention kernels XLA's cost analysis counts as nothing: what each computes.
 
+cuDNN's fused attention on a GPU (``custom-call`` to ``__cudnn$fmha*``) is counted from its query
+and key shapes (``operand_layout_constraints``: ``[B, T, H, D]``): ``4 B H Tq Tk D`` forward
+(``q k^T`` and ``p v``), half of it under a causal mask (``"mask_type":"CAUSAL"`` in the call's
+config: the kernel skips the tiles above the diagonal), and 2.5 times that backward (``q k^T``
+recomputed, ``dv``, ``dp``, ``dq``, ``dk``: five products to the forward's two).
+
 A Pallas kernel is a ``custom-call`` (``tpu_custom_call``) whose body XLA does not see: its cost
 analysis gives it 0 flops, and the splash kernels the lab runs carry no cost estimate. Their
 products are counted here from the call's operand shapes (``operand_layout_constraints``), the
@@ -26,9 +32,12 @@ _XPROF = re.compile(r'"xprof_metadata":"((?:[^"\\]|\\.)*)"')
 _SPLASH = {"splash_mha_fwd": (2, "block_q", "block_kv"),
            "splash_mha_dq": (3, "block_q_dq", "block_kv_dq"),
            "splash_mha_dkv": (4, "block_q_dkv", "block_kv_dkv")}
-SOURCE = ("Pallas splash attention kernels (custom calls XLA counts as 0) counted as what they "
-          "compute: their products over the causal blocks at or below the diagonal, from the "
-          "call's shapes and block sizes")
+SOURCE = ("fused attention kernels (custom calls XLA counts as 0) counted as what they "
+          "compute: Pallas splash kernels' products over the causal blocks at or below the "
+          "diagonal, from the call's shapes and block sizes; cuDNN's from its shapes, causal half")
+_CUDNN = re.compile(r"fmha", re.I)
+_CAUSAL = re.compile(r'"mask_type":"CAUSAL', re.I)
+CUDNN_BACKWARD_FACTOR = 2.5
 
 
 def causal_blocks(n_q: int, n_kv: int, bq: int, bkv: int) -> int:
@@ -86,12 +95,36 @@ def splash_flops(ins: hlotext.Instruction) -> float | None:
     return float(units * 2 * bq * bkv * d * rows * causal_blocks(q[-2], k[-2], bq, bkv))
 
 
+def is_cudnn_attention(ins) -> bool:
+    """Whether ``ins`` (an instruction with ``opcode`` and ``rest``) calls cuDNN's attention."""
+    return ins.opcode == "custom-call" and bool(_CUDNN.search(hlotext.call_target(ins.rest)))
+
+
+def cudnn_flops(ins) -> float | None:
+    """The products one cuDNN attention call computes (the module's docstring); None when ``ins``
+    is not one or its shapes cannot be read."""
+    if not is_cudnn_attention(ins):
+        return None
+    layouts = _braced(ins.rest, _LAYOUTS)
+    shapes = [dims for _, dims in hlotext.arrays(layouts or "")]
+    if len(shapes) < 2 or len(shapes[0]) != 4 or len(shapes[1]) != 4:
+        return None
+    (b, tq, h, d), tk = shapes[0], shapes[1][1]
+    flops = 4.0 * b * h * tq * tk * d
+    if _CAUSAL.search(ins.rest):
+        flops /= 2
+    if "backward" in hlotext.call_target(ins.rest).lower():
+        flops *= CUDNN_BACKWARD_FACTOR
+    return flops
+
+
 def kernel_flops(text: str, runs: dict[str, int]) -> float:
-    """The splash kernels' flops over one step: each call's ``splash_flops`` times the runs of
-    its computation (``hlo.executions``). ``text``: instructions on one line (``hlotext.joined``)."""
+    """The fused attention kernels' flops over one step: each call's ``splash_flops`` or
+    ``cudnn_flops`` times the runs of its computation (``hlo.executions``). ``text``:
+    instructions on one line (``hlotext.joined``)."""
     total = 0.0
     for comp, ins in hlotext.instructions(text):
-        flops = splash_flops(ins)
+        flops = splash_flops(ins) or cudnn_flops(ins)
         if flops:
             total += flops * runs.get(comp, 1)
     return total

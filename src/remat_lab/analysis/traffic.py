@@ -317,6 +317,9 @@ HIERARCHY = ("a collective whose group spans S slices or hosts of P devices each
 
 
 devices_of = hlotext.devices_of  # its home: hlotext
+# The readers ``kernels.py`` prices one kernel at a time with (the same counts as the totals here).
+FREE, Module, moves, product_flops, precision, is_gemm = (
+    _FREE, _Module, _moves, _product_flops, _precision, _is_gemm)
 
 
 def traffic_of(text: str, granules: list[int] | None = None) -> dict:

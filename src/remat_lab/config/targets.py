@@ -48,6 +48,9 @@ class Target:
     # the host's network), one direction: the host's figure over its devices
     dcn_bytes_per_s: float | None = None
     dcn_source: str = ""
+    # GPU: the rates the step-time prediction prices each kernel at (``analysis/predict.py``):
+    # fractions of the peak and the HBM bandwidth, measured, with their ``source``; None: none
+    step_model: Mapping[str, object] | None = None
 
     def usable_bytes(self) -> int:
         """The memory JAX can give the program by default (the advisor's default budget), per
@@ -65,6 +68,7 @@ class Target:
                 "host_link_source": self.host_link_source,
                 "interconnect_source": self.interconnect_source,
                 "dcn_bytes_per_s": self.dcn_bytes_per_s, "dcn_source": self.dcn_source,
+                "step_model": None if self.step_model is None else dict(self.step_model),
                 "deviceless": True}
 
 
@@ -80,7 +84,8 @@ def _load() -> dict[str, Target]:
                               interconnect_bytes_per_s=float(t["interconnect_bytes_per_s"]),
                               host_link_source=t["host_link_source"],
                               interconnect_source=t["interconnect_source"],
-                              dcn_bytes_per_s=float(t["dcn_bytes_per_s"]), dcn_source=t["dcn_source"])
+                              dcn_bytes_per_s=float(t["dcn_bytes_per_s"]), dcn_source=t["dcn_source"],
+                              step_model=t.get("step_model"))
             for t in raw["targets"]}
 
 

@@ -15,10 +15,12 @@ from remat_lab.analysis import collectives
 from remat_lab.analysis.by_kind import memory_by_kind
 from remat_lab.analysis.by_kind import source as by_kind_source
 from remat_lab.analysis.by_kind_buffers import compile_with_dump, read_kinds
-from remat_lab.analysis.costs import cost_of, memory_report, program_flops
+from remat_lab.analysis.costs import cost_of, memory_report, program_flops, step_costs
 from remat_lab.analysis.dissect import Dissection, dissect
 from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.gradcheck import check_gradients
+from remat_lab.analysis.predict import predict_step
+from remat_lab.analysis.predict import rates as prediction_rates
 from remat_lab.analysis.roofline import roofline_report
 from remat_lab.analysis.timeline import compile_dumped, memory_timeline
 from remat_lab.analysis.traffic import traffic_of
@@ -57,6 +59,7 @@ from remat_lab.program.timing import (
 )
 from remat_lab.program.tracing import TRACING, trace_and_lower
 from remat_lab.studies.advisor_decision import sig
+from remat_lab.studies.tpu_cost_model import layered_optimal_seconds
 from remat_lab.studies.witness_compiles import Witnesses, baseline_program  # noqa: F401 (re-exported)
 
 # The no_remat witness and its cache live in ``witness_compiles`` (beside the main compile).
@@ -181,9 +184,11 @@ def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, du
     """What the compiled program alone shows: memory, its timeline, the dissection against the
     no_remat witness on the same backend or target, collectives on a mesh."""
     text = compiled.as_text()
-    flops, bytes_accessed, source = program_flops(compiled, text)
-    out = {"flops": flops, "flops_xla": cost_of(compiled)["flops"], "flops_source": source,
-           "memory": memory_report(compiled), "bytes_accessed": bytes_accessed}
+    costs = step_costs(compiled, text)
+    flops = costs["flops"]
+    out = {"flops": flops, "flops_xla": cost_of(compiled)["flops"], "flops_source": costs["source"],
+           "memory": memory_report(compiled), "bytes_accessed": costs["bytes_accessed"],
+           "costs": costs}
     out["xla_remat"] = _xla_remat(config, lowered, text, flops, out["memory"])
     progress("dissecting")
     out["witness_left_out"] = None
@@ -279,6 +284,12 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
     return result
 
 
+def _tokens_per_device(config: RunConfig) -> float:
+    """Tokens (llm: batch x seq; other models: examples) a device takes per step."""
+    per_step = config.batch * (config.seq if config.model == "llm" else 1)
+    return per_step / max(config.target_devices, 1)
+
+
 def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     """Compile-only (a named target, or ``compile_only``): the step lowered on abstract inputs
     (placed on the target's devices), compiled, analysed; nothing is allocated or run, so no step
@@ -304,16 +315,36 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     if target is not None:
         estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype,
                                  traffic_of(dis.texts["compiled_hlo"], granules(problem.mesh)))
+        c, layered = sec["costs"], None
+        optimal, factor = c["optimal_seconds"], c["loop_factor"]
+        if target.platform == "tpu" and (optimal is None or optimal <= 0 or factor != 1.0):
+            progress("libtpu's cost model")  # with a loop in it: two small unrolled compiles
+            layered = layered_optimal_seconds(config)
+            optimal, factor = layered["optimal_seconds"], 1.0
+        prediction = predict_step(target, estimate, text=dis.texts["compiled_hlo"],
+                                  optimal_seconds=optimal, loop_factor=factor,
+                                  kernel_flops=c["kernel_flops"])
+        if layered is not None:
+            prediction["layered"] = layered
+        prediction.update(prediction_rates(
+            prediction["predicted_s"], model_flops=base and base["flops"],
+            tokens=_tokens_per_device(config), target=target))
         reason = f"compiled for {config.target} without the device: nothing was run"
     else:
         estimate = {"estimate_s": None, "basis": "compile-only on this machine: no step time"}
+        prediction = {"predicted_s": None, "basis": "compile-only on this machine: no step time"}
         reason = "compile-only: nothing was allocated or run"
     result = {
         "schema": 1, "config": config.as_dict(), "environment": environment(),
         "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1, "timeline_s": sec["timeline_s"],
                     "xla_remat": sec["xla_remat"]},
         "step_time_s": None,
-        "timing": {"measured": False, "estimate_s": estimate["estimate_s"],
+        "timing": {"measured": False, "predicted_s": prediction["predicted_s"],
+                   "predicted_mfu": prediction.get("predicted_mfu"),
+                   "predicted_tokens_per_s_per_device":
+                       prediction.get("predicted_tokens_per_s_per_device"),
+                   "prediction_basis": prediction["basis"], "prediction": prediction,
+                   "bound_s": estimate["estimate_s"], "estimate_s": estimate["estimate_s"],
                    "estimate_basis": estimate["basis"], "estimate": estimate, "reason": reason},
         "flops": sec["flops"], "flops_xla": sec["flops_xla"], "flops_source": sec["flops_source"],
         "achieved_flops_per_s": None,

@@ -1,0 +1,115 @@
+"""A target's predicted step time: libtpu's own cost model on a TPU, each kernel at a measured rate on a GPU.
+
+The roofline (``estimate.py``) stays what it is: a lower bound, ``bound_s``. The prediction is a
+second figure, never mixed with it:
+
+* **GPU** (a target with a ``step_model`` in ``config/targets.json``): the compiled program's
+  kernels one by one (``kernels.kernels_of``), run one after another on the GPU's stream: a GEMM at
+  ``gemm_efficiency`` of the peak of its dtype and precision (``estimate.rate_class``), cuDNN's
+  attention at ``attention_forward_efficiency`` / ``attention_backward_efficiency`` of the bf16
+  peak, each no faster than its bytes at ``hbm_efficiency`` of the HBM bandwidth; every other
+  kernel at its bytes over that bandwidth. Collectives and host transfers run on their own streams
+  beside the kernels (XLA's asynchronous start / done pairs): the step is the longer of the
+  kernels and the transfers (the roofline's collective and offload terms). The fractions were
+  measured on an H200 (their ``source``); held against measured steps in the README.
+* **TPU**: libtpu's ``optimal_seconds`` for the compiled program (its cost model; a loop body
+  counted once, so scaled by the program's loop factor, the loop-scaled flops over XLA's own count),
+  plus what it does not see: the fused attention kernels (Pallas custom calls, counted as 0 by the
+  cost analysis) at the bf16 peak, the cross-slice collectives at the data-centre network figure,
+  and the host transfers beyond the time of the step (they run beside it).
+
+Where a term cannot be priced (a GEMM whose shape does not read, an unknown custom call), its
+share of the kernels is named in ``unpriced``.
+"""
+
+from __future__ import annotations
+
+from remat_lab.analysis.estimate import rate_class
+from remat_lab.analysis.kernels import kernels_of
+from remat_lab.config import Target
+
+GPU_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM at {gemm:.0%} of its "
+             "dtype's peak, cuDNN attention at {fwd:.0%} forward / {bwd:.0%} backward, every kernel "
+             "no faster than its bytes at {hbm:.0%} of HBM bandwidth; collectives and host transfers "
+             "beside them (the step is the longer of the two). Rates measured: {source}")
+TPU_BASIS = ("predicted: libtpu's own cost model (the compiled program's optimal_seconds, loop "
+             "bodies scaled by the program's loop factor), plus the fused attention kernels it "
+             "counts as nothing at the bf16 peak, the cross-slice collectives at the data-centre "
+             "network figure and host transfers beyond the step's time")
+NONE_BASIS = "no prediction for {name}: no measured kernel rates for it (only a lower bound)"
+
+
+def _gpu(text: str, target: Target, bound: dict) -> dict:
+    model = dict(target.step_model)
+    peak_bf16 = target.peak_flops["bfloat16"]
+    hbm = target.bandwidth_bytes_per_s * float(model["hbm_efficiency"])
+    seconds = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    unpriced_bytes, total_bytes, unpriced = 0.0, 0.0, []
+    for row in kernels_of(text):
+        if row["kind"] == "collective":
+            continue
+        memory = row["bytes"] / hbm
+        total_bytes += row["runs"] * row["bytes"]
+        compute = 0.0
+        if row["kind"] in ("gemm", "attention") and row["flops"] is None:
+            unpriced.append(row["name"])
+            unpriced_bytes += row["runs"] * row["bytes"]
+        elif row["kind"] == "gemm":
+            peak = target.peak_flops.get(rate_class(target, row["dtype"] or "bf16",
+                                                    row["precision"] or "DEFAULT"), peak_bf16)
+            compute = row["flops"] / (peak * float(model["gemm_efficiency"]))
+        elif row["kind"] == "attention":
+            key = f"attention_{row['direction']}_efficiency"
+            compute = row["flops"] / (peak_bf16 * float(model[key]))
+        seconds[row["kind"]] += row["runs"] * max(compute, memory)
+    kernels = sum(seconds.values())
+    beside = (bound.get("collectives_s") or 0.0) + (bound.get("offload_s") or 0.0)
+    predicted = max(kernels, beside)
+    return {"predicted_s": predicted, "kernels_s": kernels, "by_kind_s": seconds,
+            "transfers_s": beside, "limited_by": "kernels" if kernels >= beside else "transfers",
+            "unpriced": unpriced,
+            "unpriced_share": unpriced_bytes / total_bytes if total_bytes else 0.0,
+            "basis": GPU_BASIS.format(gemm=model["gemm_efficiency"],
+                                      fwd=model["attention_forward_efficiency"],
+                                      bwd=model["attention_backward_efficiency"],
+                                      hbm=model["hbm_efficiency"], source=model["source"])}
+
+
+def _tpu(optimal_s: float, loop_factor: float, kernel_flops: float, target: Target,
+         bound: dict) -> dict:
+    program = optimal_s * loop_factor
+    kernels = kernel_flops / target.peak_flops["bfloat16"] if kernel_flops else 0.0
+    dcn = bound.get("collectives_dcn_s") or 0.0
+    core = program + kernels + dcn
+    offload = bound.get("offload_s") or 0.0
+    predicted = max(core, offload)
+    return {"predicted_s": predicted, "optimal_seconds": optimal_s, "loop_factor": loop_factor,
+            "program_s": program, "attention_kernels_s": kernels, "dcn_s": dcn,
+            "offload_s": offload, "limited_by": "program" if core >= offload else "host transfers",
+            "unpriced": [], "unpriced_share": 0.0, "basis": TPU_BASIS}
+
+
+def predict_step(target: Target, bound: dict, *, text: str | None = None,
+                 optimal_seconds: float | None = None, loop_factor: float = 1.0,
+                 kernel_flops: float = 0.0) -> dict:
+    """The prediction for one compiled step on ``target`` (see the module's docstring):
+    ``predicted_s`` (None where the target has no model), its terms and ``basis``. ``bound``:
+    ``estimate.estimate_step``'s answer for the same program; ``text``: its optimized HLO (GPU);
+    ``optimal_seconds``, ``loop_factor``, ``kernel_flops``: libtpu's figure, the program's loop
+    factor and its fused kernels' flops (TPU)."""
+    if target.platform == "tpu" and optimal_seconds:
+        return _tpu(optimal_seconds, loop_factor, kernel_flops, target, bound)
+    if target.platform == "cuda" and target.step_model and text:
+        return _gpu(text, target, bound)
+    return {"predicted_s": None, "basis": NONE_BASIS.format(name=target.name)}
+
+
+def rates(predicted_s: float | None, *, model_flops: float | None, tokens: float | None,
+          target: Target) -> dict:
+    """``predicted_mfu`` (model flops per device over the predicted step at the bf16 peak) and
+    ``predicted_tokens_per_s_per_device``; None where a part is unknown."""
+    if not predicted_s:
+        return {"predicted_mfu": None, "predicted_tokens_per_s_per_device": None}
+    peak = target.peak_flops.get("bfloat16")
+    return {"predicted_mfu": model_flops / (predicted_s * peak) if model_flops and peak else None,
+            "predicted_tokens_per_s_per_device": tokens / predicted_s if tokens else None}
