@@ -103,7 +103,8 @@ timing = right.toggle("Time each policy at its largest batch (examples/s, MFU, H
                       key="advisor_timing", disabled=on_target,
                       help="Off: sizes only. The search compiles and never allocates; timing runs "
                            "the step at each policy's largest batch, on this server. On a named "
-                           "target nothing runs: examples/s are roofline estimates.")
+                           "target nothing runs: examples/s are predictions, with the "
+                           "roofline bound beside them.")
 time_budget = right.select_slider("Time budget for timing (s)", [10, 20, 30, 60, 90, 120], value=30,
                                   key="advisor_time_budget", disabled=not timing or on_target,
                                   help="Rounds stop earlier once the best policy's interval of "

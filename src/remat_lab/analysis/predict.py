@@ -39,13 +39,13 @@ TPU_BASIS = ("predicted: libtpu's own cost model (the compiled program's optimal
 NONE_BASIS = "no prediction for {name}: no measured kernel rates for it (only a lower bound)"
 
 
-def _gpu(text: str, target: Target, bound: dict) -> dict:
+def _gpu(rows: list[dict], target: Target, bound: dict) -> dict:
     model = dict(target.step_model)
     peak_bf16 = target.peak_flops["bfloat16"]
     hbm = target.bandwidth_bytes_per_s * float(model["hbm_efficiency"])
     seconds = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
     unpriced_bytes, total_bytes, unpriced = 0.0, 0.0, []
-    for row in kernels_of(text):
+    for row in rows:
         if row["kind"] == "collective":
             continue
         memory = row["bytes"] / hbm
@@ -90,17 +90,18 @@ def _tpu(optimal_s: float, loop_factor: float, kernel_flops: float, target: Targ
 
 
 def predict_step(target: Target, bound: dict, *, text: str | None = None,
-                 optimal_seconds: float | None = None, loop_factor: float = 1.0,
-                 kernel_flops: float = 0.0) -> dict:
+                 kernels: list[dict] | None = None, optimal_seconds: float | None = None,
+                 loop_factor: float = 1.0, kernel_flops: float = 0.0) -> dict:
     """The prediction for one compiled step on ``target`` (see the module's docstring):
     ``predicted_s`` (None where the target has no model), its terms and ``basis``. ``bound``:
-    ``estimate.estimate_step``'s answer for the same program; ``text``: its optimized HLO (GPU);
-    ``optimal_seconds``, ``loop_factor``, ``kernel_flops``: libtpu's figure, the program's loop
-    factor and its fused kernels' flops (TPU)."""
+    ``estimate.estimate_step``'s answer for the same program; ``text``: its optimized HLO, or
+    ``kernels``: ``kernels.kernels_of`` of it (GPU); ``optimal_seconds``, ``loop_factor``,
+    ``kernel_flops``: libtpu's figure, the program's loop factor and its fused kernels' flops
+    (TPU)."""
     if target.platform == "tpu" and optimal_seconds:
         return _tpu(optimal_seconds, loop_factor, kernel_flops, target, bound)
-    if target.platform == "cuda" and target.step_model and text:
-        return _gpu(text, target, bound)
+    if target.platform == "cuda" and target.step_model and (text or kernels is not None):
+        return _gpu(kernels if kernels is not None else kernels_of(text), target, bound)
     return {"predicted_s": None, "basis": NONE_BASIS.format(name=target.name)}
 
 

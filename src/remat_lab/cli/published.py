@@ -38,6 +38,10 @@ def _gib(n: float | None) -> str:
     return human_bytes(n) if n is not None else "-"
 
 
+def _ratio_text(a: float, b: float) -> str:
+    return f"{a / b:.2f}x the measured" if a and b else "-"
+
+
 def format_check(doc: dict) -> str:
     """A check as text: the table's rows, then the differences from MaxText's program."""
     fits = ("fits" if doc["fits"] else "does not fit") + (" (libtpu refused the compile)"
@@ -50,10 +54,13 @@ def format_check(doc: dict) -> str:
              f"compiled program {doc['program_flops'] or 0:.4g}" +
              (f" ({doc['program_over_source_flops']:.2f}x)" if doc.get("program_over_source_flops") else "")]
     if doc["measured_step_s"]:
-        est = doc["estimate_s"]
+        pred, bound = doc.get("predicted_s"), doc.get("bound_s", doc["estimate_s"])
         lines.append(f"  step time:     measured {doc['measured_step_s']:.3f} s (from "
-                     f"{doc['measured_step_from']}); the lab's estimate "
-                     + (f"{est:.3f} s ({doc['estimate_over_measured']:.2f}x the measured)" if est else "-"))
+                     f"{doc['measured_step_from']}); the lab's prediction "
+                     + (f"{pred:.3f} s ({doc['predicted_over_measured']:.2f}x the measured)"
+                        if pred else "- (none for this target)")
+                     + "; its roofline bound "
+                     + (f"{bound:.3f} s ({_ratio_text(bound, doc['measured_step_s'])})" if bound else "-"))
     else:
         lines.append("  step time:     no figure published")
     for d in doc["differences"]:

@@ -82,10 +82,21 @@ def _overhead(r: dict) -> str:
     return f"{total} (policy {_pct(r.get('policy_recompute_overhead'))} + XLA {_pct(xla)})"
 
 
+def _estimated(r: dict) -> tuple[str, str]:
+    """A target's step and examples/s cells: the prediction with the bound beside it, or the bound."""
+    if r.get("estimate_kind") == "prediction":
+        bound = f" (≥ {ms(r['bound_s'])} bound)" if r.get("bound_s") else ""
+        return (f"~{ms(r['estimate_s'])} (pred.){bound}",
+                f"~{sig(r.get('examples_per_s_estimate'))} (pred.)")
+    return f"≥ {ms(r['estimate_s'])} (bound)", f"≤ {sig(r.get('examples_per_s_estimate'))} (bound)"
+
+
 def advice_display_frame(doc: dict | None) -> pd.DataFrame:
     """The policy table as read: text cells, numbers to their precision, blank where absent.
 
-    On a named target the step time and examples/s are the roofline estimate, marked "(est.)".
+    On a named target the step time and examples/s are the prediction, marked "(pred.)", with the
+    roofline bound beside it ("≥ ... bound"), or the bound alone, marked so, where there is no
+    prediction.
     """
     budget = (doc or {}).get("budget_bytes") or 0
     rows = []
@@ -93,7 +104,7 @@ def advice_display_frame(doc: dict | None) -> pd.DataFrame:
         ci = r.get("examples_per_s_ci")
         step, rate = ms(r.get("step_time_s")), sig(r.get("examples_per_s"))
         if not step and r.get("estimate_s"):
-            step, rate = f"~{ms(r['estimate_s'])} (est.)", f"~{sig(r.get('examples_per_s_estimate'))} (est.)"
+            step, rate = _estimated(r)
         nxt = r.get("next_batch")
         rows.append({
             "policy": r["policy"], "largest batch": _batch(r),
@@ -136,7 +147,8 @@ def decision_lines(doc: dict | None) -> list[str]:
         return []
     if d.get("pick") is None:
         return [f"Decision: none. {d.get('why') or (doc or {}).get('reason', '')}"]
-    basis = {"measured": "measured here", "estimate": "roofline estimate, not measured",
+    basis = {"measured": "measured here",
+             "estimate": "predicted (the roofline bound beside it), not measured",
              "batch only": "not timed: by batch alone"}.get(d.get("basis"), "")
     lines = [f"Decision: {d['pick']} ({basis}). {d['why']}"]
     lines += [f"This backend cannot show: {n}" for n in d.get("cannot_show") or []]

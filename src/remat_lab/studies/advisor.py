@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from remat_lab.analysis.estimate import BASIS, estimate_step
+from remat_lab.analysis.estimate import BASIS
 from remat_lab.analysis.xla_remat import sentence
 from remat_lab.config import (
     BUDGET_ENV,
@@ -34,7 +34,8 @@ from remat_lab.program.backend import ExecutionError, device_memory_limit, envir
 from remat_lab.program.footprint import crowded_sentence, fit, no_fit_sentence
 from remat_lab.program.native_log import logged
 from remat_lab.program.optimizer import precision
-from remat_lab.studies.advisor_decision import batch_words, decide, sig
+from remat_lab.studies.advisor_decision import decide, sig
+from remat_lab.studies.advisor_estimates import estimate_rows, prediction_basis, recommend_by_estimate
 from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the advisor's public names
     MAX_BATCH,
     PROBE_CACHE_ENTRIES,
@@ -84,42 +85,6 @@ def advice_budget(budget: str | int | None = None, device_limit: int | None = No
     if limit:
         return int(limit), "the device's memory limit"
     return default_budget_bytes(), "half this machine's (or container's) memory, as for runs"
-
-
-def _estimate_rows(rows: list[dict], configs: dict[str, RunConfig], target: str) -> None:
-    """On a named target nothing runs: each fitting policy's step time and examples/s at its
-    largest batch from the target's roofline (``analysis/estimate.py``), labelled as estimates."""
-    t = get_target(target)
-    for r in rows:
-        r.update(estimate_s=None, examples_per_s_estimate=None, estimate_bound=None)
-        if r["max_batch"] == 0:
-            continue
-        found = probe(configs[r["policy"]].replace(batch=r["max_batch"]))
-        est = estimate_step(found["flops"], found.get("bytes_accessed"), t, configs[r["policy"]].dtype,
-                            found.get("traffic"))
-        r["estimate_bound"] = est["bound"]
-        r["estimate_s"] = est["estimate_s"]
-        if est["estimate_s"]:
-            r["examples_per_s_estimate"] = r["max_batch"] / est["estimate_s"]
-
-
-def _recommend_by_estimate(rows: list[dict], target: str) -> tuple[str | None, list[str], str]:
-    """On a target: the most examples/s by the roofline estimate (not a measurement, so no
-    interval); policies within 2 % of it are named as near-ties."""
-    fits = [r for r in rows if r["max_batch"] > 0 and r.get("examples_per_s_estimate")]
-    if not fits:
-        return _recommend(rows, False)
-    top = max(r["examples_per_s_estimate"] for r in fits)
-    # equal estimates (e.g. the same products and bytes): the most headroom, the smallest peak
-    best = min((r for r in fits if r["examples_per_s_estimate"] >= top * (1 - 1e-9)),
-               key=lambda r: (r.get("peak_bytes") or 0, rows.index(r)))
-    ties = [r["policy"] for r in fits if r["examples_per_s_estimate"] >= 0.98 * top]
-    why = (f"{best['policy']} fits batch {batch_words(best)} on the {target}; by the roofline "
-           f"estimate (not measured: nothing runs on a target) it processes {sig(top)} examples/s")
-    others = [p for p in ties if p != best["policy"]]
-    if others:
-        why += f"; {_names(others)} within 2 % of it by the same estimate"
-    return best["policy"], ties, why
 
 
 def _policy_list(policies: Sequence[str] | None, model: str = "") -> list[str]:
@@ -280,8 +245,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
     timed = timing_doc["timed"]
     stated = flop_rates(rows, config.dtype) if timed else {}
     if on_target:
-        _estimate_rows(rows, configs, config.target)
-        recommended, ties, reason = _recommend_by_estimate(rows, config.target)
+        estimate_rows(rows, configs, config.target, probe)
+        recommended, ties, reason = recommend_by_estimate(rows, config.target, _recommend)
     else:
         recommended, ties, reason = _recommend(rows, timed)
     if not static["fits"]:
@@ -357,7 +322,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         },
         "environment": environment(),
         **({"target": get_target(config.target).as_dict(),
-            "estimate_basis": BASIS} if on_target else {}),
+            "estimate_basis": BASIS, "prediction_basis": prediction_basis(get_target(config.target))}
+           if on_target else {}),
     }
     doc["decision"] = decide(doc, cannot_show)
     return doc
@@ -369,7 +335,8 @@ def _notes(configs: dict[str, RunConfig], rows: list[dict]) -> list[str]:
     target = next(iter(configs.values())).target
     if target != LOCAL:
         notes.append(f"Compiled for the {target} without the device: batches are sized by its compiled "
-                     "peak; step times and examples/s are roofline estimates, not measurements.")
+                     "peak; step times and examples/s are predictions (and roofline bounds beside them), "
+                     "not measurements.")
     elif jax.default_backend() == "cpu":
         offload = [p for p, c in configs.items()
                    if POLICIES[p].offloads or p.startswith("offload") or c.offload_names]

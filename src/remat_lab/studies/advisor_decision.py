@@ -133,7 +133,8 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
             why += f" over {doc['rounds']} interleaved rounds"
     elif estimate and best.get("examples_per_s_estimate"):
         out["examples_per_s"] = best["examples_per_s_estimate"]
-        why += f"; about {sig(best['examples_per_s_estimate'])} examples/s by the roofline estimate"
+        why += (f"; about {sig(best['examples_per_s_estimate'])} examples/s by the "
+                f"{best.get('estimate_kind') or 'roofline bound'}")
     else:
         why += "; not timed, so chosen by batch alone"
     if runner is not None:
@@ -148,7 +149,8 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
                        "the intervals overlap, a near-tie"))
         elif runner.get("examples_per_s_estimate") and estimate:
             why += (f". Runner-up {runner['policy']} at batch {batch_words(runner)}: about "
-                    f"{sig(runner['examples_per_s_estimate'])} examples/s by the same estimate")
+                    f"{sig(runner['examples_per_s_estimate'])} examples/s by the "
+                    f"{runner.get('estimate_kind') or 'roofline bound'}")
         else:
             why += f". Runner-up {runner['policy']} fits batch {batch_words(runner)}"
     stop = doc.get("stopped_because")

@@ -26,7 +26,8 @@ from remat_lab.analysis.by_kind import memory_by_kind
 from remat_lab.analysis.by_kind import source as by_kind_source
 from remat_lab.analysis.by_kind_buffers import SOURCE as BUFFERS
 from remat_lab.analysis.by_kind_buffers import compile_with_dump, read_kinds
-from remat_lab.analysis.costs import memory_report, program_flops
+from remat_lab.analysis.costs import memory_report, step_costs
+from remat_lab.analysis.kernels import kernels_of
 from remat_lab.analysis.timeline import compile_dumped
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized
@@ -120,7 +121,7 @@ def compile_abstract(config: RunConfig, unlimited: bool = False):
 
 
 def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None = None,
-                      granules: list[int] | None = None) -> dict:
+                      granules: list[int] | None = None, gpu: bool = False) -> dict:
     """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint,
     whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text),
     compiled for a named target (``on_target``), what the step-time estimate reads (``traffic``:
@@ -143,13 +144,17 @@ def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None =
     if memory.get("peak_bytes") is None:
         raise ConfigError("this backend gives no compiled memory analysis, so the advisor cannot "
                           "size batches on it.")
-    flops, bytes_accessed, _ = program_flops(compiled, text)
+    costs = step_costs(compiled, text)
+    flops, bytes_accessed = costs["flops"], costs["bytes_accessed"]
     parts = ("peak_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
              "generated_code_bytes")
     return {"peak_bytes": int(memory["peak_bytes"]), "memory": {k: memory.get(k) for k in parts},
             "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text),
             "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat},
             "traffic": traffic_of(text, granules) if on_target else None,  # analysis/estimate.py reads it
+            # analysis/predict.py prices these one by one (a GPU target's prediction)
+            "kernels": kernels_of(text) if on_target and gpu else None,
+            "kernel_flops": costs["kernel_flops"],
             "buffers": _buffers(train, dump, memory)}
 
 
@@ -193,7 +198,9 @@ def probe(config: RunConfig) -> dict:
         if figures is None:
             figures = _compiled_figures(lowered, config.target != LOCAL,
                                         config if config.step == "train" else None,
-                                        granules(getattr(problem, "mesh", None)))
+                                        granules(getattr(problem, "mesh", None)),
+                                        gpu=config.target != LOCAL
+                                        and get_target(config.target).platform == "cuda")
             _PROGRAMS.put(text_key, figures)
             return figures, False
         return figures, True

@@ -55,7 +55,8 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
         doc.update(fits=False, refused=str(refused), peak_bytes=None, temp_bytes=needed_bytes(refused),
                    program_flops=None, lab_model_flops=None, estimate_s=None, estimate_basis=None,
                    estimate_over_measured=None, program_over_source_flops=None, notes=[],
-                   estimate_terms=None)
+                   estimate_terms=None, bound_s=None, predicted_s=None, prediction_basis=None,
+                   predicted_over_measured=None, bound_over_measured=None, prediction=None)
         return doc
     mem = result["memory"] or {}
     peak = mem.get("peak_bytes")
@@ -70,5 +71,13 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
         "bound", "compute_s", "memory_s", "offload_s", "collectives_s", "collectives_ici_s",
         "collectives_dcn_s", "interconnect_bytes_per_s", "dcn_bytes_per_s")} if terms else None
     doc["estimate_over_measured"] = _ratio(doc["estimate_s"], doc["measured_step_s"])
+    # issue 47's two figures: the roofline (a lower bound) and the prediction, each held against
+    # the measured step
+    doc["bound_s"] = timing.get("bound_s", doc["estimate_s"])
+    doc["predicted_s"] = timing.get("predicted_s")
+    doc["prediction_basis"] = timing.get("prediction_basis")
+    doc["prediction"] = {k: v for k, v in (timing.get("prediction") or {}).items() if k != "basis"}
+    doc["bound_over_measured"] = _ratio(doc["bound_s"], doc["measured_step_s"])
+    doc["predicted_over_measured"] = _ratio(doc["predicted_s"], doc["measured_step_s"])
     doc["program_over_source_flops"] = _ratio(doc["program_flops"], doc["source_model_flops"])
     return doc
