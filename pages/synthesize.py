@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _advisor_run, _page_state, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import LOCAL, ConfigError, human_bytes, parse_bytes, parse_mesh  # noqa: E402
+from remat_lab.config import LOCAL, ConfigError, budget_text, human_bytes, parse_bytes, parse_mesh  # noqa: E402
 from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import charts  # noqa: E402
@@ -30,13 +30,6 @@ GOAL_LABELS = {"max-batch": "The largest batch (then the fewest recomputed flops
 @st.cache_resource(show_spinner=False)
 def _synthesis_cache() -> ByteCache:
     return ByteCache(4 << 20, "synthesis")
-
-
-def _size_text(n: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
 
 
 def _goal(raw: str) -> str:
@@ -64,27 +57,30 @@ public = history.public_mode()
 url = _page_state.loaded("synthesize", ("budget", "goal", "batch", "policies"))
 _page_state.show(
     _page_state.restore(url, "budget", _page_state.size, "synth_budget",
-                        "a size such as 512M, 16G or 80G, or a number of bytes", _size_text(default_bytes))
+                        "a size such as 512M, 16G or 80G, or a number of bytes", budget_text(default_bytes))
     + _page_state.restore(url, "goal", _goal, "synth_goal", " or ".join(GOALS), "max-batch")
     + _page_state.restore(url, "batch", _batch, "synth_batch", "a whole number from 1 to 65536", "8")
     + _page_state.restore(url, "policies", _page_state.names(p for p in POLICIES if p != "custom"),
                           "synth_named", default="every named policy of the model"))
 ss = st.session_state
-ss.setdefault("synth_budget", _size_text(default_bytes))
+for k, v in ss.get("_synth_kept", {}).items():  # back from another page: Streamlit forgot the widgets
+    if k not in ss:
+        ss[k] = v
+ss.setdefault("synth_budget", budget_text(default_bytes))
 ss.setdefault("synth_goal", "max-batch")
 ss.setdefault("synth_batch", 8)
 left, right = st.columns([1, 2])
-budget_text = left.text_input("Device memory budget", max_chars=64, key="synth_budget",
+typed_budget = left.text_input("Device memory budget", max_chars=64, key="synth_budget",
                               help="The memory one device has for this step: e.g. 512M, 16G, 80G.")
 left.caption(f"Default {human_bytes(default_bytes)}: {default_source}.")
 goal = right.radio("Goal", GOALS, key="synth_goal", format_func=GOAL_LABELS.get, horizontal=True)
 batch = right.number_input("Batch (global)", 1, 65536, key="synth_batch", disabled=goal != "min-recompute",
                            help="min-recompute: the batch the plan must fit, a multiple of data x "
                                 "fsdp x microbatches.")
-_page_state.write({"budget": budget_text.strip()[:64], "goal": goal,
+_page_state.write({"budget": typed_budget.strip()[:64], "goal": goal,
                    "batch": str(batch) if goal == "min-recompute" else None})
 try:
-    budget = parse_bytes(budget_text)
+    budget = parse_bytes(typed_budget)
 except ConfigError as err:
     st.error("**Budget not understood.** Write a size such as 512M, 16G or 80G, or a number of bytes.")
     st.text(str(err))
@@ -109,6 +105,8 @@ named = st.multiselect("Named policies to beat", offered, key="synth_named", max
                        help="Compiled by the same search; the answer is never worse than the best of "
                             "them. Fewer policies: fewer compiles.")
 _page_state.write({"policies": ",".join(named) if named != offered else None})
+ss["_synth_kept"] = {"synth_budget": typed_budget, "synth_goal": goal, "synth_batch": batch,
+                     "synth_named": list(named)}
 if not named:
     st.info("Choose at least one named policy to compare the plan with.")
     st.stop()
