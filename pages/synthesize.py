@@ -10,8 +10,16 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _advisor_run, _page_state, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import LOCAL, ConfigError, budget_text, human_bytes, parse_bytes, parse_mesh  # noqa: E402
+from pages import _advisor_run, _page_state, _progress, _shared, _sidebar, _synth_live, _views  # noqa: E402
+from remat_lab.config import (  # noqa: E402
+    LOCAL,
+    ConfigError,
+    budget_text,
+    human_bytes,
+    human_flops,
+    parse_bytes,
+    parse_mesh,
+)
 from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import charts  # noqa: E402
@@ -128,41 +136,53 @@ stored = ss.get("_synth_doc")
 if stored is not None and stored[0] == key and not (clicked or running):
     doc = stored[1]
 else:
-    st.button("Stop (answer with what is compiled)", key="synth_stop", on_click=_advisor_run.request_stop,
-              args=(key,))
+    stop = st.empty()  # the Stop goes when the job ends
+    stop.button("Stop (answer with what is compiled)", key="synth_stop", on_click=_advisor_run.request_stop,
+                args=(key,))
     ss["_synth_running"] = key
-    with st.status("Synthesizing…", expanded=False) as status:
-        say = lambda message: status.update(label=f"{message}…", state="running")  # noqa: E731
+    # Live: elapsed, the plan's compiles of at most its limit, time left, each compile as it ends.
+    status, live = _progress.running("Synthesizing…", _synth_live.COLUMNS, title="Compiled so far")
+    with status:
         try:
             doc = _advisor_run.run("synthesize", _synthesis_cache(), key,
                                    {"config": model.as_dict(), "budget": budget, "goal": goal,
                                     "batch": goal_batch, "policies": named,
                                     "max_batch": quotas.PUBLIC_ADVISOR_MAX_BATCH if public else None},
-                                   say, need=COMPILE_WORKSPACE)
+                                   _synth_live.Lines(live), need=COMPILE_WORKSPACE)
         except (ConfigError, ExecutionError) as err:
             status.update(label="The synthesizer failed", state="error")
             doc, error = None, err
         else:
             error = None
-            status.update(label=f"Done: {doc['compiles']} compiles for the plan, {doc['named_compiles']} "
-                                f"for the named policies, {doc['wall_s']:.1f} s", state="complete")
+            status.update(label=(("Stopped before an answer" if doc.get("answer") is None else "Stopped")
+                                 if doc.get("stopped_because") else "Done")
+                          + f": {doc['compiles']} compiles for the plan, {doc['named_compiles']} for the "
+                            f"named policies, {doc['wall_s']:.1f} s", state="complete")
+    stop.empty()
     ss.pop("_synth_running", None)
     if error is not None:
-        _running.show_error(error)
+        _progress.stopped_with_rows(live, error, len(live.rows), "compiles")
         st.stop()
+    live.clear()
     ss["_synth_done"] = key
     ss["_synth_doc"] = (key, doc)
 
 # ---------------------------------------------------------------- the answer
 md = _views.md
 if doc.get("answer") is None:
-    st.warning("**Nothing fits.** " + md("; ".join(doc["notes"])))
+    if doc.get("stopped_because"):  # no answer yet, not "nothing fits": what was compiled, below
+        st.warning(md(f"**Stopped before an answer** ({doc['stopped_because']}): {doc['compiles']} "
+                      f"compiles for the plan and {doc['named_compiles']} for the named policies were "
+                      "done; what they compiled is below. Click Synthesize for an answer."))
+        st.dataframe(synthesis_frame(doc), hide_index=True, key="synth_table")
+    else:
+        st.warning("**Nothing fits.** " + md("; ".join(doc["notes"])))
     st.stop()
 who = "the synthesized plan" if doc["answer"] == "plan" else f"the named policy {doc['answer']}"
 sentence = (f"Answer: {who}: batch {doc['max_batch']} ({doc['per_device_batch']} per device), compiled "
             f"peak {human_bytes(doc['peak_bytes'])} per device")
 if doc.get("recomputed_flops") is not None:
-    sentence += f", recomputing {doc['recomputed_flops'] / 1e9:.4g} GFLOP per step (vs no_remat)"
+    sentence += f", recomputing {human_flops(doc['recomputed_flops'])} per step (vs no_remat)"
 st.success(md(sentence + "."))
 best = doc.get("best_named")
 if best:
