@@ -88,7 +88,11 @@ _page_state.show(
         POLICIES, quotas.PUBLIC_ADVISOR_MAX_POLICIES if public else len(POLICIES)), "advisor_policies")
     + _page_state.restore(url, "timed", _page_state.flag, "advisor_timing", "1 or 0 (true or false)",
                           "on" if not on_target else "off"))
+for k, v in ss.get("_advisor_kept", {}).items():  # back from another page: Streamlit forgot the widgets
+    if k not in ss:
+        ss[k] = v
 ss.setdefault("advisor_budget", budget_text(default_bytes))
+ss.setdefault("advisor_time_budget", 30)
 ss.setdefault("advisor_policies", default)
 ss.setdefault("advisor_timing", not on_target)
 left, right = st.columns([1, 2])
@@ -103,7 +107,7 @@ timing = right.toggle("Time each policy at its largest batch (examples/s, MFU, H
                       help="Off: sizes only. The search compiles and never allocates; timing runs "
                            "the step at each policy's largest batch, on this server. On a named "
                            "target nothing runs: examples/s are roofline estimates.")
-time_budget = right.select_slider("Time budget for timing (s)", [10, 20, 30, 60, 90, 120], value=30,
+time_budget = right.select_slider("Time budget for timing (s)", [10, 20, 30, 60, 90, 120],
                                   key="advisor_time_budget", disabled=not timing or on_target,
                                   help="Rounds stop earlier once the best policy's interval of "
                                        "examples/s separates from the runner-up's; at least 3 rounds.")
@@ -114,6 +118,8 @@ right.caption("A policy is timed only where its compiled peak at its largest bat
               "answer is then the sizes, labelled so.")
 _page_state.write({"budget": typed_budget.strip()[:64], "policies": ",".join(chosen),
                    "timed": None if on_target else ("1" if timing else "0")})
+ss["_advisor_kept"] = {"advisor_budget": typed_budget, "advisor_policies": list(chosen),
+                       "advisor_timing": timing, "advisor_time_budget": time_budget}
 timing = timing and not on_target
 try:
     budget = parse_bytes(typed_budget)

@@ -136,3 +136,25 @@ def test_a_default_budget_is_written_readably():
     assert budget_text(12341832 << 10) == "11.77G"  # not 12341832K
     assert parse_bytes("11.77G") <= 12341832 << 10  # never above the budget it stands for
     assert budget_text(16 << 30) == "16G" and budget_text(400 << 10) == "400K" and budget_text(100) == "100"
+
+
+def test_a_finished_advice_stays_when_you_leave_and_return():
+    """As the synthesis above: the advice computed on the page, then its session through the router."""
+    link = {"model": "mlp", "width": "64", "depth": "2", "stack": "scan", "batch": "8", "repeats": "3"}
+    at = _page("advisor.py", **link, budget="400K", policies="no_remat,nothing_saveable", timed="0").run()
+    at.button(key="advisor_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    said = [s.value for s in at.success]
+    assert said and "Recommended" in said[0]
+    kept = {k: at.session_state[k] for k in ("_advisor_done", "_advisor_doc", "_advisor_kept")}
+    back = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    back.query_params.update(link)
+    back.run()
+    for k, v in kept.items():
+        back.session_state[k] = v
+    back.switch_page("pages/guide.py").run()
+    back.switch_page("pages/advisor.py").run()
+    assert not back.exception and not back.error
+    assert back.text_input(key="advisor_budget").value == "400K"
+    assert back.multiselect(key="advisor_policies").value == ["no_remat", "nothing_saveable"]
+    assert [s.value for s in back.success] == said  # the answer, not "click to advise"
