@@ -69,7 +69,7 @@ if not cfg.mesh and (linked := ss.get(_mesh_link.FROM_LINK)):
 key = (base, tuple(chosen), tuple(policies))
 clicked = st.button("Compile for these targets", key="targets_run", type="primary")
 if not (clicked or ss.get("_targets_done") == key):
-    mesh = f" on {cfg.mesh} (each target's devices)" if cfg.mesh else ""
+    mesh = f" on {base.mesh} (each named target's devices)" if base.mesh else ""
     st.info(f"{len(chosen) * len(policies)} compiles{mesh}: they run when you click **Compile for "
             "these targets** (measured on 2 cores: an H100 compile of an 8-block MLP 1–2 s, a TPU "
             "v5e one 5–20 s, an LLM preset on a mesh minutes); each one is kept, so a second visit, "
