@@ -163,7 +163,7 @@ def explore_section(cfg: RunConfig, result: dict) -> None:
                "merge a recomputation back into the forward). vs no_remat: the same count minus "
                "the no_remat compile on the same mesh, whatever the names say. On emulated CPU "
                "devices there is no interconnect: step times are not a cluster's; memory per device is.")
-    st.code(reproduce.cli_command(cfg), language="bash")
+    st.code(reproduce.cli_command(cfg), language="bash", wrap_lines=True)
 
 
 def _cpu() -> bool:

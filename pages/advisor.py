@@ -214,7 +214,7 @@ st.markdown("The same advice from the command line:")
 exact = budget_text(budget) if parse_bytes(budget_text(budget)) == budget else str(budget)
 command = reproduce.advise_command(model, exact, chosen, timing, max_batch)
 st.code(command.replace(" --json", f" --time-budget {time_budget} --json") if timing else command,
-        language="bash")
+        language="bash", wrap_lines=True)
 a, b = st.columns(2)
 a.download_button("Download CSV", tables.advice_frame(doc).to_csv(index=False), "remat_lab_advice.csv",
                   "text/csv", key="advisor_csv")

@@ -199,18 +199,18 @@ if plan:
                   f"whole). Offload: {doc['offload']['why']}."))
     a, b = st.columns(2)
     a.markdown("The policy, ready to paste:")
-    a.code(doc["code"], language="python")
+    a.code(doc["code"], language="python", wrap_lines=True)
     b.markdown("MaxText (`remat_policy: custom`):")
-    b.code(doc["maxtext_yaml"], language="yaml")
+    b.code(doc["maxtext_yaml"], language="yaml", wrap_lines=True)
     st.markdown("Reproduce the plan with `run`:")
     st.code(doc["run_command"], language="bash", wrap_lines=True)
 elif doc.get("run_command"):  # the answer is a named policy: its own code, not a solver candidate
     a, b = st.columns(2)
     a.markdown(md(f"{doc['answer']}, ready to paste:"))
-    a.code(doc["code"], language="python")
+    a.code(doc["code"], language="python", wrap_lines=True)
     if doc.get("maxtext_yaml"):
         b.markdown("MaxText:")
-        b.code(doc["maxtext_yaml"], language="yaml")
+        b.code(doc["maxtext_yaml"], language="yaml", wrap_lines=True)
     st.markdown("Reproduce the answer with `run`:")
     st.code(doc["run_command"], language="bash", wrap_lines=True)
 frame = synthesis_frame(doc)
@@ -230,6 +230,6 @@ with st.expander("Method"):
     for k, v in doc["method"].items():
         st.markdown(md(f"**{k}**: {v}"))
 st.markdown("The same synthesis from the command line:")
-st.code(doc["command"], language="bash")
+st.code(doc["command"], language="bash", wrap_lines=True)
 st.download_button("Download JSON", json.dumps(doc, indent=1), "remat_lab_synthesis.json",
                    "application/json", key="synth_json")

@@ -94,8 +94,13 @@ def test_a_stop_before_an_answer_says_so_with_what_was_compiled(monkeypatch, sto
     assert [s.label for s in at.status][0].startswith("Stopped before an answer")
 
 
-def test_the_answer_page_has_no_stop_and_readable_flops(monkeypatch):
-    doc = synthesize(CFG, 400 << 10, goal="max-batch", policies=["nothing_saveable", "dots_saveable"])
+@pytest.fixture(scope="module")
+def answer_doc():
+    return synthesize(CFG, 400 << 10, goal="max-batch", policies=["nothing_saveable", "dots_saveable"])
+
+
+def test_the_answer_page_has_no_stop_and_readable_flops(monkeypatch, answer_doc):
+    doc = answer_doc
     at = _page_with(monkeypatch, doc)
     assert not at.exception and not at.error
     assert not [b for b in at.button if b.key == "synth_stop"]
@@ -104,3 +109,11 @@ def test_the_answer_page_has_no_stop_and_readable_flops(monkeypatch):
     assert [s.label for s in at.status][0].startswith("Done: ")
     table = next(df.value for df in at.dataframe if "answer" in df.value.columns)
     assert table["answer"].sum() == 1
+
+
+def test_the_answers_code_blocks_wrap_rather_than_cut(monkeypatch, answer_doc):
+    """Two code blocks side by side at 1024 px: the policy and MaxText's YAML wrap, as do the commands."""
+    doc = answer_doc
+    at = _page_with(monkeypatch, doc)
+    blocks = {c.value: c.proto.wrap_lines for c in at.code}
+    assert blocks[doc["code"]] and blocks[doc["maxtext_yaml"]] and blocks[doc["command"]], blocks
