@@ -117,3 +117,11 @@ def test_the_answers_code_blocks_wrap_rather_than_cut(monkeypatch, answer_doc):
     at = _page_with(monkeypatch, doc)
     blocks = {c.value: c.proto.wrap_lines for c in at.code}
     assert blocks[doc["code"]] and blocks[doc["maxtext_yaml"]] and blocks[doc["command"]], blocks
+
+
+def test_the_cli_says_flops_in_the_same_unit(answer_doc):
+    from remat_lab.cli.synthesize import format_synthesis
+
+    answer = next(line for line in format_synthesis(answer_doc).splitlines() if line.startswith("Answer:"))
+    assert f"recomputes {human_flops(answer_doc['recomputed_flops'])}" in answer, answer
+    assert "GFLOP" not in answer  # a 14 MFLOP step: not "0.003441 GFLOP"
