@@ -58,8 +58,9 @@ def run(kind: str, cache: ByteCache, key: tuple, payload: dict, say, need: int) 
         release()
         flag.unlink(missing_ok=True)  # a new job: an old Stop does not apply
 
-        def keep(value: dict) -> None:  # a stopped advice is shown, not cached
-            if value.get("stopped_because") not in ("stopped", "deadline"):
+        def keep(value: dict) -> None:  # a stopped advice or synthesis is shown, not cached
+            why = str(value.get("stopped_because") or "")
+            if why not in ("stopped", "deadline") and not why.startswith("stopped before"):
                 cache.put(key, value)
 
         job = _running.pool().submit(kind, {**payload, "stop_file": str(flag)}, key=key, need=need,

@@ -5,7 +5,18 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import _model_config
-from remat_lab.config import LIMITS, LOCAL, PRESET_FIELDS, PRESET_NAMES, PRESETS, STEPS, human_bytes
+from remat_lab.config import (
+    LIMITS,
+    LOCAL,
+    PRESET_FIELDS,
+    PRESET_NAMES,
+    PRESETS,
+    STEPS,
+    ConfigError,
+    RunConfig,
+    human_bytes,
+    llm_parameters,
+)
 from remat_lab.config.run import LLM_LIMITS
 
 # What a compile-only run has, in words (the over-budget offer and Explore say it the same way).
@@ -90,6 +101,26 @@ def shape_controls(sb) -> None:
                        step=1, key="vocab", help="Tokens; the logits are batch × seq × vocabulary.")
     sb.toggle("Tied embeddings", key="tie_embeddings",
               help="The vocabulary projection is the embedding's transpose (one matrix, not two).")
+    said = parameters_said(ss)
+    if said:
+        sb.caption(said)
+
+
+def parameters_said(ss) -> str:
+    """The shape's parameter count, as a preset's is said ("8.03 B parameters"), for an llm typed
+    by hand or edited from its preset ("" while the preset's own count stands, or the shape is not
+    valid yet)."""
+    try:
+        n = llm_parameters(RunConfig(model="llm", seq=2, **{k: ss[k] for k in (
+            "width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab", "tie_embeddings")}))
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return ""
+    published = PRESETS.get(ss.get("preset") or "", {}).get("parameters")
+    if published and abs(n - published) <= 0.005 * published:
+        return ""
+    unit, scale = ("B", 1e9) if n >= 1e8 else ("M", 1e6)
+    return (f"{n / scale:.2f} {unit} parameters, counted from this shape"
+            + (f" ({ss['preset']} publishes {published / 1e9:.2f} B)" if published else "") + ".")
 
 
 def step_controls(sb) -> None:

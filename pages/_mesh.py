@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from pages import _mesh_link
 from remat_lab.config import (
     MESH_AXES,
     ConfigError,
@@ -16,7 +17,6 @@ from remat_lab.config import (
     format_mesh,
     human_bytes,
     mesh_devices,
-    mesh_parts,
 )
 from remat_lab.present import reproduce
 from remat_lab.program import mesh as sharding
@@ -72,25 +72,11 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
     named target always, over as many of its compile-only devices as the mesh uses."""
     on_target = target != "local"
     n = device_count()
-    if n < 2 and not on_target:
-        return cfg
     ss, sb = st.session_state, st.sidebar
     choices = list(TARGET_SIZES) if on_target else _divisors(n)
-    if "_mesh_loaded" not in ss:  # a shared link's mesh, once per session
-        ss["_mesh_loaded"] = True
-        try:
-            sizes, dcn = mesh_parts(st.query_params.get("mesh", ""))
-        except ConfigError as err:
-            st.warning(f"URL parameter `mesh` is not valid ({safe_text.escape_markdown(err)}) "
-                       "Using one device.")
-            sizes, dcn = {}, {}
-        if dcn and not on_target:
-            st.warning("URL parameter `mesh` spans slices or hosts (its `dcn_*` axes); the attached "
-                       "devices are one slice, so they are dropped here: choose a named target "
-                       "(e.g. tpu-v6e or h100) to compile over several.")
-        for axis in MESH_AXES:
-            ss[f"mesh_{axis}"] = sizes.get(axis, 1) if sizes.get(axis, 1) in choices else 1
-            ss[f"mesh_dcn_{axis}"] = dcn.get(axis, 1) if dcn.get(axis, 1) in DCN_SIZES else 1
+    _mesh_link.read(on_target, n, choices, DCN_SIZES)
+    if n < 2 and not on_target:
+        return cfg
     for axis in MESH_AXES:  # a value the other backend allowed: back to 1
         if ss.get(f"mesh_{axis}", 1) not in choices:
             ss[f"mesh_{axis}"] = 1
@@ -177,7 +163,7 @@ def explore_section(cfg: RunConfig, result: dict) -> None:
                "merge a recomputation back into the forward). vs no_remat: the same count minus "
                "the no_remat compile on the same mesh, whatever the names say. On emulated CPU "
                "devices there is no interconnect: step times are not a cluster's; memory per device is.")
-    st.code(reproduce.cli_command(cfg), language="bash")
+    st.code(reproduce.cli_command(cfg), language="bash", wrap_lines=True)
 
 
 def _cpu() -> bool:

@@ -10,7 +10,15 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from pages import _advisor_run, _page_state, _progress, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import LOCAL, ConfigError, RunConfig, human_bytes, parse_bytes, parse_mesh  # noqa: E402
+from remat_lab.config import (  # noqa: E402
+    LOCAL,
+    ConfigError,
+    RunConfig,
+    budget_text,
+    human_bytes,
+    parse_bytes,
+    parse_mesh,
+)
 from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import (  # noqa: E402
@@ -60,15 +68,6 @@ def _default_budget(target: str) -> tuple[int, str]:
     return advisor.advice_budget(None, _sidebar._device_limit(), ask_device=False)
 
 
-def _size_text(n: int) -> str:
-    """A budget as the user would type it: ``64M``, ``1.5G``."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
-    return str(n)
-
-
 cfg = _shared.page_start(
     "Advisor", "The largest batch each policy fits in a memory budget, and which policy trains the "
                "most examples per second there. The model comes from the sidebar (its batch and "
@@ -84,16 +83,20 @@ on_target = cfg.target != LOCAL
 url = _page_state.loaded("advisor", ("budget", "policies", "timed"))
 _page_state.show(
     _page_state.restore(url, "budget", _page_state.size, "advisor_budget",
-                        "a size such as 512M, 16G or 80G, or a number of bytes", _size_text(default_bytes))
+                        "a size such as 512M, 16G or 80G, or a number of bytes", budget_text(default_bytes))
     + _page_state.restore(url, "policies", _page_state.names(
         POLICIES, quotas.PUBLIC_ADVISOR_MAX_POLICIES if public else len(POLICIES)), "advisor_policies")
     + _page_state.restore(url, "timed", _page_state.flag, "advisor_timing", "1 or 0 (true or false)",
                           "on" if not on_target else "off"))
-ss.setdefault("advisor_budget", _size_text(default_bytes))
+for k, v in ss.get("_advisor_kept", {}).items():  # back from another page: Streamlit forgot the widgets
+    if k not in ss:
+        ss[k] = v
+ss.setdefault("advisor_budget", budget_text(default_bytes))
+ss.setdefault("advisor_time_budget", 30)
 ss.setdefault("advisor_policies", default)
 ss.setdefault("advisor_timing", not on_target)
 left, right = st.columns([1, 2])
-budget_text = left.text_input("Device memory budget", max_chars=64, key="advisor_budget",
+typed_budget = left.text_input("Device memory budget", max_chars=64, key="advisor_budget",
                               help="The memory one device has for this step: e.g. 512M, 16G, 80G.")
 left.caption(f"Default {human_bytes(default_bytes)}: {default_source}.")
 chosen = right.multiselect("Policies", list(POLICIES), key="advisor_policies",
@@ -105,7 +108,7 @@ timing = right.toggle("Time each policy at its largest batch (examples/s, MFU, H
                            "the step at each policy's largest batch, on this server. On a named "
                            "target nothing runs: examples/s are predictions, with the "
                            "roofline bound beside them.")
-time_budget = right.select_slider("Time budget for timing (s)", [10, 20, 30, 60, 90, 120], value=30,
+time_budget = right.select_slider("Time budget for timing (s)", [10, 20, 30, 60, 90, 120],
                                   key="advisor_time_budget", disabled=not timing or on_target,
                                   help="Rounds stop earlier once the best policy's interval of "
                                        "examples/s separates from the runner-up's; at least 3 rounds.")
@@ -114,11 +117,13 @@ right.caption("A policy is timed only where its compiled peak at its largest bat
               "what this server may allocate when timing starts; the others are sized only and "
               "their note gives the numbers. In a small container (1 GiB) that is often none: the "
               "answer is then the sizes, labelled so.")
-_page_state.write({"budget": budget_text.strip()[:64], "policies": ",".join(chosen),
+_page_state.write({"budget": typed_budget.strip()[:64], "policies": ",".join(chosen),
                    "timed": None if on_target else ("1" if timing else "0")})
+ss["_advisor_kept"] = {"advisor_budget": typed_budget, "advisor_policies": list(chosen),
+                       "advisor_timing": timing, "advisor_time_budget": time_budget}
 timing = timing and not on_target
 try:
-    budget = parse_bytes(budget_text)
+    budget = parse_bytes(typed_budget)
 except ConfigError as err:
     st.error("**Budget not understood.** Write a size such as 512M, 16G or 80G, or a number of bytes.")
     st.text(str(err))  # plain text: the message quotes what was typed
@@ -207,10 +212,10 @@ if not kinds.empty:
     st.plotly_chart(charts.make_memory_by_kind_figure(kinds), width="stretch", key="advisor_kinds")
     st.caption("What fills each device's memory at each policy's largest batch (per device).")
 st.markdown("The same advice from the command line:")
-exact = _size_text(budget) if parse_bytes(_size_text(budget)) == budget else str(budget)
+exact = budget_text(budget) if parse_bytes(budget_text(budget)) == budget else str(budget)
 command = reproduce.advise_command(model, exact, chosen, timing, max_batch)
 st.code(command.replace(" --json", f" --time-budget {time_budget} --json") if timing else command,
-        language="bash")
+        language="bash", wrap_lines=True)
 a, b = st.columns(2)
 a.download_button("Download CSV", tables.advice_frame(doc).to_csv(index=False), "remat_lab_advice.csv",
                   "text/csv", key="advisor_csv")

@@ -8,11 +8,12 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _shared, _url  # noqa: E402
+from pages import _page_state, _shared, _url  # noqa: E402
 from pages._begin_link import start_params  # noqa: E402
 from remat_lab.config import PRESETS, TARGETS, ConfigError  # noqa: E402
 from remat_lab.config.targets import MAX_TARGET_DEVICES  # noqa: E402
 
+FIELDS = ("start_preset", "start_seq", "start_target", "start_devices", "start_recipe")
 ANSWERS = {  # button -> (page, the question it answers)
     "advisor": ("pages/advisor.py", "Which policy, and how large a batch per device?"),
     "explore": ("pages/explore.py", "What fills the memory at one example per device?"),
@@ -28,23 +29,53 @@ def _preset_seq(preset: str) -> int:
     return int(PRESETS[preset].get("seq", 2048))
 
 
+def _one_of(options):
+    """A parser of one name among ``options`` (the link's value of a select box)."""
+    pick = _page_state.names(options, 1)
+    return lambda raw: pick(raw)[0]
+
+
+# The page's own fields in its link (the sidebar's keep theirs): restored on a first visit, written back.
+ss = st.session_state
+url = _page_state.loaded("begin", FIELDS)
+_page_state.show(
+    _page_state.restore(url, "start_preset", _one_of(PRESETS), "start_preset", "a preset's name",
+                        "the first preset")
+    + _page_state.restore(url, "start_seq", lambda r: _page_state.numbers(2, 32768)(r)[0], "start_seq",
+                          "a whole number from 2 to 32768", "the model's own")
+    + _page_state.restore(url, "start_target", _one_of(["local", *TARGETS]), "start_target",
+                          "local or a target's name", "h100")
+    + _page_state.restore(url, "start_devices", lambda r: _page_state.numbers(1, MAX_TARGET_DEVICES)(r)[0],
+                          "start_devices", f"a whole number from 1 to {MAX_TARGET_DEVICES}", "8")
+    + _page_state.restore(url, "start_recipe", _page_state.flag, "start_recipe", "1 or 0", "on"))
+for k, v in ss.get("_start_kept", {}).items():  # back from another page: Streamlit forgot the widgets
+    if k not in ss:
+        ss[k] = v
+ss.setdefault("start_preset", next(iter(PRESETS)))
+if "start_seq" not in url:
+    ss.setdefault("start_seq", _preset_seq(ss["start_preset"]))
+ss.setdefault("start_target", "h100")
+ss.setdefault("start_devices", 8)
+ss.setdefault("start_recipe", True)
 left, right = st.columns(2)
 with left:
     # Another model brings its own sequence length (gpt2-small's 1024, not llama's 8192).
     preset = st.selectbox("Model (a published shape)", list(PRESETS), key="start_preset",
                           on_change=lambda: st.session_state.update(
                               start_seq=_preset_seq(st.session_state["start_preset"])))
-    seq = st.number_input("Sequence length", 2, 32768, _preset_seq(preset), step=512, key="start_seq")
+    seq = st.number_input("Sequence length", 2, 32768, step=512, key="start_seq")
 with right:
     names = ["local", *TARGETS]
-    target = st.selectbox("Accelerator", names, index=names.index("h100"), key="start_target",
+    target = st.selectbox("Accelerator", names, key="start_target",
                           format_func=lambda t: "this machine" if t == "local" else t)
     devices = st.number_input("Devices (FSDP over all of them)", 1, MAX_TARGET_DEVICES,
-                              8 if target != "local" else 1, key="start_devices",
-                              disabled=target == "local")
+                              key="start_devices", disabled=target == "local")
 recipe = st.toggle("The usual training recipe: the AdamW step, float32 master weights and moments, "
                    "bfloat16 compute, flash-style attention, the vocabulary loss in chunks",
-                   value=True, key="start_recipe")
+                   key="start_recipe")
+ss["_start_kept"] = {k: ss[k] for k in FIELDS}
+_page_state.write({"start_preset": preset, "start_seq": str(int(seq)), "start_target": target,
+                   "start_devices": str(int(devices)), "start_recipe": "1" if recipe else "0"})
 try:
     params = start_params(preset, int(seq), target, int(devices) if target != "local" else 1, recipe)
 except ConfigError as err:

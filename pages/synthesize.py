@@ -10,8 +10,16 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from pages import _advisor_run, _page_state, _running, _shared, _sidebar, _views  # noqa: E402
-from remat_lab.config import LOCAL, ConfigError, human_bytes, parse_bytes, parse_mesh  # noqa: E402
+from pages import _advisor_run, _page_state, _progress, _shared, _sidebar, _synth_live, _views  # noqa: E402
+from remat_lab.config import (  # noqa: E402
+    LOCAL,
+    ConfigError,
+    budget_text,
+    human_bytes,
+    human_flops,
+    parse_bytes,
+    parse_mesh,
+)
 from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import charts  # noqa: E402
@@ -30,13 +38,6 @@ GOAL_LABELS = {"max-batch": "The largest batch (then the fewest recomputed flops
 @st.cache_resource(show_spinner=False)
 def _synthesis_cache() -> ByteCache:
     return ByteCache(4 << 20, "synthesis")
-
-
-def _size_text(n: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
 
 
 def _goal(raw: str) -> str:
@@ -64,27 +65,30 @@ public = history.public_mode()
 url = _page_state.loaded("synthesize", ("budget", "goal", "batch", "policies"))
 _page_state.show(
     _page_state.restore(url, "budget", _page_state.size, "synth_budget",
-                        "a size such as 512M, 16G or 80G, or a number of bytes", _size_text(default_bytes))
+                        "a size such as 512M, 16G or 80G, or a number of bytes", budget_text(default_bytes))
     + _page_state.restore(url, "goal", _goal, "synth_goal", " or ".join(GOALS), "max-batch")
     + _page_state.restore(url, "batch", _batch, "synth_batch", "a whole number from 1 to 65536", "8")
     + _page_state.restore(url, "policies", _page_state.names(p for p in POLICIES if p != "custom"),
                           "synth_named", default="every named policy of the model"))
 ss = st.session_state
-ss.setdefault("synth_budget", _size_text(default_bytes))
+for k, v in ss.get("_synth_kept", {}).items():  # back from another page: Streamlit forgot the widgets
+    if k not in ss:
+        ss[k] = v
+ss.setdefault("synth_budget", budget_text(default_bytes))
 ss.setdefault("synth_goal", "max-batch")
 ss.setdefault("synth_batch", 8)
 left, right = st.columns([1, 2])
-budget_text = left.text_input("Device memory budget", max_chars=64, key="synth_budget",
+typed_budget = left.text_input("Device memory budget", max_chars=64, key="synth_budget",
                               help="The memory one device has for this step: e.g. 512M, 16G, 80G.")
 left.caption(f"Default {human_bytes(default_bytes)}: {default_source}.")
 goal = right.radio("Goal", GOALS, key="synth_goal", format_func=GOAL_LABELS.get, horizontal=True)
 batch = right.number_input("Batch (global)", 1, 65536, key="synth_batch", disabled=goal != "min-recompute",
                            help="min-recompute: the batch the plan must fit, a multiple of data x "
                                 "fsdp x microbatches.")
-_page_state.write({"budget": budget_text.strip()[:64], "goal": goal,
+_page_state.write({"budget": typed_budget.strip()[:64], "goal": goal,
                    "batch": str(batch) if goal == "min-recompute" else None})
 try:
-    budget = parse_bytes(budget_text)
+    budget = parse_bytes(typed_budget)
 except ConfigError as err:
     st.error("**Budget not understood.** Write a size such as 512M, 16G or 80G, or a number of bytes.")
     st.text(str(err))
@@ -109,6 +113,8 @@ named = st.multiselect("Named policies to beat", offered, key="synth_named", max
                        help="Compiled by the same search; the answer is never worse than the best of "
                             "them. Fewer policies: fewer compiles.")
 _page_state.write({"policies": ",".join(named) if named != offered else None})
+ss["_synth_kept"] = {"synth_budget": typed_budget, "synth_goal": goal, "synth_batch": batch,
+                     "synth_named": list(named)}
 if not named:
     st.info("Choose at least one named policy to compare the plan with.")
     st.stop()
@@ -130,41 +136,53 @@ stored = ss.get("_synth_doc")
 if stored is not None and stored[0] == key and not (clicked or running):
     doc = stored[1]
 else:
-    st.button("Stop (answer with what is compiled)", key="synth_stop", on_click=_advisor_run.request_stop,
-              args=(key,))
+    stop = st.empty()  # the Stop goes when the job ends
+    stop.button("Stop (answer with what is compiled)", key="synth_stop", on_click=_advisor_run.request_stop,
+                args=(key,))
     ss["_synth_running"] = key
-    with st.status("Synthesizing…", expanded=False) as status:
-        say = lambda message: status.update(label=f"{message}…", state="running")  # noqa: E731
+    # Live: elapsed, the plan's compiles of at most its limit, time left, each compile as it ends.
+    status, live = _progress.running("Synthesizing…", _synth_live.COLUMNS, title="Compiled so far")
+    with status:
         try:
             doc = _advisor_run.run("synthesize", _synthesis_cache(), key,
                                    {"config": model.as_dict(), "budget": budget, "goal": goal,
                                     "batch": goal_batch, "policies": named,
                                     "max_batch": quotas.PUBLIC_ADVISOR_MAX_BATCH if public else None},
-                                   say, need=COMPILE_WORKSPACE)
+                                   _synth_live.Lines(live), need=COMPILE_WORKSPACE)
         except (ConfigError, ExecutionError) as err:
             status.update(label="The synthesizer failed", state="error")
             doc, error = None, err
         else:
             error = None
-            status.update(label=f"Done: {doc['compiles']} compiles for the plan, {doc['named_compiles']} "
-                                f"for the named policies, {doc['wall_s']:.1f} s", state="complete")
+            status.update(label=(("Stopped before an answer" if doc.get("answer") is None else "Stopped")
+                                 if doc.get("stopped_because") else "Done")
+                          + f": {doc['compiles']} compiles for the plan, {doc['named_compiles']} for the "
+                            f"named policies, {doc['wall_s']:.1f} s", state="complete")
+    stop.empty()
     ss.pop("_synth_running", None)
     if error is not None:
-        _running.show_error(error)
+        _progress.stopped_with_rows(live, error, len(live.rows), "compiles")
         st.stop()
+    live.clear()
     ss["_synth_done"] = key
     ss["_synth_doc"] = (key, doc)
 
 # ---------------------------------------------------------------- the answer
 md = _views.md
 if doc.get("answer") is None:
-    st.warning("**Nothing fits.** " + md("; ".join(doc["notes"])))
+    if doc.get("stopped_because"):  # no answer yet, not "nothing fits": what was compiled, below
+        st.warning(md(f"**Stopped before an answer** ({doc['stopped_because']}): {doc['compiles']} "
+                      f"compiles for the plan and {doc['named_compiles']} for the named policies were "
+                      "done; what they compiled is below. Click Synthesize for an answer."))
+        st.dataframe(synthesis_frame(doc), hide_index=True, key="synth_table")
+    else:
+        st.warning("**Nothing fits.** " + md("; ".join(doc["notes"])))
     st.stop()
 who = "the synthesized plan" if doc["answer"] == "plan" else f"the named policy {doc['answer']}"
 sentence = (f"Answer: {who}: batch {doc['max_batch']} ({doc['per_device_batch']} per device), compiled "
             f"peak {human_bytes(doc['peak_bytes'])} per device")
 if doc.get("recomputed_flops") is not None:
-    sentence += f", recomputing {doc['recomputed_flops'] / 1e9:.4g} GFLOP per step (vs no_remat)"
+    sentence += f", recomputing {human_flops(doc['recomputed_flops'])} per step (vs no_remat)"
 st.success(md(sentence + "."))
 best = doc.get("best_named")
 if best:
@@ -181,18 +199,18 @@ if plan:
                   f"whole). Offload: {doc['offload']['why']}."))
     a, b = st.columns(2)
     a.markdown("The policy, ready to paste:")
-    a.code(doc["code"], language="python")
+    a.code(doc["code"], language="python", wrap_lines=True)
     b.markdown("MaxText (`remat_policy: custom`):")
-    b.code(doc["maxtext_yaml"], language="yaml")
+    b.code(doc["maxtext_yaml"], language="yaml", wrap_lines=True)
     st.markdown("Reproduce the plan with `run`:")
     st.code(doc["run_command"], language="bash", wrap_lines=True)
 elif doc.get("run_command"):  # the answer is a named policy: its own code, not a solver candidate
     a, b = st.columns(2)
     a.markdown(md(f"{doc['answer']}, ready to paste:"))
-    a.code(doc["code"], language="python")
+    a.code(doc["code"], language="python", wrap_lines=True)
     if doc.get("maxtext_yaml"):
         b.markdown("MaxText:")
-        b.code(doc["maxtext_yaml"], language="yaml")
+        b.code(doc["maxtext_yaml"], language="yaml", wrap_lines=True)
     st.markdown("Reproduce the answer with `run`:")
     st.code(doc["run_command"], language="bash", wrap_lines=True)
 frame = synthesis_frame(doc)
@@ -212,6 +230,6 @@ with st.expander("Method"):
     for k, v in doc["method"].items():
         st.markdown(md(f"**{k}**: {v}"))
 st.markdown("The same synthesis from the command line:")
-st.code(doc["command"], language="bash")
+st.code(doc["command"], language="bash", wrap_lines=True)
 st.download_button("Download JSON", json.dumps(doc, indent=1), "remat_lab_synthesis.json",
                    "application/json", key="synth_json")

@@ -9,7 +9,7 @@ if (_root := str(Path(__file__).resolve().parents[1])) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from pages import _page_state, _progress, _running, _shared, _sidebar  # noqa: E402
+from pages import _mesh_link, _page_state, _progress, _running, _shared, _sidebar  # noqa: E402
 from remat_lab.config import LOCAL, TARGET_NAMES, ConfigError, RunConfig  # noqa: E402
 from remat_lab.model.policies import POLICIES  # noqa: E402
 from remat_lab.present import charts, tables  # noqa: E402
@@ -56,10 +56,20 @@ if _sidebar.over_budget(cfg):  # the sidebar shows the red flag with what to low
             icon=":material/arrow_back:")
     st.stop()
 base = cfg.replace(target=LOCAL, target_devices=1)  # the targets come from this page
+local_mesh = None  # a link's mesh this server has not the devices for: the named targets' only
+if not cfg.mesh and (linked := ss.get(_mesh_link.FROM_LINK)):
+    try:
+        base, local_mesh = base.replace(mesh=linked), ""
+        st.info(f"The link's mesh `{linked}` is applied to each named target's devices"
+                + ("; local compiles on one device (this server has too few)." if LOCAL in chosen
+                   else "."), icon=":material/link:")
+    except ConfigError as err:
+        st.warning(f"The link's mesh `{linked}` does not fit this configuration "
+                   f"({safe_text.escape_markdown(err)}) Compiling on one device of each target.")
 key = (base, tuple(chosen), tuple(policies))
 clicked = st.button("Compile for these targets", key="targets_run", type="primary")
 if not (clicked or ss.get("_targets_done") == key):
-    mesh = f" on {cfg.mesh} (each target's devices)" if cfg.mesh else ""
+    mesh = f" on {base.mesh} (each named target's devices)" if base.mesh else ""
     st.info(f"{len(chosen) * len(policies)} compiles{mesh}: they run when you click **Compile for "
             "these targets** (measured on 2 cores: an H100 compile of an 8-block MLP 1–2 s, a TPU "
             "v5e one 5–20 s, an LLM preset on a mesh minutes); each one is kept, so a second visit, "
@@ -77,7 +87,8 @@ with status:
                                    keep_texts=c.target == LOCAL, say=live)
 
     try:
-        doc, error = compare_across_targets(base, list(policies), list(chosen), progress=live, run=run), None
+        doc, error = compare_across_targets(base, list(policies), list(chosen), progress=live, run=run,
+                                          local_mesh=local_mesh), None
     except (ConfigError, ExecutionError) as err:
         status.update(label="Compiling failed", state="error")
         error = err

@@ -152,11 +152,12 @@ def _raise_oom(*args, **kwargs):
     raise JaxRuntimeError(OOM)
 
 
-def test_cli_compile_failure_exits_1_and_the_next_run_works(monkeypatch, capsys):
+def test_cli_compile_failure_exits_3_and_the_next_run_works(monkeypatch, capsys):
+    """Out of memory exits 3 (each failure's own status: tests/test_failures.py)."""
     argv = ["explain", "--width", "24", "--batch", "2", "--no-jaxpr", "--no-cache"]
     with monkeypatch.context() as mp:
         mp.setattr(jax.stages.Lowered, "compile", _raise_oom)
-        assert main(argv) == 1
+        assert main(argv) == 3
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "XLA failed while compiling: RESOURCE_EXHAUSTED" in err
@@ -169,7 +170,7 @@ def test_run_failure_releases_the_timing_lock(monkeypatch, capsys):
     argv = ["run", "--width", "20", "--batch", "2", "--repeats", "1", "--warmup", "0", "--no-cache"]
     with monkeypatch.context() as mp:
         mp.setattr(jax.stages.Compiled, "__call__", _raise_oom)
-        assert main(argv) == 1
+        assert main(argv) == 3
     err = capsys.readouterr().err
     assert "XLA failed while running: RESOURCE_EXHAUSTED" in err and "Traceback" not in err
     assert not timing.TIMING_LOCK.locked()

@@ -6,7 +6,9 @@ Bad input exits with status 2 and one line on stderr; an XLA failure exits with 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 from remat_lab.cli import (
     advise,
@@ -21,7 +23,7 @@ from remat_lab.cli import (
     synthesize,
     targets,
 )
-from remat_lab.cli.common import Failure, Parser
+from remat_lab.cli.common import STATUS, Failure, Parser
 from remat_lab.cli.common import config_from as _config_from
 from remat_lab.cli.devices import setup_devices
 
@@ -70,3 +72,10 @@ def _run(args: argparse.Namespace) -> int:
     except Failure as failure:
         print(f"remat_lab: error: {failure}", file=sys.stderr)
         return failure.status
+    except Exception as err:  # noqa: BLE001 - not the user's nor XLA's: the lab's own bug, said so
+        from remat_lab.program.failures import lab_bug
+
+        if os.environ.get("REMAT_LAB_TRACEBACK") == "1":
+            traceback.print_exc()
+        print(f"remat_lab: error: {lab_bug(f'running {args.command}', err)}", file=sys.stderr)
+        return STATUS["LabBug"]

@@ -2,7 +2,9 @@
 
 Errors end a subcommand in one place: ``reported`` (and ``engine_errors``) turns the errors it names
 into a ``Failure``, and ``main`` prints ``remat_lab: error: <message>`` on stderr and exits with its
-status: 2 for bad input, 1 for a failure while running (XLA, the history file).
+status (``STATUS``): 2 for bad input, 3 the device out of memory, 4 this machine out of memory, 5 an
+XLA (or libtpu) error other than memory, 70 a bug in the lab, 1 any other failure while running
+(the history file, a worker lost).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from remat_lab.model.policies import DEFAULT_POLICY, POLICIES
 from remat_lab.model.stacks import STACKS
 
 BAD_INPUT = 2  # exit status: the user's input (flags, sizes, files) cannot be used
-FAILED = 1  # exit status: a valid request failed while running (XLA, the history file)
+FAILED = 1  # exit status: a valid request failed while running (the history file, a lost worker)
+# The exit status of each kind of failure (``program.failures``), by its class's name.
+STATUS = {"DeviceOutOfMemory": 3, "HostOutOfMemory": 4, "CompilerError": 5, "LabBug": 70}
 
 Errors = type[BaseException] | tuple[type[BaseException], ...]
 
@@ -56,11 +60,17 @@ def reported(bad_input: Errors = (), failed: Errors = (),
     except bad_input as err:
         raise Failure(say(err), BAD_INPUT) from None
     except failed as err:
-        raise Failure(say(err), FAILED) from None
+        raise Failure(say(err), status_of(err)) from None
+
+
+def status_of(err: BaseException) -> int:
+    """The exit status of a failure while running: its kind's (``STATUS``), else 1."""
+    return next((STATUS[t.__name__] for t in type(err).__mro__ if t.__name__ in STATUS), FAILED)
 
 
 def engine_errors():
-    """The engine's errors: ``ConfigError`` (bad input) exits 2, ``ExecutionError`` (XLA) exits 1."""
+    """The engine's errors: ``ConfigError`` (bad input) exits 2, an ``ExecutionError`` its kind's
+    status (``STATUS``)."""
     from remat_lab.program.backend import ExecutionError  # lazy: it loads JAX
 
     return reported(ConfigError, ExecutionError)

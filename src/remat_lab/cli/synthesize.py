@@ -15,7 +15,7 @@ from remat_lab.cli.common import (
     int_arg,
     policies_arg,
 )
-from remat_lab.config import LIMITS, human_bytes, parse_mesh
+from remat_lab.config import LIMITS, human_bytes, human_flops, parse_mesh
 
 GOALS = ("max-batch", "min-recompute")
 
@@ -72,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _flops(value) -> str:
-    return "-" if value is None else f"{value / 1e9:.4g} GFLOP"
+    return "-" if value is None else human_flops(value)  # 3.441 MFLOP, not 0.003441 GFLOP
 
 
 def format_synthesis(doc: dict) -> str:

@@ -143,6 +143,15 @@ def parse_bytes(text: str) -> int:
     return int(value * units[unit])
 
 
+def budget_text(n: int) -> str:
+    """``n`` bytes as a budget to type, in the largest unit it reaches: whole where that unit
+    divides it (``16G``, ``400K``), else rounded down to two decimals, so that ``parse_bytes``
+    reads back at most ``n`` (``11.77G``, never ``12341832K``)."""
+    unit, scale = next(((u, s) for u, s in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
+                        if n >= s), ("", 1))
+    return f"{n // scale}{unit}" if n % scale == 0 else f"{int(n * 100 / scale) / 100:g}{unit}"
+
+
 def default_budget_bytes(device_limit: int | None = None) -> int:
     """Half the memory the backend can use: the device's limit when known, else the system's."""
     return (device_limit or _system_memory_bytes()) // 2
@@ -173,6 +182,16 @@ def human_seconds(s: float) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.1f} µs"
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def human_flops(n: float) -> str:
+    """A flop count in the largest SI unit it reaches, four significant digits: ``202600`` ->
+    ``'202.6 kFLOP'``, ``3.4e12`` -> ``'3.4 TFLOP'`` (never ``'0.0002026 GFLOP'``)."""
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6),
+                        ("kFLOP", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.4g} FLOP"
 
 
 def human_bytes(n: float) -> str:

@@ -13,6 +13,7 @@ from remat_lab.present.palette import empty, figure, policy_color
 from remat_lab.present.run_charts import legend_outside, log_ticks, titled
 
 COLORBAR_GAP_PX = 20  # at least this far apart, the colour bar's 13 px labels never touch
+OFF_SCALE = 3.0  # the advisor's chart shows peaks up to this many budgets; a probe above is marked
 
 
 def make_sweep_figure(df: pd.DataFrame, x: str, y: str, y_title: str) -> go.Figure:
@@ -150,15 +151,23 @@ def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
     if df is None or df.empty:
         return empty(fig)
     df = df.assign(peak_mib=df["peak_mib"] / scale)  # in ``unit`` from here on
+    # The probes that matter are near the budget: one far above it (everything_saveable at 700 GiB
+    # against 60) would squash the rest, so it is drawn at the top edge, a triangle, its peak in
+    # its hover and the axis's note.
+    cap = OFF_SCALE * budget_mib / scale
+    off = df["peak_mib"] > cap
     for policy, part in df.sort_values("batch").groupby("policy", sort=False):
-        color = policy_color(policy)
+        color, above = policy_color(policy), part["peak_mib"] > cap
         fig.add_trace(go.Scatter(
-            x=part["batch"], y=part["peak_mib"], mode="lines+markers", name=str(policy),
+            x=part["batch"], y=np.minimum(part["peak_mib"], cap), mode="lines+markers", name=str(policy),
             legendgroup=str(policy), line=dict(color=color, width=1.5),
-            marker=dict(size=8, color=[color if f else "white" for f in part["fits"]],
-                        line=dict(width=1.5, color=color)),
-            customdata=np.where(part["fits"], "fits", "over the budget"),
-            hovertemplate=(f"batch %{{x}}: %{{y:.3f}} {unit}, %{{customdata}}"
+            marker=dict(size=[12 if a else 8 for a in above], color=[
+                color if f else "white" for f in part["fits"]], line=dict(width=1.5, color=color),
+                symbol=["triangle-up" if a else "circle" for a in above]),
+            customdata=np.stack([part["peak_mib"], np.where(
+                part["fits"], "fits", np.where(above, "over the budget, off the scale", "over the budget"))],
+                axis=-1),
+            hovertemplate=(f"batch %{{x}}: %{{customdata[0]:.3f}} {unit}, %{{customdata[1]}}"
                            "<extra>%{fullData.name}</extra>")))
         best = part[part["answer"]]
         if not best.empty:
@@ -170,6 +179,12 @@ def make_advice_peak_figure(df: pd.DataFrame, budget_mib: float) -> go.Figure:
     fig.add_hline(y=budget_mib / scale, line=dict(color="#B91C1C", dash="dash", width=2),
                   annotation_text=f"budget {budget_mib / scale:,.1f} {unit}", annotation_position="top left",
                   annotation_font=dict(color="#B91C1C"))
+    if off.any():
+        fig.update_yaxes(range=[0, cap * 1.06])
+        fig.add_annotation(
+            text=f"▲ {int(off.sum())} probe{'s' * (int(off.sum()) > 1)} off the scale, up to "
+                 f"{df['peak_mib'].max():,.1f} {unit}", xref="paper", yref="paper", x=1, y=1,
+            xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=12, color="#444"))
     if df["batch"].max() > 16 * max(df["batch"].min(), 1):
         fig.update_xaxes(type="log", tickvals=log_ticks(df.loc[df["batch"] > 0, "batch"].unique()))
     return legend_outside(fig, df["policy"].nunique())

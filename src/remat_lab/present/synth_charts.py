@@ -24,17 +24,26 @@ def _plan_label(plan: dict) -> str:
 def synthesis_frame(doc: dict) -> pd.DataFrame:
     """One row per compiled plan and per named policy: ``source`` (plan, named), ``label``,
     ``batch`` (global), ``peak_mib``, ``predicted_mib`` (plans), ``error_pct``, ``recomputed_gflop``,
-    ``fits``, ``answer`` (the synthesis's answer)."""
-    rows = []
+    ``fits``, ``answer`` (the synthesis's answer, one row). A plan compiled twice at one batch (the
+    solver's and the refinement's) is one row."""
+    rows, seen = [], set()
     answer = doc.get("answer")
+    marked = answer != "plan"  # the answer's row is marked once, at the answer's batch if listed there
+    at_batch = any(c["plan"] == doc.get("plan") and c["max_batch"] == doc.get("max_batch")
+                   for c in doc.get("candidates") or [])
     for c in doc.get("candidates") or []:
         label = _plan_label(c["plan"])
+        if (label, c["max_batch"], c["peak_bytes"]) in seen:  # the same program found twice
+            continue
+        seen.add((label, c["max_batch"], c["peak_bytes"]))
+        is_answer = (not marked and c["plan"] == doc.get("plan") and bool(c["fits"])
+                     and (c["max_batch"] == doc.get("max_batch") or not at_batch))
+        marked = marked or is_answer
         rows.append({"source": "plan", "label": label, "batch": c["max_batch"],
                      "peak_mib": c["peak_bytes"] / MIB, "predicted_mib": c["predicted_peak_bytes"] / MIB,
                      "error_pct": 100 * c["error_share"],
                      "recomputed_gflop": _gflop(c["recomputed_flops"]),
-                     "fits": bool(c["fits"]),
-                     "answer": answer == "plan" and c["plan"] == doc.get("plan") and bool(c["fits"])})
+                     "fits": bool(c["fits"]), "answer": is_answer})
     for r in doc.get("named") or []:
         rows.append({"source": "named", "label": r["policy"], "batch": r["max_batch"],
                      "peak_mib": None if r["peak_bytes"] is None else r["peak_bytes"] / MIB,

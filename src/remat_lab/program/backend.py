@@ -14,6 +14,10 @@ import jax
 import jaxlib
 
 from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target, parse_bytes
+from remat_lab.program import failures
+from remat_lab.program.failures import ExecutionError, out_of_memory
+
+__all__ = ["ExecutionError", "out_of_memory"]  # the failures' base and test, where callers import them
 
 CACHE_MAX_ENV = "REMAT_LAB_CACHE_MAX_BYTES"
 CACHE_MAX_BYTES = 256 << 20  # JAX's compiled executables: 43-340 KB per configuration on XLA CPU
@@ -25,10 +29,6 @@ _CACHE = {"dir": None, "listening": False}
 # must not clear another's pending write (a shared flag let a write land after the other thread's
 # trim and stay over the bound until some later compile).
 _WROTE = threading.local()
-
-
-class ExecutionError(RuntimeError):
-    """XLA failed to compile or run a configuration; the message says what to change."""
 
 
 def byte_limit(env: str, default: int) -> int | None:
@@ -177,11 +177,6 @@ def needed_bytes(err: BaseException) -> int | None:
     return int(float(m.group(1) or m.group(3)) * 1024 ** " KMGT".index(m.group(2) or m.group(4)))
 
 
-def out_of_memory(err: BaseException) -> bool:
-    """Whether XLA's ``err`` says the program does not fit the device (a TPU's compile says so)."""
-    return "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower()
-
-
 def _preset_hint(config: RunConfig) -> str:
     """Out of memory with a published shape (a preset): what holds it, never a smaller model. The
     static bytes per device against the device's memory (a target's usable share, else the local
@@ -198,12 +193,23 @@ def _preset_hint(config: RunConfig) -> str:
     return f"{config.preset}: {footprint.crowded_sentence(found, config.batch)}"
 
 
-def xla_error(stage: str, err: Exception, config: RunConfig | None = None) -> ExecutionError:
-    """``err`` as one sentence and what to change; out of memory with a preset's ``config``, said
-    in devices and memory (``_preset_hint``) rather than as a smaller model."""
-    text = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-    hint = ("the device ran out of memory: lower width, batch, seq or depth" if out_of_memory(err)
-            else "try a smaller or different configuration")
-    if out_of_memory(err) and config is not None and config.preset:
+def xla_error(stage: str, err: Exception, config: RunConfig | None = None) -> Exception:
+    """``err``, raised while ``stage``, named for what it is (``failures``): the device out of memory
+    (with a preset's ``config``, said in devices and memory by ``_preset_hint``, else as a smaller
+    model), this machine's memory, XLA's own error quoted with its code, or the lab's bug. An error
+    already worded (the configuration's, the user's block's, one named here before) stays as it is."""
+    if isinstance(err, ConfigError | ExecutionError):
+        return type(err)(str(err))
+    cls = failures.kind(err)
+    if cls is failures.LabBug:
+        return failures.lab_bug(stage, err)
+    if cls is failures.HostOutOfMemory:
+        local = config is None or config.target == LOCAL
+        return failures.host_oom(stage, err, device_is_host=local and jax.default_backend() == "cpu")
+    if cls is failures.CompilerError:
+        return failures.compiler_error(stage, err)
+    hint = "the device ran out of memory: lower width, batch, seq or depth"
+    if config is not None and config.preset:
         hint = f"the device ran out of memory: {_preset_hint(config)}"
-    return ExecutionError(f"XLA failed while {stage}: {text}. {hint[0].upper() + hint[1:]}.")
+    return failures.DeviceOutOfMemory(f"XLA failed while {stage}: {failures.xla_words(err)}. "
+                                      f"{hint[0].upper() + hint[1:]}.")

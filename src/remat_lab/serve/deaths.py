@@ -17,6 +17,9 @@ from pathlib import Path
 
 from remat_lab.config import human_bytes, limits
 
+# Signals a process sends itself when its native code fails (XLA's CHECK aborts, a segfault).
+_CRASHES = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+
 
 def _count(path: Path) -> int | None:
     try:
@@ -77,8 +80,14 @@ def message(code: int | None, limit: int, oom_before: int | None, oom_after: int
                     f"may have run out of memory (limit {human_bytes(limit)}), or something outside "
                     f"the app stopped it (this server cannot tell which); {again} Try it again, or a "
                     "smaller configuration.")
+        if -code in _CRASHES:
+            return (f"The worker process crashed ({name}) in native code, XLA's or JAX's, while "
+                    f"running this configuration; {again} This is a bug in XLA or the lab, not a "
+                    "lack of memory: a smaller configuration is no cure; run it again, and report "
+                    "it if it crashes again.")
         return (f"The worker process was stopped from outside the app ({name}, not by the "
                 f"out-of-memory killer) while running this configuration; {again} Your configuration "
                 "was not the cause: run it again.")
-    return (f"The worker process died while running this configuration (exit code {code}); "
-            f"{again} Try a smaller or different configuration.")
+    return (f"The worker process exited while running this configuration (exit code {code}), "
+            f"which the lab's worker never does on its own: a bug in the lab; {again} Run it "
+            "again, and report it if it happens again.")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from remat_lab.config import ConfigError, MemoryBudgetError, RunConfig, limits
-from remat_lab.program import targets
+from remat_lab.program import failures, targets
 from remat_lab.program.backend import ExecutionError
 from remat_lab.serve import quotas
 from remat_lab.store.history import public_mode
@@ -95,10 +95,13 @@ def stopper(kind: str, stop_file: str | None) -> Callable[[], str | None] | None
 
 
 def error_reply(err: BaseException) -> tuple[str, str]:
-    kind = ("budget" if isinstance(err, MemoryBudgetError) else "config" if isinstance(err, ConfigError)
-            else "execution")
-    text = str(err) if isinstance(err, ConfigError | ExecutionError) else f"{type(err).__name__}: {err}"
-    return kind, text
+    """``(kind, sentence)`` of a job's error: ``budget``, ``config``, a ``program.failures`` class's
+    name (an error not worded before is the lab's bug), or ``execution``."""
+    if isinstance(err, ConfigError):
+        return ("budget" if isinstance(err, MemoryBudgetError) else "config"), str(err)
+    if not isinstance(err, ExecutionError):
+        err = failures.lab_bug("running this job", err)
+    return (type(err).__name__ if hasattr(failures, type(err).__name__) else "execution"), str(err)
 
 
 def serve(requests, replies, env: dict) -> None:

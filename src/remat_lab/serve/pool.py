@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from remat_lab.config import ConfigError, MemoryBudgetError, human_bytes, limits
+from remat_lab.program import failures
 from remat_lab.program.backend import ExecutionError
 from remat_lab.serve import deaths, quotas, visitors
 from remat_lab.serve.fairqueue import FairQueue
@@ -363,7 +364,8 @@ class Pool:
                 job.finish(value)
             else:
                 kind, text = value
-                cls = {"budget": MemoryBudgetError, "config": ConfigError}.get(kind, ExecutionError)
+                cls = {"budget": MemoryBudgetError, "config": ConfigError}.get(kind) or getattr(
+                    failures, kind, ExecutionError)  # a failure's own kind (program.failures)
                 job.finish(error=cls(text))
             if w.runs >= self.max_runs or (rss or 0) > self.max_rss:
                 self.recycled += 1

@@ -64,18 +64,23 @@ def rankings(rows: list[dict]) -> dict[str, list[str]]:
 
 def compare_across_targets(config: RunConfig, policies: list[str], targets: list[str],
                            progress: Callable[[str], None] | None = None,
-                           run: Callable[[RunConfig], dict] | None = None) -> dict:
+                           run: Callable[[RunConfig], dict] | None = None,
+                           local_mesh: str | None = None) -> dict:
     """Compile ``config`` under each of ``policies`` for each of ``targets``: one row per pair.
 
     ``run`` gives one pair's run document (default: ``run_experiment(cfg, timing=False)`` here; the
-    app passes its worker pool). A pair XLA cannot compile is listed under ``failed``; a bad
-    configuration raises ``ConfigError`` before anything compiles.
+    app passes its worker pool). ``local_mesh``: the local rows' mesh when it is not ``config``'s
+    (``""``: one device, for a host without the mesh's devices; kept in the document). A pair XLA
+    cannot compile is listed under ``failed``; a bad configuration raises ``ConfigError`` before
+    anything compiles.
     """
     if not policies or not targets:
         raise ConfigError("name at least one policy and one target.")
     run = run or _compile_only
     devices = mesh_devices(config.mesh)
-    pairs = [(t, p, config.replace(policy=p, target=t, target_devices=1 if t == LOCAL else devices))
+    local = config if local_mesh is None else config.replace(mesh=local_mesh)
+    pairs = [(t, p, config.replace(policy=p, target=t, target_devices=devices) if t != LOCAL
+              else local.replace(policy=p, target_devices=1))
              for t in targets for p in policies]  # every configuration validated before compiling
     # Each step also carries the counts and the rows so far (the page's partial table).
     say = Tracker(progress, planned=len(pairs), unit="compiles", item="compile", phase="compiling")
@@ -91,6 +96,6 @@ def compare_across_targets(config: RunConfig, policies: list[str], targets: list
         rows.append(_row(target, policy, doc))
         say.finished(rows[-1], f"{policy} for {target}: compiled")
     return {"schema": 1, "kind": "across_targets", "config": config.as_dict(),
-            "policies": list(policies), "targets": list(targets), "rows": rows,
+            "local_mesh": local.mesh, "policies": list(policies), "targets": list(targets), "rows": rows,
             "rankings": rankings(rows),
             "failed": failed, "method": METHOD, "environment": environment()}
