@@ -98,6 +98,23 @@ def test_advice_recompute_overhead_is_the_policys_own_when_no_remat_is_rewritten
     assert advisor_search.probe(base)["flops"] / model[65536] - 1 > 0.1
 
 
+def test_model_flops_past_every_probe_when_the_largest_end_is_rewritten():
+    """Issue 45 (6): a batch above every probe no_remat's pass left alone, below an end XLA's pass
+    rewrote (over the H100), was looked up between two counts of which one was missing:
+    ``min() arg is an empty sequence``. It is read on the line to the end's lifted count."""
+    from remat_lab.studies.advisor_sizing import model_flops_at
+
+    advisor_search.clear_cache()
+    base = RunConfig(**BIG, batch=1, policy="no_remat")
+    for b in (2, 4):  # what no_remat's search probed
+        advisor_search.probe(base.replace(batch=b))
+    got, on_line = model_flops_at(base, {2, 4, 8, 2000, 65536})
+    assert advisor_search.probe(base.replace(batch=65536))["xla_remat"]["applied"]
+    assert on_line == 1  # 2000: between 8 (compiled) and 65536 (its lifted compile)
+    for b, f in got.items():
+        assert f == pytest.approx(hand_flops(b, 16384, 8), rel=1e-9), b
+
+
 def test_train_step_on_a_mesh_reports_one_memory_per_device_in_both_places():
     from remat_lab.studies.experiment import run_experiment
 
