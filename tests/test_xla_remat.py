@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remat_lab.analysis.xla_remat import rematerialized
+from remat_lab.analysis.xla_remat import rematerialized, report, sentence
 from remat_lab.config import RunConfig
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.targets import target_devices
@@ -75,6 +75,34 @@ def test_probe_reports_xla_remat_and_model_flops_leave_it_out():
     assert found["flops"] > free["flops"]
     assert free["xla_remat"]["extra_flops"] == pytest.approx(found["flops"] - free["flops"])
     assert free["xla_remat"]["from_bytes"] and free["xla_remat"]["to_bytes"]
+
+
+def test_a_pass_that_leaves_the_program_over_the_device_tried_and_failed():
+    """Issue 45 (8): at depth 16 the pass takes no_remat from 138.5 to 138.0 GiB, over the H100's
+    79.1 either way: it tried and failed to fit, and says so."""
+    advisor_search.clear_cache()
+    remat = xla_free(RunConfig(**{**BIG, "depth": 16}, batch=65536, policy="no_remat"))["xla_remat"]
+    assert remat["applied"] and remat["to_bytes"] > remat["device_bytes"] == 84942979072
+    assert remat["from_bytes"] > remat["device_bytes"]  # as written, the lifted compile's
+    assert remat["failed"] is True
+    note = sentence(remat, lambda x: f"{x:.3g}")
+    assert "tried and failed to fit" in note and "over the device's 79.11 GiB" in note
+    assert " to fit: the policy alone" not in note
+
+
+@pytest.mark.parametrize("to, failed, words", [
+    (70 << 30, False, "to fit: the policy alone does not fit (XLA's pass took the peak from 90.00"),
+    (85 << 30, True, "tried and failed to fit: neither the policy nor XLA's rewrite fits (XLA's "
+                     "pass took the peak from 90.00 GiB to 85.00 GiB, over the device's 80.00 GiB)"),
+    (90 << 30, True, "did not lower the peak: from 90.00 GiB to 90.00 GiB"),
+    (95 << 30, True, "raised the peak from 90.00 GiB to 95.00 GiB"),
+])
+def test_the_pass_is_described_as_what_it_did(to, failed, words):
+    found = report(3, 2e12, to, {"flops": 1e12, "peak_bytes": 90 << 30}, device_bytes=80 << 30)
+    assert found["failed"] is failed and found["extra_flops"] == 1e12
+    assert words in sentence(found, lambda x: f"{x:.3g}")
+    assert report(0, 1e12, 1 << 30)["failed"] is False
+    assert report(3, 1e12, 1 << 30)["failed"] is None  # the lifted compile unknown: not said
 
 
 def test_advice_recompute_overhead_is_the_policys_own_when_no_remat_is_rewritten():

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from remat_lab.analysis.costs import memory_report, program_flops
 from remat_lab.analysis.xla_remat import rematerialized
 from remat_lab.analysis.xla_remat import report as xla_remat_report
-from remat_lab.config import RunConfig
+from remat_lab.config import LOCAL, RunConfig, get_target
 from remat_lab.studies.advisor_search import (
     MAX_BATCH,
     Progress,
@@ -132,7 +132,9 @@ def xla_free(config: RunConfig) -> dict:
         cached = {"flops": program_flops(compiled, text)[0], "left": len(rematerialized(text)),
                   "peak_bytes": (memory_report(compiled) or {}).get("peak_bytes")}
         _UNLIMITED.put(config, cached)
-    out = xla_remat_report(remat["instructions"], found["flops"], found["peak_bytes"], cached)
+    device = None if config.target == LOCAL else get_target(config.target).memory_bytes
+    out = xla_remat_report(remat["instructions"], found["flops"], found["peak_bytes"], cached,
+                           device_bytes=device)
     return {"flops": cached["flops"] if not cached["left"] else None, "xla_remat": out}
 
 
