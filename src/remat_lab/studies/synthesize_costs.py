@@ -88,12 +88,14 @@ class Meter:
                  should_stop: Callable[[], bool] | None = None, planned: int = 0):
         self.base, self.compiles, self.planned = base, 0, planned
         self.forced = 0  # of ``compiles``: probes XLA's own pass rewrote, compiled again as written
+        self.answer = 0  # of ``compiles``: the refined answer's exact batch search, its own allowance
         self.say = progress or (lambda message: None)
         self.should_stop = should_stop or (lambda: False)
 
     def own(self) -> int:
-        """The compiles that count against the 3k + 12 limit: all but XLA's forced recompiles."""
-        return self.compiles - self.forced
+        """The compiles that count against the 3k + 12 limit: all but XLA's forced recompiles and
+        the refined answer's exact batch search (``answer``)."""
+        return self.compiles - self.forced - self.answer
 
     def figures(self, config: RunConfig, what: str, written: bool = True) -> dict:
         """``{"peak_bytes", "flops", "host_bytes", "written_peak_bytes", "written_flops",

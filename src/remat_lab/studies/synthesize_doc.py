@@ -98,6 +98,10 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
         "plan": plan.as_dict(names) if plan and beats else None,
         "best_plan": plan.as_dict(names) if plan and not beats else None,
         "max_batch": at, "per_device_batch": (answer or {}).get("per_device_batch") or 0,
+        # the answer's own largest batch searched (a named policy's always; a plan's unless the
+        # compiles ran out: then a batch it was compiled to fit)
+        "max_batch_exact": None if answer is None or goal != "max-batch" else
+        bool(answer.get("max_batch_exact", True)),
         "peak_bytes": (answer or {}).get("peak_bytes"),
         "recomputed_flops": (answer or {}).get("recomputed_flops"),
         "recomputed_baseline": None if answer is None else (
