@@ -323,8 +323,9 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
                      "compiled again with its limit lifted to read the program as the policy wrote it "
                      f"({meter.forced} more compiles, outside the 3k + 12 = {limit} count)")
     if record and record.get("search_compiles"):
-        notes.append(f"the refined plan's exact largest batch was searched with "
-                     f"{record['search_compiles']} compiles of its own, outside the 3k + 12 = {limit}"
+        n = record["search_compiles"]
+        notes.append(f"the refined plan's exact largest batch was searched with {n} "
+                     f"compile{'s' * (n != 1)} of its own, outside the 3k + 12 = {limit}"
                      + (f" ({record['search_stopped']})" if record.get("search_stopped") else ""))
     if goal == "max-batch" and doc["answer"] and not doc["max_batch_exact"]:
         notes.append(f"the answer's batch {doc['max_batch']} is a compiled fit, not the plan's exact "
