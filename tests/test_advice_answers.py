@@ -122,3 +122,33 @@ def test_on_a_target_one_runner_up_by_the_estimate_per_device_and_each_sentence_
     # the runner-up by the same order the pick was made in: the estimate, not the largest batch
     assert "Runner-up save_qkv_proj at batch 6 per device (48 global): about 17.3 examples/s" in why
     assert format_advice(doc).count(note) == 1
+
+
+def _xla_decides(rewritten: bool):
+    """Issue 45 (7): what a plain llama3-8b twin does near the H100's memory, in small: batch 12
+    is refused, 13 fits, 14 and 15 do not; XLA's own pass rewrote the programs from 11 up."""
+    def measure(cfg):
+        b = cfg.batch
+        peak = 100 + 10 * b if b <= 11 else 220 if b == 13 else 1000
+        return {"peak_bytes": peak, "cached": False,
+                "xla_remat": {"applied": rewritten and b >= 11, "instructions": 3}}
+    return measure
+
+
+def test_where_xla_decides_batches_above_the_first_refusal_are_compiled_and_the_margin_said():
+    cfg = RunConfig(model="mlp", width=64, batch=1)
+    found = largest_batch(cfg, budget=225, max_batch=64, measure=_xla_decides(True))
+    assert found["max_batch"] == 13 and found["next_batch"] == 14 and found["xla_decided"]
+    assert found["checked_above"] == [13, 14] and found["margin_bytes"] == 225 - 220
+    assert {p["batch"]: p["fits"] for p in found["probes"]}[12] is False
+    assert "XLA's own rematerialization pass decided it" in found["reason"]
+    assert "2.2 % under the budget" in found["reason"]
+    plain = largest_batch(cfg, budget=225, max_batch=64, measure=_xla_decides(False))
+    assert plain["max_batch"] == 11 and plain["checked_above"] == [] and not plain["xla_decided"]
+    from remat_lab.studies.advisor_decision import decide
+    doc = {"rows": [{"policy": "no_remat", **found}], "budget_bytes": 225,
+           "recommended": "no_remat", "reason": ""}
+    decision = decide(doc, [])
+    assert decision["xla_decided"] and decision["headroom_bytes"] == 5
+    assert "XLA's own rematerialization pass decided that batch" in decision["why"]
+    assert "batches 13, 14 above the first refusal" in decision["why"]

@@ -87,6 +87,17 @@ def test_the_answer_is_a_compiled_plan_that_a_plain_checkpoint_reproduces(doc):
     assert 0 <= code < 64 << 10, (lab, plain)  # the lab's peak counts XLA's generated code too
     assert plain + code <= BUDGET
     assert _plain_peak(MLP, p["save"], p["offload"], p["remat_layers"], b + 1) + code > BUDGET
+    # issue 45 (2, 3): the answer's batch is its own, and the model's error on every compiled
+    # candidate is in the answer
+    assert doc["max_batch_exact"] is True
+    errors = [c["error_share"] for c in doc["candidates"]]
+    for c in doc["candidates"]:
+        assert c["error_share"] == pytest.approx((c["peak_bytes"] - c["predicted_peak_bytes"])
+                                                 / c["peak_bytes"], abs=1e-6)
+    assert doc["model_error"] == {"compiled": len(errors), "min_share": min(errors),
+                                  "max_share": max(errors),
+                                  "max_abs_share": max(abs(x) for x in errors)}
+    assert any(n.startswith("the model's error on the") for n in doc["notes"])
 
 
 def test_never_worse_than_the_named_policies(doc):

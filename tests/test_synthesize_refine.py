@@ -164,3 +164,79 @@ def test_the_note_names_what_decided_a_tie_in_recomputed_flops():
     assert "same recomputed flops and 2.00 GiB less offloaded per step" in note and "0.0%" not in note
     fewer = refine_note({**record, "recomputed_flops": 0.75e14})
     assert "25.0% fewer recomputed flops" in fewer
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    """What ``largest_batch`` reads of a plan's configuration (``plan_config`` stubbed)."""
+
+    plan: Plan
+    batch: int = 1
+    mesh: str = ""
+    microbatches: int = 1
+    policy: str = "custom"
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+
+class _CountingMeter:
+    """A synthesis's meter whose compiles are the model's figures (+ ``extra`` per kept name)."""
+
+    def __init__(self, model: Model):
+        self.model, self.compiles, self.forced, self.answer = model, 0, 0, 0
+
+    def own(self) -> int:
+        return self.compiles - self.forced - self.answer
+
+    def should_stop(self) -> bool:
+        return False
+
+    def say(self, message: str) -> None:
+        pass
+
+    def plan(self, plan: Plan, b: int, written: bool = True) -> dict:
+        self.compiles += 1
+        got = self.model.predict(plan, b)
+        flops = 1e9 * b + got["recomputed_flops"]
+        return {"peak_bytes": int(got["peak_bytes"]), "flops": flops, "written_flops": flops,
+                "host_bytes": got["offloaded_bytes"], "xla_remat": False}
+
+
+@pytest.mark.parametrize("search", [5, 2])
+def test_a_refined_answer_gets_its_own_largest_batch_at_the_compile_limit(monkeypatch, search):
+    """Issue 45 (2): the refinement beat the named policy at its batch with the limit all but spent,
+    and the answer stayed at the refinement's batch (the 3-name block: 62 where its plan fits 67).
+    Now the plan's exact largest batch is searched with compiles of its own, outside the limit;
+    a search those compiles cut short answers the largest batch it compiled to fit, and says so."""
+    from remat_lab.config import RunConfig
+    from remat_lab.studies import synthesize as synth
+
+    model = _model(3, k=3)
+    start = Plan((), (), 4)
+    b = 6
+    budget = model.predict(start, b)["peak_bytes"] + 12 * model.slope_base
+    plain = lambda cfg: {"peak_bytes": int(model.predict(cfg.plan, cfg.batch)["peak_bytes"]),
+                         "cached": False}
+    monkeypatch.setattr(synth, "probe", plain)
+    monkeypatch.setattr(synth, "plan_config", lambda base, plan, batch: _Cfg(plan, batch))
+    monkeypatch.setattr(synth, "SEARCH", search)
+    base = RunConfig(model="mlp", width=64, depth=4, batch=1)
+    run = synth._Run(base, int(budget), _CountingMeter(model), 64)
+    named = _named(model, start, b, "nothing_saveable")
+    named["flops"] = 1e9 * b + named["recomputed_flops"]
+    limit = 2  # the refinement's compiles leave no room for a search of SEARCH compiles
+    rec = synth._refine(run, model, named, start, "max-batch", limit)
+    assert rec["outcome"] == "beats" and run.meter.own() <= limit
+    plan = Plan(tuple(rec["plan"]["save"]), tuple(rec["plan"]["offload"]), rec["plan"]["remat_layers"])
+    truth = max(x for x in range(1, 65) if model.predict(plan, x)["peak_bytes"] <= int(budget))
+    assert truth > b  # the plan fits more than the batch it was refined at
+    assert rec["search_compiles"] > 0 and run.meter.answer == rec["search_compiles"]
+    row = max((c for c in run.candidates if c["plan"] == rec["plan"] and c["fits"]),
+              key=lambda c: c["max_batch"])
+    assert rec["searched_max_batch"] == row["max_batch"]
+    if search == 5:  # compiles enough: the exact answer, the batch after it refused
+        assert row["max_batch"] == truth and row["max_batch_exact"] and rec["search_stopped"] is None
+    else:  # cut short: a batch it compiled to fit, said
+        assert b <= row["max_batch"] <= truth and not row["max_batch_exact"]
+        assert "stopped at its 2 compiles" in rec["search_stopped"]

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remat_lab.analysis.xla_remat import rematerialized
+from remat_lab.analysis.xla_remat import rematerialized, report, sentence
 from remat_lab.config import RunConfig
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.targets import target_devices
@@ -77,6 +77,34 @@ def test_probe_reports_xla_remat_and_model_flops_leave_it_out():
     assert free["xla_remat"]["from_bytes"] and free["xla_remat"]["to_bytes"]
 
 
+def test_a_pass_that_leaves_the_program_over_the_device_tried_and_failed():
+    """Issue 45 (8): at depth 16 the pass takes no_remat from 138.5 to 138.0 GiB, over the H100's
+    79.1 either way: it tried and failed to fit, and says so."""
+    advisor_search.clear_cache()
+    remat = xla_free(RunConfig(**{**BIG, "depth": 16}, batch=65536, policy="no_remat"))["xla_remat"]
+    assert remat["applied"] and remat["to_bytes"] > remat["device_bytes"] == 84942979072
+    assert remat["from_bytes"] > remat["device_bytes"]  # as written, the lifted compile's
+    assert remat["failed"] is True
+    note = sentence(remat, lambda x: f"{x:.3g}")
+    assert "tried and failed to fit" in note and "over the device's 79.11 GiB" in note
+    assert " to fit: the policy alone" not in note
+
+
+@pytest.mark.parametrize("to, failed, words", [
+    (70 << 30, False, "to fit: the policy alone does not fit (XLA's pass took the peak from 90.00"),
+    (85 << 30, True, "tried and failed to fit: neither the policy nor XLA's rewrite fits (XLA's "
+                     "pass took the peak from 90.00 GiB to 85.00 GiB, over the device's 80.00 GiB)"),
+    (90 << 30, True, "did not lower the peak: from 90.00 GiB to 90.00 GiB"),
+    (95 << 30, True, "raised the peak from 90.00 GiB to 95.00 GiB"),
+])
+def test_the_pass_is_described_as_what_it_did(to, failed, words):
+    found = report(3, 2e12, to, {"flops": 1e12, "peak_bytes": 90 << 30}, device_bytes=80 << 30)
+    assert found["failed"] is failed and found["extra_flops"] == 1e12
+    assert words in sentence(found, lambda x: f"{x:.3g}")
+    assert report(0, 1e12, 1 << 30)["failed"] is False
+    assert report(3, 1e12, 1 << 30)["failed"] is None  # the lifted compile unknown: not said
+
+
 def test_advice_recompute_overhead_is_the_policys_own_when_no_remat_is_rewritten():
     """An advice row at batch 65536: nothing_saveable fits there, no_remat (its model flops) is over
     the H100 and rewritten by XLA; the row's overhead is read from the program as written."""
@@ -96,6 +124,23 @@ def test_advice_recompute_overhead_is_the_policys_own_when_no_remat_is_rewritten
     assert row["xla_remat"]["applied"] is False and row["xla_recompute_overhead"] == 0
     # the rewritten no_remat's own count would have made it look cheaper than it is
     assert advisor_search.probe(base)["flops"] / model[65536] - 1 > 0.1
+
+
+def test_model_flops_past_every_probe_when_the_largest_end_is_rewritten():
+    """Issue 45 (6): a batch above every probe no_remat's pass left alone, below an end XLA's pass
+    rewrote (over the H100), was looked up between two counts of which one was missing:
+    ``min() arg is an empty sequence``. It is read on the line to the end's lifted count."""
+    from remat_lab.studies.advisor_sizing import model_flops_at
+
+    advisor_search.clear_cache()
+    base = RunConfig(**BIG, batch=1, policy="no_remat")
+    for b in (2, 4):  # what no_remat's search probed
+        advisor_search.probe(base.replace(batch=b))
+    got, on_line = model_flops_at(base, {2, 4, 8, 2000, 65536})
+    assert advisor_search.probe(base.replace(batch=65536))["xla_remat"]["applied"]
+    assert on_line == 1  # 2000: between 8 (compiled) and 65536 (its lifted compile)
+    for b, f in got.items():
+        assert f == pytest.approx(hand_flops(b, 16384, 8), rel=1e-9), b
 
 
 def test_train_step_on_a_mesh_reports_one_memory_per_device_in_both_places():

@@ -150,7 +150,7 @@ def _overheads(row: dict, free: dict) -> None:
     """A fitting row's recomputation as shares of the model flops: the compiled program's
     (``recompute_overhead``) = the policy's own (``policy_recompute_overhead``: its program as
     written, XLA's pass's limit lifted) + XLA's (``xla_recompute_overhead``: what XLA's own
-    rematerialization pass added to fit; ``xla_remat``, ``analysis/xla_remat``)."""
+    rematerialization pass added trying to fit; ``xla_remat``, ``analysis/xla_remat``)."""
     row["xla_remat"] = free["xla_remat"]
     model, hardware = row["model_flops"], row["hardware_flops"]
     if not model or not hardware:
@@ -314,11 +314,12 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
             "hfu": "hardware flops / step time / the stated peak",
             "recompute_overhead": "hardware flops / model flops - 1 = policy_recompute_overhead "
                                   "(the policy's program as written) + xla_recompute_overhead (what "
-                                  "XLA's own rematerialization pass added to fit the device)",
+                                  "XLA's own rematerialization pass added trying to fit the device)",
             "xla_remat": "instructions named *.remat* in the optimized HLO (XLA's rematerialization "
                          "pass's clones); its flops and peak against a second compile with the "
-                         "pass's memory limit lifted; model flops always from a program the pass "
-                         "did not rewrite",
+                         "pass's memory limit lifted; failed: its peak did not fall, rose, or "
+                         "stayed over the device's memory (device_bytes); model flops always from "
+                         "a program the pass did not rewrite",
         },
         "environment": environment(),
         **({"target": get_target(config.target).as_dict(),

@@ -92,6 +92,7 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
     ``fits_at_any_batch`` (False: the parameters, gradients and optimizer state alone exceed the
     budget; ``min_devices`` then hold them), ``examples_per_s`` and ``examples_per_s_ci``, ``peak_bytes``,
     ``headroom_bytes`` (budget - compiled peak at the pick) and ``headroom_fraction``,
+    ``xla_decided`` (XLA's own rematerialization pass decided the pick's batch: ``largest_batch``),
     ``runner_up`` (policy, batch, examples/s and interval), ``separated`` (the pick's interval
     above the runner-up's; None untimed), ``rounds``, ``stopped_because``, ``why`` (one sentence,
     ending with the precision) and ``cannot_show`` (what this backend cannot show)."""
@@ -103,7 +104,7 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
            "fits_at_any_batch": static.get("fits"), "min_devices": static.get("min_devices"),
            "examples_per_s": None,
            "examples_per_s_ci": None, "peak_bytes": None, "headroom_bytes": None,
-           "headroom_fraction": None, "runner_up": None, "separated": None,
+           "headroom_fraction": None, "xla_decided": None, "runner_up": None, "separated": None,
            "rounds": doc.get("rounds"), "stopped_because": doc.get("stopped_because"),
            "why": doc.get("reason", ""), "cannot_show": list(cannot_show)}
     words = precision_sentence(doc.get("precision"))
@@ -125,6 +126,13 @@ def decide(doc: dict, cannot_show: list[str]) -> dict:
         why += (f" (compiled peak {human_bytes(best['peak_bytes'])}, "
                 f"{human_bytes(out['headroom_bytes'])} = {100 * out['headroom_fraction']:.1f} % "
                 f"under the {human_bytes(budget)} budget)")
+    out["xla_decided"] = bool(best.get("xla_decided"))
+    if out["xla_decided"]:  # near the budget XLA's own pass decides: feasibility not monotone
+        above = best.get("checked_above") or []
+        why += ("; XLA's own rematerialization pass decided that batch (it rewrote the program "
+                "there), and fitting is not monotone in the batch near the budget"
+                + (f": batch{'es' * (len(above) > 1)} {', '.join(map(str, above))} above the first "
+                   "refusal compiled too" if above else ""))
     runner = _runner_up(rows, best, timed, estimate and bool(best.get("examples_per_s_estimate")))
     if timed:
         out.update(examples_per_s=best["examples_per_s"], examples_per_s_ci=best["examples_per_s_ci"])

@@ -264,9 +264,13 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     previous policy's answer) and its next batch, or at batches 1 and 2; given ``base_bytes`` (another
     policy's ``intercept``: the peak's part that does not grow with the batch), it predicts from the
     line through it and the guess instead of probing the batch after the guess. At most about
-    2·log2(max_batch) + 3 compiles, usually 2 to 5. Returns ``{"max_batch", "per_device_batch",
-    "peak_bytes", "next_batch", "next_peak_bytes", "probes": [{"batch", "per_device_batch",
-    "peak_bytes", "fits"}], "compiles", "reason", "limited_by"}``: ``max_batch`` 0 when batch 1
+    2·log2(max_batch) + 3 compiles, usually 2 to 5. Near the budget XLA's own rematerialization
+    pass decides what fits, not monotonically in the batch: when it rewrote the answer's program or
+    the first refusal's, the two batches after the refusal are compiled too and a fit among them
+    moves the search on (``xla_decided``, ``checked_above``; the reason says so with the margin).
+    Returns ``{"max_batch", "per_device_batch", "peak_bytes", "next_batch", "next_peak_bytes",
+    "probes": [{"batch", "per_device_batch", "peak_bytes", "fits"}], "compiles", "reason",
+    "limited_by", "margin_bytes", "xla_decided", "checked_above"}``: ``max_batch`` 0 when batch 1
     (per device) does not fit, ``next_batch`` None and ``limited_by`` "search_limit" when even
     ``max_batch`` (the lab's limit) fits: the answer is then a lower bound.
     """
@@ -318,40 +322,65 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
             hi = lo + 1
         else:
             lo = lo + 1
-    predicted = 0  # upward: two predictions from a line, then doubling
-    while hi is None and lo < max_batch:
-        b, use = lo * 2, False
-        if predicted < 2:
-            small = min(probes)
-            if lo > small and peak(lo) > peak(small):
-                # the line says lo is the answer or past it: the batch after lo checks that
-                pred = max(_interpolate(small, peak(small), lo, peak(lo), budget), lo + 1)
-                b, use, predicted = pred, True, predicted + 1
-        b = min(b, max_batch)
-        if fits(b):
-            take(b, use)
-        else:
-            hi = b
-    if hi is not None and lo == 0:  # downward: the first probe did not fit
-        while hi > 1 and lo == 0:
-            b = hi // 2
+
+    def search(predicted: int) -> None:
+        """Up (predictions, then doubling) until a batch does not fit, down (halving) while
+        none fits, then the bracket narrowed to adjacent batches."""
+        nonlocal lo, hi
+        while hi is None and lo < max_batch:
+            b, use = lo * 2, False
+            if predicted < 2:
+                small = min(probes)
+                if lo > small and peak(lo) > peak(small):
+                    # the line says lo is the answer or past it: the batch after lo checks that
+                    pred = max(_interpolate(small, peak(small), lo, peak(lo), budget), lo + 1)
+                    b, use, predicted = pred, True, predicted + 1
+            b = min(b, max_batch)
             if fits(b):
-                lo = b
+                take(b, use)
             else:
                 hi = b
-    # 2. Narrow the bracket: predict from the line through its ends (and check the batch after a
-    # prediction that fits); once a prediction does not halve the bracket, bisect.
-    predict = True
-    while hi is not None and hi - lo > 1:
-        width = hi - lo
-        use = predict and lo > 0
-        b = _interpolate(lo, peak(lo), hi, peak(hi), budget) if use else (lo + hi) // 2
-        b = min(max(b, lo + 1), hi - 1)
-        if fits(b):
-            take(b, use)
-        else:
-            hi = b
-        predict = predict and hi - lo <= width // 2  # one that does not halve it: bisect from now on
+        if hi is not None and lo == 0:  # downward: the first probe did not fit
+            while hi > 1 and lo == 0:
+                b = hi // 2
+                if fits(b):
+                    lo = b
+                else:
+                    hi = b
+        # 2. Narrow the bracket: predict from the line through its ends (and check the batch after a
+        # prediction that fits); once a prediction does not halve the bracket, bisect.
+        predict = True
+        while hi is not None and hi - lo > 1:
+            width = hi - lo
+            use = predict and lo > 0
+            b = _interpolate(lo, peak(lo), hi, peak(hi), budget) if use else (lo + hi) // 2
+            b = min(max(b, lo + 1), hi - 1)
+            if fits(b):
+                take(b, use)
+            else:
+                hi = b
+            predict = predict and hi - lo <= width // 2  # one that does not halve it: bisect from now on
+
+    above: list[int] = []  # batches probed above a refusal XLA's own pass decided
+    predicted = 0  # upward: two predictions from a line, then doubling
+    while True:
+        search(predicted)
+        # Near the budget XLA's own rematerialization pass decides, and what fits is not monotone
+        # in the batch there (a plain llama3-8b twin fits 11, not 12, fits 13): when the pass
+        # rewrote the answer's program or the first refusal's, the two batches after the refusal
+        # are compiled too, and a fit among them moves the answer up (and the search on from it).
+        if hi is None or above or not (_rewritten(probes.get(lo)) or _rewritten(probes.get(hi))):
+            break
+        top = hi
+        for b in (top + 1, top + 2):
+            if b <= max_batch:
+                above.append(b)
+                if fits(b):
+                    lo = b
+        if lo < top:
+            break
+        hi = lo + 1 if lo + 1 in probes and not fits(lo + 1) else None  # else on up from lo
+    decided = bool(lo) and (_rewritten(probes.get(lo)) or _rewritten(probes.get(hi)))
     rows = [{"batch": k * unit, "per_device_batch": k * config.microbatches,
              "peak_bytes": v["peak_bytes"], "fits": v["peak_bytes"] <= budget}
             for k, v in sorted(probes.items())]
@@ -365,6 +394,14 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     else:
         reason = (f"batch {lo * unit} peaks at {human_bytes(probes[lo]['peak_bytes'])}{per}; batch "
                   f"{hi * unit} would need {human_bytes(probes[hi]['peak_bytes'])}")
+    margin = budget - probes[lo]["peak_bytes"] if lo else None
+    if decided:
+        reason += (f"; XLA's own rematerialization pass decided it (it rewrote batch "
+                   f"{(lo if _rewritten(probes.get(lo)) else hi) * unit}'s program), "
+                   f"{human_bytes(margin)} = {100 * margin / budget:.1f} % under the budget; "
+                   "fitting is not monotone in the batch there: batch"
+                   f"{'es' * (len(above) > 1)} {', '.join(str(b * unit) for b in above)} above the "
+                   "first refusal compiled too")
     return {
         "max_batch": lo * unit, "per_device_batch": lo * config.microbatches,
         "peak_bytes": probes[lo]["peak_bytes"] if lo else None,
@@ -374,7 +411,16 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
         "reason": reason,
         # what stopped the search: the memory budget, or its own largest batch (a lower bound)
         "limited_by": "budget" if hi is not None else "search_limit",
+        # the budget less the answer's peak; XLA's own pass rewrote the answer's or the refusal's
+        # program (the batches above the refusal compiled: ``checked_above``)
+        "margin_bytes": margin, "xla_decided": decided,
+        "checked_above": [b * unit for b in above],
     }
+
+
+def _rewritten(found: dict | None) -> bool:
+    """Whether XLA's own rematerialization pass rewrote a probe's program."""
+    return bool(((found or {}).get("xla_remat") or {}).get("applied"))
 
 
 def device_fields(config: RunConfig, found: dict) -> dict:

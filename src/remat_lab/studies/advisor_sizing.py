@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from remat_lab.analysis.costs import memory_report, program_flops
 from remat_lab.analysis.xla_remat import rematerialized
 from remat_lab.analysis.xla_remat import report as xla_remat_report
-from remat_lab.config import RunConfig
+from remat_lab.config import LOCAL, RunConfig, get_target
 from remat_lab.studies.advisor_search import (
     MAX_BATCH,
     Progress,
@@ -132,7 +132,9 @@ def xla_free(config: RunConfig) -> dict:
         cached = {"flops": program_flops(compiled, text)[0], "left": len(rematerialized(text)),
                   "peak_bytes": (memory_report(compiled) or {}).get("peak_bytes")}
         _UNLIMITED.put(config, cached)
-    out = xla_remat_report(remat["instructions"], found["flops"], found["peak_bytes"], cached)
+    device = None if config.target == LOCAL else get_target(config.target).memory_bytes
+    out = xla_remat_report(remat["instructions"], found["flops"], found["peak_bytes"], cached,
+                           device_bytes=device)
     return {"flops": cached["flops"] if not cached["left"] else None, "xla_remat": out}
 
 
@@ -149,9 +151,12 @@ def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, floa
     Flops are always a program's that XLA's own rematerialization pass did not rewrite
     (``xla_free``). A batch already probed is read from its probe (cached). The
     others: with the smallest and the largest asked compiled (batch 1 on its own), each lies
-    between two compiled counts; when the compiled counts from batch 2 up lie on one line within
-    ``FLOPS_RTOL`` of each, it is read on the segment between its neighbours, else compiled
-    (``tests/test_advisor.py`` compares both with compiles of their own)."""
+    between two compiled counts (an end XLA's pass rewrote counts by its compile with the limit
+    lifted); when the compiled counts from batch 2 up lie on one line within ``FLOPS_RTOL`` of
+    each, it is read on the segment between its neighbours, else compiled, and so is a batch with
+    no count on one side (an end whose lifted compile still recomputed: ``flops`` None)
+    (``tests/test_advisor.py`` compares both with compiles of their own;
+    ``tests/test_xla_remat.py`` a batch past the probes with the largest end rewritten)."""
     def flops(b: int) -> float | None:  # as the model wrote it: XLA's own recomputation left out
         return xla_free(config.replace(batch=b))["flops"]
 
@@ -162,7 +167,10 @@ def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, floa
         return out, 0
     for b in (rest[0], rest[-1]):  # the ends compiled: everything else lies between counts
         out[b] = flops(b)
+    # Every count as the model wrote it: the probes XLA's pass left alone, and the ends (where the
+    # pass rewrote one, its compile with the limit lifted, which ``probed_flops`` does not hold).
     known = {b: f for b, f in probed_flops(config).items() if b > 1}
+    known.update({b: f for b, f in out.items() if b > 1 and f is not None})
     pts = sorted(known.items())
     ok = len(pts) >= 3 and all(f is not None and f > 0 for _, f in pts)
     if ok:
@@ -170,11 +178,12 @@ def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, floa
         ok = all(abs(f1 + (f2 - f1) * (b - b1) / (b2 - b1) - f) <= FLOPS_RTOL * f for b, f in pts[1:-1])
     line = 0
     for b in rest[1:-1]:
-        if not ok:
+        below = [p for p in pts if p[0] <= b]
+        above = [p for p in pts if p[0] >= b]
+        if not ok or not below or not above:  # no line, or no count on one side: compiled
             out[b] = flops(b)
             continue
-        (lo, flo) = max((p for p in pts if p[0] <= b), key=lambda p: p[0])
-        (hi, fhi) = min((p for p in pts if p[0] >= b), key=lambda p: p[0])
+        (lo, flo), (hi, fhi) = below[-1], above[0]
         out[b] = flo if hi == lo else float(round(flo + (fhi - flo) * (b - lo) / (hi - lo)))
         line += hi != lo
     return out, line

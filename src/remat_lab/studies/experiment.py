@@ -236,13 +236,15 @@ def _xla_remat(config: RunConfig, lowered, text: str, flops: float | None, memor
     if not found:
         return xla_remat_report(0, flops, peak)
     platform = jax.default_backend() if config.target == LOCAL else get_target(config.target).platform
+    device = None if config.target == LOCAL else get_target(config.target).memory_bytes
     try:
         free = compile_unlimited(lowered, platform)
     except Exception:  # the limit cannot be lifted here: the pass's clones are still counted
-        return xla_remat_report(found, flops, peak)
+        return xla_remat_report(found, flops, peak, device_bytes=device)
     free_text = free.as_text()
     return xla_remat_report(found, flops, peak, {"flops": program_flops(free, free_text)[0],
-                                                 "peak_bytes": (memory_report(free) or {}).get("peak_bytes")})
+                                                 "peak_bytes": (memory_report(free) or {}).get("peak_bytes")},
+                            device_bytes=device)
 
 
 def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:

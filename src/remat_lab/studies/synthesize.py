@@ -97,26 +97,46 @@ class _Run:
         self.meter.compiles += not found["cached"]
         return found
 
-    def compile_max(self, plan: Plan, model: Model, predicted_b: int, source: str = "solve") -> dict:
-        """``plan``'s exact largest batch (``largest_batch``, from the model's prediction)."""
+    def compile_max(self, plan: Plan, model: Model, predicted_b: int, source: str = "solve",
+                    partial: bool = False) -> dict:
+        """``plan``'s exact largest batch (``largest_batch``, from the model's prediction);
+        ``partial``: a search the compile cap stops (``OverCap``) answers the largest batch it
+        compiled to fit, ``max_batch_exact`` False (else OverCap is raised)."""
         cfg = plan_config(self.base, plan, 1)
-        found = largest_batch(cfg, self.budget, guess=max(predicted_b, 1) * self.unit,
-                              max_batch=self.max_batch, measure=self.probe,
-                              progress=lambda m: self.meter.say(f"candidate {m}"))
+        seen: dict[int, int] = {}
+
+        def measure(c: RunConfig) -> dict:
+            found = self.probe(c)
+            seen[c.batch] = found["peak_bytes"]
+            return found
+
+        try:
+            found = largest_batch(cfg, self.budget, guess=max(predicted_b, 1) * self.unit,
+                                  max_batch=self.max_batch, measure=measure,
+                                  progress=lambda m: self.meter.say(f"candidate {m}"))
+            found["max_batch_exact"] = True
+        except OverCap:
+            fit = max((k for k, v in seen.items() if v <= self.budget), default=0)
+            if not partial or not fit:
+                raise
+            found = {"max_batch": fit, "per_device_batch": fit // self.unit * self.base.microbatches,
+                     "probes": [{"batch": k, "per_device_batch": k // self.unit * self.base.microbatches,
+                                 "peak_bytes": v, "fits": v <= self.budget} for k, v in sorted(seen.items())],
+                     "max_batch_exact": False}
         b = found["max_batch"] // self.unit
         at = b or max(predicted_b, 1)
         figures = self.meter.plan(plan, at, written=False)
         row = self._row(plan, model, at, figures)
         row.update(max_batch=found["max_batch"], per_device_batch=found["per_device_batch"],
                    predicted_max_batch=predicted_b * self.unit, fits=b > 0, probes=found["probes"],
-                   source=source)
+                   source=source, max_batch_exact=found["max_batch_exact"])
         return row
 
     def compile_at(self, plan: Plan, model: Model, b: int, source: str = "solve") -> dict:
         """``plan`` compiled at per-device batch ``b``: does it fit, what does it recompute."""
         row = self._row(plan, model, b, self.meter.plan(plan, b, written=False))
         row.update(max_batch=b * self.unit, per_device_batch=b * self.base.microbatches,
-                   fits=row["peak_bytes"] <= self.budget, source=source)
+                   fits=row["peak_bytes"] <= self.budget, source=source, max_batch_exact=False)
         return row
 
     def _row(self, plan: Plan, model: Model, b: int, figures: dict) -> dict:
@@ -302,7 +322,17 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
         notes.append(f"XLA's own rematerialization pass rewrote {meter.forced} of the probes; each was "
                      "compiled again with its limit lifted to read the program as the policy wrote it "
                      f"({meter.forced} more compiles, outside the 3k + 12 = {limit} count)")
+    if record and record.get("search_compiles"):
+        n = record["search_compiles"]
+        notes.append(f"the refined plan's exact largest batch was searched with {n} "
+                     f"compile{'s' * (n != 1)} of its own, outside the 3k + 12 = {limit}"
+                     + (f" ({record['search_stopped']})" if record.get("search_stopped") else ""))
+    if goal == "max-batch" and doc["answer"] and not doc["max_batch_exact"]:
+        notes.append(f"the answer's batch {doc['max_batch']} is a compiled fit, not the plan's exact "
+                     "largest batch: " + ((record or {}).get("search_stopped")
+                                          or "the compile limit left no search for it"))
     doc.update(compiles=meter.compiles, xla_forced_compiles=meter.forced,
+               answer_search_compiles=meter.answer,
                within_limit=meter.own() <= limit, refine=record, named_compiles=named_compiles,
                compile_limit=limit, wall_s=time.perf_counter() - t0,
                stopped_because=stopped or (record or {}).get("stopped"))
@@ -311,23 +341,33 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
 
 def _refine(run: _Run, model: Model, row: dict, start: Plan, goal: str, limit: int) -> dict:
     """The refinement from the named ``row`` (``synthesize_refine.refine``) at its per-device batch;
-    for max-batch, when it beat the named policy and the limit leaves room, its plan's exact
-    largest batch searched from there (``searched_max_batch``; None: not searched, the plan fits
-    at least the named batch)."""
+    for max-batch, when it beat the named policy, its plan's exact largest batch searched from
+    there (``searched_max_batch``; ``search_compiles``), with up to ``SEARCH`` compiles of its own
+    beyond the limit (``Meter.answer``, outside ``own()``): the answer's batch is its own. A search
+    those compiles do not finish answers the largest batch it compiled to fit, said in
+    ``search_stopped``; None: not searched (a stop), the plan fits at least the named batch."""
     b = row["max_batch"] // run.unit
     record = refine(run, model, row, start, b, goal, limit)
-    record["searched_max_batch"] = None
-    if goal == "max-batch" and record["outcome"] == "beats" and not record["stopped"] \
-            and run.meter.own() + SEARCH <= limit:
+    record.update(searched_max_batch=None, search_compiles=0, search_stopped=None)
+    user_stop = (record["stopped"] or "").startswith("stopped before")
+    if goal == "max-batch" and record["outcome"] == "beats" and not user_stop:
         p = record["plan"]
         plan = Plan(tuple(p["save"]), tuple(p["offload"]), p["remat_layers"])
-        before, run.cap = run.meter.own(), limit
+        before = run.meter.compiles, run.meter.forced
+        run.cap = run.meter.own() + SEARCH - 1  # its probes; one left for no_remat's flops
         try:
-            record["searched_max_batch"] = run.compile_max(plan, model, b, source="refine")["max_batch"]
+            found = run.compile_max(plan, model, b, source="refine", partial=True)
+            record["searched_max_batch"] = found["max_batch"]
+            if not found["max_batch_exact"]:
+                record["search_stopped"] = (f"its batch search stopped at its {SEARCH} compiles: "
+                                            f"the plan fits at least {found['max_batch']}")
         except Stopped as err:
-            record["stopped"] = f"stopped before compiling {err}"
+            record["search_stopped"] = f"stopped before compiling {err}"
         except OverCap:
-            record["stopped"] = f"its batch search stopped at the compile limit ({limit})"
+            record["search_stopped"] = (f"its batch search stopped at its {SEARCH} compiles with no "
+                                        "batch above the refinement's compiled")
         run.cap = 1 << 30
-        record["compiles"] += run.meter.own() - before
+        spent = run.meter.compiles - before[0] - (run.meter.forced - before[1])
+        run.meter.answer += spent
+        record["search_compiles"] = spent
     return record

@@ -2,16 +2,17 @@
 
 Every figure is a compiled program's (``advisor_search.probe``: compile-only, per device), never an
 estimate: no_remat and "every name recomputed" (policy ``custom`` with no names, every layer
-remat'd) are compiled at per-device batches 1 and 2 (each one's peak line: bytes at batch 0 and
-bytes per example); each name saved alone (and, where the target has a host memory space,
-offloaded alone) is compiled at one batch, its bytes per example the difference from the
-recompute-everything slope, each measured at the batch the answer will be near (the goal's batch,
-or the largest batch recompute-everything fits by its line) so the names' interactions with XLA's
-schedule there are in the figures. Flops are the programs' as the policies wrote them (``xla_free``: a
-probe XLA's own rematerialization pass rewrote is compiled again with its limit lifted), so the
-recomputed flops of a program are its flops less no_remat's at the same batch (the model is fitted to
-the programs as written; a candidate's answer is its compiled program's, XLA's recomputation in):
-2k + 6 compiles for k names with offload, k + 6 without.
+remat'd) are compiled at per-device batches 1 and 2, and again at the batch the answer will be near
+(the goal's batch, or the largest batch recompute-everything fits by its line from 1 and 2): each
+one's peak line (bytes at batch 0 and bytes per example) is the line through 2 and that batch. Each
+name saved alone (and, where the target has a host memory space, offloaded alone) is compiled at
+that batch, its bytes per example the difference from recompute-everything's there, so the names'
+interactions with XLA's schedule there are in the figures; an offloaded name's bytes are on the host
+(``host``: what its program moved there), none per example on the device. Flops are the programs' as
+the policies wrote them (``xla_free``: a probe XLA's own rematerialization pass rewrote is compiled
+again with its limit lifted), so the recomputed flops of a program are its flops less no_remat's at
+the same batch (the model is fitted to the programs as written; a candidate's answer is its compiled
+program's, XLA's recomputation in): 2k + 6 compiles for k names with offload, k + 6 without.
 
 On a TPU, libtpu refuses a program over the chip's HBM when it compiles it, so such a program has
 no flop count: the names are probed at the largest batch no_remat fits by its line (every plan
@@ -88,12 +89,14 @@ class Meter:
                  should_stop: Callable[[], bool] | None = None, planned: int = 0):
         self.base, self.compiles, self.planned = base, 0, planned
         self.forced = 0  # of ``compiles``: probes XLA's own pass rewrote, compiled again as written
+        self.answer = 0  # of ``compiles``: the refined answer's exact batch search, its own allowance
         self.say = progress or (lambda message: None)
         self.should_stop = should_stop or (lambda: False)
 
     def own(self) -> int:
-        """The compiles that count against the 3k + 12 limit: all but XLA's forced recompiles."""
-        return self.compiles - self.forced
+        """The compiles that count against the 3k + 12 limit: all but XLA's forced recompiles and
+        the refined answer's exact batch search (``answer``)."""
+        return self.compiles - self.forced - self.answer
 
     def figures(self, config: RunConfig, what: str, written: bool = True) -> dict:
         """``{"peak_bytes", "flops", "host_bytes", "written_peak_bytes", "written_flops",
@@ -177,6 +180,12 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
             hi = max(min(int((budget - a_base) // s_hi), hi - 1), HI)
             base.append(fig(Plan((), (), depth), hi, "every name recomputed"))
         full.append(fig(Plan((), (), 0), hi, "no_remat"))
+    if hi > HI:  # the lines through the compiled peaks at 2 and at hi, where the answer will be:
+        # XLA's bytes per example from 1 to 2 are not those at tens (a 3-name SwiGLU block, width 256:
+        # 2.69 MB from 1 to 2, 1.67 from 2 to 39; the model 48 % over the compiled peak at 55)
+        a_base, s_base = _through(HI, base[1]["peak_bytes"], hi, base[-1]["peak_bytes"])
+        if full[-1]["flops"] is not None:  # compiled (not a TPU's refusal, whose peak is libtpu's need)
+            a_full, s_full = _through(HI, full[1]["peak_bytes"], hi, full[-1]["peak_bytes"])
     if base[-1]["flops"] is None:
         raise ConfigError(_no_flops(meter.base, "every name recomputed", hi, base[-1]["peak_bytes"]))
     counts = tuple(range(depth + 1)) if partial else (0, depth)
@@ -197,6 +206,10 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
             plan = Plan((n,), (), depth) if choice == "save" else Plan((), (n,), depth)
             got = fig(plan, hi, f"{choice} {n}")
             sizes[(n, choice)] = (got["peak_bytes"] - base[-1]["peak_bytes"]) / hi
+            if choice == "offload" and got["host_bytes"]:  # it went to the host: no device bytes
+                # per example (the compiled difference is XLA's schedule moving, by -262 KB to +40 B
+                # per example on the SwiGLU block, and does not add up across names)
+                sizes[(n, choice)] = 0.0
             spared[(n, choice)] = max(base[-1]["flops"] - (got["flops"] or base[-1]["flops"]), 0.0) / hi
             host[(n, choice)] = got["host_bytes"] / hi
     if recompute is None:  # recompute-everything recomputes at least what saving every name spares
@@ -205,6 +218,12 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
                   slope_full=s_full, intercept_base=a_base, slope_base=s_base, recompute=recompute,
                   bytes=sizes, flops=spared, host=host, offload=offload, recompute_basis=basis)
     return model, rows
+
+
+def _through(b1: int, p1: float, b2: int, p2: float) -> tuple[float, float]:
+    """``(intercept, slope)`` of the line through ``(b1, p1)`` and ``(b2, p2)``."""
+    slope = (p2 - p1) / (b2 - b1)
+    return p1 - slope * b1, slope
 
 
 def _refuses(config: RunConfig) -> bool:

@@ -77,6 +77,12 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
     said = _baseline_note(answer, vs, base)
     if said:
         notes.append(said)
+    errors = model_error(run.candidates)
+    if errors:
+        notes.append(f"the model's error on the {errors['compiled']} compiled candidates (compiled "
+                     f"less predicted peak, of the compiled): {100 * errors['min_share']:+.1f} % to "
+                     f"{100 * errors['max_share']:+.1f} % (each candidate's predicted_peak_bytes, "
+                     "peak_bytes, error_share)")
     at = (answer or {}).get("max_batch") or 0
     # What is handed out describes the answer: the plan's texts, or the named policy's own.
     texts = {"custom": None, "code": None, "maxtext_yaml": None, "run_command": None}
@@ -98,6 +104,10 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
         "plan": plan.as_dict(names) if plan and beats else None,
         "best_plan": plan.as_dict(names) if plan and not beats else None,
         "max_batch": at, "per_device_batch": (answer or {}).get("per_device_batch") or 0,
+        # the answer's own largest batch searched (a named policy's always; a plan's unless the
+        # compiles ran out: then a batch it was compiled to fit)
+        "max_batch_exact": None if answer is None or goal != "max-batch" else
+        bool(answer.get("max_batch_exact", True)),
         "peak_bytes": (answer or {}).get("peak_bytes"),
         "recomputed_flops": (answer or {}).get("recomputed_flops"),
         "recomputed_baseline": None if answer is None else (
@@ -107,7 +117,7 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
         "model_flops": run.model_flops(at // run.unit) if at and model else None,
         "offloaded_bytes": offloaded,
         "offload_s": 2 * offloaded / host_bw if offloaded and host_bw else None,
-        "named": named, "best_named": vs or None,
+        "named": named, "best_named": vs or None, "model_error": errors,
         "candidates": run.candidates, "probes": probes or [],
         "costs": _costs(model) if model else None,
         **{k: texts[k] for k in ("custom", "code", "maxtext_yaml")},
@@ -118,6 +128,17 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
         "notes": notes, "method": METHOD, "environment": environment(),
         **({"target": get_target(base.target).as_dict()} if base.target != LOCAL else {}),
     }
+
+
+def model_error(candidates: list[dict]) -> dict | None:
+    """The model's error over every compiled candidate: ``{"compiled", "min_share", "max_share",
+    "max_abs_share"}`` of each one's ``error_share`` (compiled less predicted peak, of the
+    compiled); None when none was compiled."""
+    shares = [c["error_share"] for c in candidates if c.get("error_share") is not None]
+    if not shares:
+        return None
+    return {"compiled": len(shares), "min_share": min(shares), "max_share": max(shares),
+            "max_abs_share": max(abs(x) for x in shares)}
 
 
 def _costs(model: Model) -> dict:
