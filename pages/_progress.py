@@ -76,7 +76,8 @@ COMPARE = [("policy", "policy", _text), ("peak_bytes", "compiled peak", _bytes),
            ("error", "failed", _error)]
 TARGETS = [("target", "target", _text), ("policy", "policy", _text),
            ("peak_bytes", "compiled peak (per device)", _bytes), ("fits", "fits", _fits),
-           ("estimate_s", "estimated step (not measured)", _seconds), ("error", "failed", _error)]
+           ("predicted_s", "predicted step", _seconds),
+           ("estimate_s", "roofline bound", _seconds), ("error", "failed", _error)]
 SWEEP = [("width", "width", _text), ("batch", "batch", _text), ("policy", "policy", _text),
          ("median_s", "median step", _seconds), ("peak_bytes", "compiled peak", _bytes),
          ("error", "error", _error)]

@@ -109,10 +109,13 @@ def run_view(doc: dict, key: str) -> None:
     cols[2].metric("Saved / recomputed", f"{tot.get('dots_saved', '-')} / {tot.get('dots_recomputed', '-')}")
     cols[3].metric("Gradient check", {True: "ok", False: "MISMATCH"}.get(grad.get("ok"), "not run"))
     if isinstance(doc.get("target"), dict):  # compiled for a named target: nothing was run
-        est = (doc.get("timing") or {}).get("estimate_s")
+        timing = doc.get("timing") or {}
+        est, pred = timing.get("estimate_s"), timing.get("predicted_s")
         st.caption(f"Compiled for {md(doc['target'].get('name'))} without the device: no step time "
-                   "was measured, no gradients checked" + (f"; estimated step time {human_seconds(est)} "
-                   "(a roofline estimate, not a measurement)." if est else "."))
+                   "was measured, no gradients checked"
+                   + (f"; predicted step time {human_seconds(pred)}" if pred else "")
+                   + (f"; roofline bound {human_seconds(est)} (a lower bound, not a measurement)."
+                      if est else "."))
     if hlo.get("identical_to"):
         st.caption(f"Same compiled program as {safe_text.escape_markdown(hlo['identical_to'])}.")
     _run_tables.run_charts(doc, key)

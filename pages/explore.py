@@ -86,7 +86,9 @@ else:
     row1[0].metric("Measured step time", "none", help=timing.get("reason"))
     row1[0].caption(("not measured: compile only, nothing ran" if cfg.compile_only and not tgt else
                      f"not measured: compiled for {name} without the device")
-                    + (f" · estimate {short_seconds(timing['estimate_s'])}, see below"
+                    + (f" · predicted {short_seconds(timing['predicted_s'])}, see below"
+                       if timing.get("predicted_s") else
+                       f" · roofline bound {short_seconds(timing['estimate_s'])}, see below"
                        if timing.get("estimate_s") else ""))
 row1[1].metric("Peak memory", short_bytes(mem["peak_bytes"]) if mem else "n/a",
                help="generated_code + argument + output − alias + temp (XLA memory analysis)")
@@ -143,11 +145,14 @@ row3[1].metric("FLOPs per step", short_flops(flops) if flops else "n/a",
 row3[1].caption(versus_base["flops"] or "no_remat not compared")
 rate = result.get("achieved_flops_per_s")
 if tgt:
-    row3[2].metric("Estimated step time", short_seconds(est["estimate_s"]) if est.get("estimate_s")
-                   else "n/a", help=timing.get("estimate_basis"))
-    row3[2].caption(f"estimate, not measured: {est.get('bound') or 'un'}-bound at {name}'s spec "
+    pred = timing.get("predicted_s")
+    row3[2].metric("Predicted step time", short_seconds(pred) if pred else "none",
+                   help=timing.get("prediction_basis"))
+    row3[2].caption(("predicted, not measured; " if pred else "no prediction for this target; ")
+                    + f"roofline bound {short_seconds(est['estimate_s']) if est.get('estimate_s') else 'n/a'}"
+                    f" ({est.get('bound') or 'un'}-bound at {name}'s spec "
                     f"{short_flops(est.get('peak_flops_per_s') or 0)}FLOP/s, "
-                    f"{short_bytes(est.get('bandwidth_bytes_per_s') or 0)}/s")
+                    f"{short_bytes(est.get('bandwidth_bytes_per_s') or 0)}/s: at least this)")
 else:
     row3[2].metric("Achieved FLOP/s", short_flops(rate) if rate else "n/a",
                    help="XLA's flop count of the step / median step time")

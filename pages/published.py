@@ -91,10 +91,11 @@ b.metric("Compiled flops a chip a step", f"{doc['program_flops']:.3g}" if doc["p
          f"{ratio:.2f}× MaxText's model flops ({doc['source_model_flops']:.3g})" if ratio
          else f"MaxText's model flops {doc['source_model_flops']:.3g}", delta_color="off")
 if doc["measured_step_s"]:
-    est = doc["estimate_s"]
+    est, pred = doc.get("bound_s", doc["estimate_s"]), doc.get("predicted_s")
     c.metric("Step time: measured", f"{doc['measured_step_s']:.3f} s",
-             f"the lab's estimate {est:.3f} s ({doc['estimate_over_measured']:.2f}×)" if est
-             else "no estimate", delta_color="off")
+             (f"predicted {pred:.3f} s ({doc['predicted_over_measured']:.2f}×)" if pred
+              else "no prediction") + (f"; bound {est:.3f} s ({est / doc['measured_step_s']:.2f}×)"
+                                       if est else ""), delta_color="off")
 else:
     c.metric("Step time: measured", "none published", delta_color="off")
 if doc.get("mfu_definition"):

@@ -152,7 +152,7 @@ def test_advisor_on_h100_is_exact_to_one_batch():
         at = lambda n, p=row["policy"]: run_experiment(cfg.replace(policy=p, batch=n))["memory"]["peak_bytes"]
         assert at(b) <= doc["budget_bytes"] < at(b + 1)
         assert row["examples_per_s_estimate"] > 0 and row["step_time_s"] is None
-    assert "roofline estimate" in doc["reason"]
+    assert "by the prediction" in doc["reason"] and "roofline bound" in doc["reason"]
     usable, source = advice_budget(target="h100")
     assert usable == int(0.75 * get_target("h100").memory_bytes) and "75%" in source
 

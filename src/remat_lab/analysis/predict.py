@@ -12,11 +12,13 @@ second figure, never mixed with it:
   beside the kernels (XLA's asynchronous start / done pairs): the step is the longer of the
   kernels and the transfers (the roofline's collective and offload terms). The fractions were
   measured on an H200 (their ``source``); held against measured steps in the README.
-* **TPU**: libtpu's ``optimal_seconds`` for the compiled program (its cost model; a loop body
-  counted once, so scaled by the program's loop factor, the loop-scaled flops over XLA's own count),
-  plus what it does not see: the fused attention kernels (Pallas custom calls, counted as 0 by the
-  cost analysis) at the bf16 peak, the cross-slice collectives at the data-centre network figure,
-  and the host transfers beyond the time of the step (they run beside it).
+* **TPU**: no prediction yet. libtpu's own cost model (``optimal_seconds``) is read and shown
+  (``libtpu_optimal_s``) but not used: held against MaxText's measured runs it is far off (the
+  Llama 3.1 8B gold run on v6e-256: 98.8 s against the measured 4.55 s, read at one and two
+  unrolled layers, ``studies/tpu_cost_model.py``), and with a loop or some other instructions in
+  the program libtpu 0.0.52 returns a negative figure (a whole number of seconds below zero plus a
+  fraction). On small programs it is a roofline (``tests/test_predict.py``: a large bf16 product at
+  the 197 TFLOP/s peak, an element-wise pass at 737.6 GB/s, 0.9 of the v5e's spec).
 
 Where a term cannot be priced (a GEMM whose shape does not read, an unknown custom call), its
 share of the kernels is named in ``unpriced``.
@@ -32,10 +34,10 @@ GPU_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM a
              "dtype's peak, cuDNN attention at {fwd:.0%} forward / {bwd:.0%} backward, every kernel "
              "no faster than its bytes at {hbm:.0%} of HBM bandwidth; collectives and host transfers "
              "beside them (the step is the longer of the two). Rates measured: {source}")
-TPU_BASIS = ("predicted: libtpu's own cost model (the compiled program's optimal_seconds, loop "
-             "bodies scaled by the program's loop factor), plus the fused attention kernels it "
-             "counts as nothing at the bf16 peak, the cross-slice collectives at the data-centre "
-             "network figure and host transfers beyond the step's time")
+TPU_BASIS = ("no prediction on a TPU: libtpu's own cost model (optimal_seconds, shown as "
+             "libtpu_optimal_s where the program's figure is meaningful) is far from MaxText's "
+             "measured steps (the Llama 3.1 8B gold run on v6e-256: 98.8 s against 4.55 s) and "
+             "negative for programs with loops (libtpu 0.0.52); only the roofline bound is given")
 NONE_BASIS = "no prediction for {name}: no measured kernel rates for it (only a lower bound)"
 
 
@@ -75,18 +77,10 @@ def _gpu(rows: list[dict], target: Target, bound: dict) -> dict:
                                       hbm=model["hbm_efficiency"], source=model["source"])}
 
 
-def _tpu(optimal_s: float, loop_factor: float, kernel_flops: float, target: Target,
-         bound: dict) -> dict:
-    program = optimal_s * loop_factor
-    kernels = kernel_flops / target.peak_flops["bfloat16"] if kernel_flops else 0.0
-    dcn = bound.get("collectives_dcn_s") or 0.0
-    core = program + kernels + dcn
-    offload = bound.get("offload_s") or 0.0
-    predicted = max(core, offload)
-    return {"predicted_s": predicted, "optimal_seconds": optimal_s, "loop_factor": loop_factor,
-            "program_s": program, "attention_kernels_s": kernels, "dcn_s": dcn,
-            "offload_s": offload, "limited_by": "program" if core >= offload else "host transfers",
-            "unpriced": [], "unpriced_share": 0.0, "basis": TPU_BASIS}
+def _tpu(optimal_s: float | None, loop_factor: float) -> dict:
+    meaningful = optimal_s is not None and optimal_s > 0 and loop_factor == 1.0
+    return {"predicted_s": None, "libtpu_optimal_s": optimal_s if meaningful else None,
+            "libtpu_optimal_raw": optimal_s, "basis": TPU_BASIS}
 
 
 def predict_step(target: Target, bound: dict, *, text: str | None = None,
@@ -98,8 +92,8 @@ def predict_step(target: Target, bound: dict, *, text: str | None = None,
     ``kernels``: ``kernels.kernels_of`` of it (GPU); ``optimal_seconds``, ``loop_factor``,
     ``kernel_flops``: libtpu's figure, the program's loop factor and its fused kernels' flops
     (TPU)."""
-    if target.platform == "tpu" and optimal_seconds:
-        return _tpu(optimal_seconds, loop_factor, kernel_flops, target, bound)
+    if target.platform == "tpu":
+        return _tpu(optimal_seconds, loop_factor)
     if target.platform == "cuda" and target.step_model and (text or kernels is not None):
         return _gpu(kernels if kernels is not None else kernels_of(text), target, bound)
     return {"predicted_s": None, "basis": NONE_BASIS.format(name=target.name)}

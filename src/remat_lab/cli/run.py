@@ -146,9 +146,12 @@ def format_run(result: dict) -> str:
         t = result.get("target")
         lines.insert(1, f"compiled for {t['name']} ({t['device_kind']}), not run" if t
                      else "compiled only: nothing allocated or run")
-        est = timing.get("estimate_s")
-        lines.append(f"step time: not measured; estimate {fmt_time(est)} ({timing['estimate_basis']})"
-                     if est else f"step time: not measured ({timing['estimate_basis']})")
+        est, pred = timing.get("bound_s", timing.get("estimate_s")), timing.get("predicted_s")
+        lines.append(f"step time: not measured; predicted {fmt_time(pred)} "
+                     f"({timing['prediction_basis']})" if pred else
+                     f"step time: not measured; no prediction ({timing.get('prediction_basis')})")
+        lines.append(f"roofline bound: {fmt_time(est)} at least ({timing['estimate_basis']})"
+                     if est else f"roofline bound: none ({timing['estimate_basis']})")
         terms = timing.get("estimate") or {}
         if terms.get("collectives_dcn_s"):
             lines.append(f"collectives: {fmt_time(terms['collectives_ici_s'] or 0)} within slices or "

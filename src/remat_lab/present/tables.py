@@ -360,7 +360,8 @@ from remat_lab.present.advisor_tables import (  # noqa: E402,F401 - re-exported:
 
 # ---------------------------------------------------------------- across targets (across_targets)
 
-TARGET_COLUMNS = ["target", "policy", "peak_bytes", "peak_mib", "temp_mib", "fits", "estimate_ms",
+TARGET_COLUMNS = ["target", "policy", "peak_bytes", "peak_mib", "temp_mib", "fits", "predicted_ms",
+                  "estimate_ms",
                   "excess_dots_vs_no_remat", "platform", "device_kind", "memory_bytes"]
 
 
@@ -369,7 +370,8 @@ def across_targets_frame(doc: dict | None) -> pd.DataFrame:
     mib = lambda v: None if v is None else v / MIB  # noqa: E731
     rows = [{**{c: r.get(c) for c in TARGET_COLUMNS}, "peak_mib": mib(r.get("peak_bytes")),
              "temp_mib": mib(r.get("temp_bytes")),
-             "estimate_ms": None if r.get("estimate_s") is None else r["estimate_s"] * 1e3}
+             "estimate_ms": None if r.get("estimate_s") is None else r["estimate_s"] * 1e3,
+             "predicted_ms": None if r.get("predicted_s") is None else r["predicted_s"] * 1e3}
             for r in (doc or {}).get("rows", [])]
     return pd.DataFrame(rows, columns=TARGET_COLUMNS)
 

@@ -47,6 +47,7 @@ def _row(target: str, policy: str, doc: dict) -> dict:
            "excess_dots_vs_no_remat": hlo.get("excess_dots_vs_no_remat"),
            "identical_to": hlo.get("identical_to"), "flops": doc.get("flops"),
            "estimate_s": timing.get("estimate_s"), "estimate_basis": timing.get("estimate_basis"),
+           "predicted_s": timing.get("predicted_s"),
            "compile_s": (doc.get("compile") or {}).get("compile_s")}
     usable, peak = row["usable_bytes"], row["peak_bytes"]
     row["fits"] = None if usable is None or peak is None else bool(peak <= usable)

@@ -8,15 +8,14 @@ from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.predict import GPU_BASIS, NONE_BASIS, TPU_BASIS, predict_step
 from remat_lab.config import RunConfig, Target, get_target
 from remat_lab.studies.advisor_decision import batch_words, sig
-from remat_lab.studies.tpu_cost_model import METHOD, layered_optimal_seconds
 
 
 def estimate_rows(rows: list[dict], configs: dict[str, RunConfig], target: str,
                   probe: Callable[[RunConfig], dict]) -> None:
     """On a named target nothing runs: each fitting policy's step at its largest batch, two
     figures never mixed up: ``bound_s`` (the roofline, ``analysis/estimate.py``: a lower bound) and
-    ``predicted_s`` (``analysis/predict.py``: the kernels at measured rates on a GPU, libtpu's own
-    model on a TPU), with examples/s from each. ``estimate_s`` and ``examples_per_s_estimate`` are
+    ``predicted_s`` (``analysis/predict.py``: the kernels at measured rates on a GPU; none on a
+    TPU), with examples/s from each. ``estimate_s`` and ``examples_per_s_estimate`` are
     the figure the pick ranks by: the prediction where there is one, else the bound
     (``estimate_kind`` says which)."""
     t = get_target(target)
@@ -29,11 +28,7 @@ def estimate_rows(rows: list[dict], configs: dict[str, RunConfig], target: str,
         found = probe(config)
         est = estimate_step(found["flops"], found.get("bytes_accessed"), t, config.dtype,
                             found.get("traffic"))
-        optimal = None
-        if t.platform == "tpu":
-            optimal = layered_optimal_seconds(config.replace(compile_only=True))["optimal_seconds"]
-        pred = predict_step(t, est, kernels=found.get("kernels"), optimal_seconds=optimal,
-                            kernel_flops=found.get("kernel_flops") or 0.0)
+        pred = predict_step(t, est, kernels=found.get("kernels"))
         r["estimate_bound"] = est["bound"]
         r["bound_s"], r["predicted_s"] = est["estimate_s"], pred["predicted_s"]
         if est["estimate_s"]:
@@ -71,7 +66,7 @@ def recommend_by_estimate(rows: list[dict], target: str,
 def prediction_basis(target: Target) -> str:
     """What the rows' ``predicted_s`` is, for the document (``analysis/predict.py``'s words)."""
     if target.platform == "tpu":
-        return TPU_BASIS + "; libtpu's figure: " + METHOD
+        return TPU_BASIS
     if target.step_model:
         m = target.step_model
         return GPU_BASIS.format(gemm=m["gemm_efficiency"], fwd=m["attention_forward_efficiency"],

@@ -59,7 +59,6 @@ from remat_lab.program.timing import (
 )
 from remat_lab.program.tracing import TRACING, trace_and_lower
 from remat_lab.studies.advisor_decision import sig
-from remat_lab.studies.tpu_cost_model import layered_optimal_seconds
 from remat_lab.studies.witness_compiles import Witnesses, baseline_program  # noqa: F401 (re-exported)
 
 # The no_remat witness and its cache live in ``witness_compiles`` (beside the main compile).
@@ -317,17 +316,10 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     if target is not None:
         estimate = estimate_step(sec["flops"], sec["bytes_accessed"], target, config.dtype,
                                  traffic_of(dis.texts["compiled_hlo"], granules(problem.mesh)))
-        c, layered = sec["costs"], None
-        optimal, factor = c["optimal_seconds"], c["loop_factor"]
-        if target.platform == "tpu" and (optimal is None or optimal <= 0 or factor != 1.0):
-            progress("libtpu's cost model")  # with a loop in it: two small unrolled compiles
-            layered = layered_optimal_seconds(config)
-            optimal, factor = layered["optimal_seconds"], 1.0
+        c = sec["costs"]
         prediction = predict_step(target, estimate, text=dis.texts["compiled_hlo"],
-                                  optimal_seconds=optimal, loop_factor=factor,
-                                  kernel_flops=c["kernel_flops"])
-        if layered is not None:
-            prediction["layered"] = layered
+                                  optimal_seconds=c["optimal_seconds"],
+                                  loop_factor=c["loop_factor"], kernel_flops=c["kernel_flops"])
         prediction.update(prediction_rates(
             prediction["predicted_s"], model_flops=base and base["flops"],
             tokens=_tokens_per_device(config), target=target))
