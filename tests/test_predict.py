@@ -101,3 +101,24 @@ def test_libtpu_figure_extrapolated_by_layer():
     layered = tpu_cost_model.layered_optimal_seconds(base.replace(stack="scan"))
     assert unrolled > 0
     assert layered["optimal_seconds"] == pytest.approx(unrolled, rel=5e-3)
+
+
+def test_tpu_products_written_as_padded_convolutions_are_the_hand_count():
+    """libtpu writes some products as convolutions over a padded or dilated window (a projection's
+    gradient over attention heads: window 8, padding 7 on each side of a size-1 input; grouped
+    attention's batched products with input dilation). Their flops count only the taps that land
+    on the input: a one-layer llm's step is 6 N T plus the attention's square, by hand, exactly
+    (before: 4.4 times that, and the roofline's compute term with it)."""
+    from remat_lab.program.step import abstract_problem, jit_step
+
+    c = RunConfig(model="llm", width=256, depth=1, heads=8, kv_heads=2, seq=256, batch=4, vocab=512,
+                  mlp_dim=512, step="grad", stack="loop", attention="full", policy="no_remat",
+                  target="tpu-v6e", compile_only=True, dtype="bfloat16")
+    problem = abstract_problem(c)
+    text = jit_step(problem).lower(*problem.args).compile().as_text()
+    assert "pad=7_7" in text and "lhs_dilate" in text  # the forms this test is about
+    products = sum(r["flops"] for r in traffic_of(text)["products"])
+    d, kv, f, v, t = 256, 2 * 32, 512, 512, 4 * 256
+    n = 2 * d * d + 2 * d * kv + 3 * d * f + d * v  # q, o; k, v; the gated MLP; the vocabulary
+    attention = 3 * 4 * 4 * 8 * 256 * 256 * 32  # q k^T and p v, forward and twice backward
+    assert products == pytest.approx(6 * n * t + attention, rel=1e-9)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+import numpy as np
+
 from remat_lab.analysis import collectives, hlo, hlotext
 
 HOST_SPACE = "S(5)"  # pinned host memory on GPU and TPU
@@ -40,7 +42,8 @@ _ALGORITHM = re.compile(r"\balgorithm=(dot_[\w]+)")
 _JSON_PRECISION = re.compile(r'"operand_precision":\[([^\]]*)\]')
 _JSON_ALGORITHM = re.compile(r'"algorithm":"(ALG_DOT_[A-Z0-9_]+)"')
 _JSON_LHS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
-_DIM_LABELS = re.compile(r"dim_labels=[^_]*_([^-]*)->")
+_DIM_LABELS_FULL = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
 _PRECISIONS = ("DEFAULT", "HIGH", "HIGHEST")
 _COLLECTIVE = re.compile(r"\s(?:" + "|".join(collectives.KINDS) + r")(?:-start)?\(")
 
@@ -228,6 +231,50 @@ def _precision(op: _Op) -> str:
     return max((p for p in found if p in _PRECISIONS), key=_PRECISIONS.index, default="DEFAULT")
 
 
+def _taps(n: int, m: int, size: int, lo: int, stride: int, dilate: int = 1) -> int:
+    """Window taps that land on an input element (not in the padding, nor in the holes an input
+    dilation ``dilate`` puts between elements), summed over the ``m`` outputs of a window of
+    ``size``, low padding ``lo`` and ``stride``, the input ``n`` long."""
+    if dilate == 1:
+        return sum(max(0, min(size, n + lo - o * stride) - max(0, lo - o * stride)) for o in range(m))
+    if m * size > 20_000_000:
+        return m * size  # too many to walk: every tap counted, as before
+    at = np.arange(m)[:, None] * stride - lo + np.arange(size)[None, :]
+    return int(np.count_nonzero((at >= 0) & (at <= (n - 1) * dilate) & (at % dilate == 0)))
+
+
+def _convolution_flops(module: _Module, op: _Op, out_dims: list[int]) -> float | None:
+    """2 x the multiply-adds a convolution does on its input, padding left out (XLA's own rule):
+    per output feature and batch element, the input features times the window taps that land on
+    the input. XLA writes some products as convolutions over a padded window (a weight gradient
+    over attention heads: window 64, padding 63 on each side of a size-1 input, one tap an output)."""
+    labels = _DIM_LABELS_FULL.search(op.rest)
+    shapes = [hlotext.arrays(module.types.get(n, "")) for n in op.operands[:2]]
+    if not labels or len(shapes) < 2 or not shapes[0] or not shapes[1] or "rhs_dilate" in op.rest:
+        return None
+    lhs_l, rhs_l, out_l = labels.groups()
+    lhs, rhs = shapes[0][0][1], shapes[1][0][1]
+    if len(lhs_l) != len(lhs) or len(rhs_l) != len(rhs) or len(out_l) != len(out_dims):
+        return None
+    spatial = [c for c in out_l if c.isdigit()]
+    window = _WINDOW.search(op.rest)
+    fields = dict(re.findall(r"(\w+)=([\w_x-]+)", window.group(1))) if window else {}
+    pads = [p.split("_") for p in fields.get("pad", "").split("x")] if "pad" in fields else []
+    strides = [int(v) for v in fields.get("stride", "").split("x")] if "stride" in fields else []
+    dilates = [int(v) for v in fields["lhs_dilate"].split("x")] if "lhs_dilate" in fields else []
+    flops = 2.0 * rhs[rhs_l.index("i")]
+    for c in out_l:
+        if not c.isdigit():
+            flops *= out_dims[out_l.index(c)]
+    for j, c in enumerate(spatial):
+        lo = int(pads[j][0]) if j < len(pads) else 0
+        stride = strides[j] if j < len(strides) else 1
+        dilate = dilates[j] if j < len(dilates) else 1
+        flops *= _taps(lhs[lhs_l.index(c)], out_dims[out_l.index(c)], rhs[rhs_l.index(c)], lo, stride,
+                       dilate)
+    return flops
+
+
 def _product_flops(module: _Module, op: _Op) -> float | None:
     """2 x result elements x the contracted size of a dot, a convolution or a GEMM call."""
     out = hlotext.arrays(op.type)
@@ -237,14 +284,7 @@ def _product_flops(module: _Module, op: _Op) -> float | None:
     for d in out[0][1]:
         elements *= d
     if op.opcode == "convolution":
-        rhs = hlotext.arrays(module.types.get(op.operands[1], "")) if len(op.operands) > 1 else []
-        labels = _DIM_LABELS.search(op.rest)
-        if not rhs or not labels or "o" not in labels.group(1):
-            return None
-        kernel = 1
-        for d in rhs[0][1]:
-            kernel *= d
-        return 2.0 * elements * kernel / max(rhs[0][1][labels.group(1).index("o")], 1)
+        return _convolution_flops(module, op, out[0][1])
     lhs = hlotext.arrays(module.types.get(op.operands[0], ""))
     if op.opcode == "dot":
         contracting = hlotext.attribute("lhs_contracting_dims", op.rest) or []
