@@ -46,6 +46,13 @@ CONFIGS = {
     "llama3_8b_d4_scan_full": dict(preset="llama3-8b", depth=4, stack="scan", seq=8192, batch=2,
                                    step="train", attention="flash", loss_chunks=1, policy="full"),
     "llama2_7b_d4_scan_mwc": dict(LLAMA2_7B, depth=4, stack="scan", policy="minimal_with_context"),
+    # Out of the calibration's sample: other recipes, shapes and policies.
+    "llama3_8b_d2_loop_dots": dict(preset="llama3-8b", depth=2, stack="loop", seq=4096, batch=4,
+                                   step="train", attention="flash", loss_chunks=1,
+                                   policy="dots_saveable"),
+    "mistral_7b_d4_loop_qkv": dict(preset="mistral-7b", depth=4, stack="loop", seq=4096, batch=2,
+                                   step="train", attention="flash", loss_chunks=1,
+                                   policy="save_qkv_proj"),
 }
 SMOKE = {
     "llm_tiny": dict(model="llm", width=256, depth=2, heads=4, seq=128, batch=4, vocab=512,
@@ -158,6 +165,7 @@ def one(name: str, fields: dict, target: str, out: Path, repeats: int, warmup: i
 
     from remat_lab.analysis.costs import cost_of, memory_report
     from remat_lab.analysis.estimate import estimate_step
+    from remat_lab.analysis.predict import predict_step
     from remat_lab.analysis.traffic import traffic_of
     from remat_lab.config import RunConfig, get_target
     from remat_lab.program.step import build_problem, jit_program, program_args
@@ -181,6 +189,8 @@ def one(name: str, fields: dict, target: str, out: Path, repeats: int, warmup: i
     try:
         res["real_program_estimate"] = estimate_step(
             res["real_cost"]["flops"], None, tgt, config.dtype, traffic_of(text))
+        pred = predict_step(tgt, res["real_program_estimate"], text=text)
+        res["real_program_prediction"] = {k: v for k, v in pred.items() if k != "basis"}
     except Exception as err:
         res["real_program_estimate"] = {"error": repr(err)}
     train = config.step == "train"
@@ -266,7 +276,8 @@ def main() -> int:
                str(args.out), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
         if args.smoke:
             cmd.append("--smoke")
-        rc = subprocess.run(cmd).returncode
+        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        rc = subprocess.run(cmd, env=env).returncode
         print(f"{name}: rc {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 
