@@ -115,7 +115,8 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
 
 
 def url_params(cfg: RunConfig) -> dict[str, str]:
-    """The mesh's URL parameter (none on one device)."""
+    """The mesh's URL parameter (none on one device), noted as the selectors' own."""
+    _mesh_link.written(cfg.mesh)
     return {"mesh": cfg.mesh} if cfg.mesh else {}
 
 

@@ -8,18 +8,20 @@ from remat_lab.config import MESH_AXES, ConfigError, format_mesh, mesh_parts
 from remat_lab.serve import safe_text
 
 FROM_LINK = "_mesh_from_link"  # session state: a link's mesh this server has not the devices for
+LOADED = "_mesh_loaded"  # session state: the mesh last read from a link or written to the URL
 
 
 def read(on_target: bool, n: int, choices: list[int], dcn_choices: tuple[int, ...]) -> None:
-    """A shared link's mesh into the selectors, once per session; every part of it not used is
-    said: text that is not a mesh, dcn axes without a named target, a mesh whose devices this
-    server does not have (kept as ``FROM_LINK`` for the Targets page), a size not among ``choices``
+    """A link's mesh into the selectors, when the link names one other than the mesh last read or
+    written (a page opened without one keeps the selectors); every part of it not used is said:
+    text that is not a mesh, dcn axes without a named target, a mesh whose devices this server
+    does not have (kept as ``FROM_LINK`` for the Targets page), a size not among ``choices``
     (``dcn_choices`` for a dcn axis)."""
     ss = st.session_state
-    if "_mesh_loaded" in ss:
-        return
-    ss["_mesh_loaded"] = True
     raw = st.query_params.get("mesh", "")
+    if LOADED in ss and (not raw or raw == ss[LOADED]):
+        return
+    ss[LOADED] = raw
     try:
         sizes, dcn = mesh_parts(raw)
     except ConfigError as err:
@@ -51,3 +53,8 @@ def read(on_target: bool, n: int, choices: list[int], dcn_choices: tuple[int, ..
     for axis in MESH_AXES:
         ss[f"mesh_{axis}"] = sizes.get(axis, 1) if sizes.get(axis, 1) in choices else 1
         ss[f"mesh_dcn_{axis}"] = dcn.get(axis, 1) if dcn.get(axis, 1) in dcn_choices else 1
+
+
+def written(mesh: str) -> None:
+    """The mesh the page wrote to its URL: read again only when a link names another."""
+    st.session_state[LOADED] = mesh

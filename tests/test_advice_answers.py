@@ -5,7 +5,7 @@ from __future__ import annotations
 from remat_lab.config import RunConfig
 from remat_lab.present.advisor_tables import advice_display_frame
 from remat_lab.studies import advisor
-from remat_lab.studies.advisor_search import largest_batch
+from remat_lab.studies.batch_search import largest_batch
 
 
 def _curve(per_example: int, base: int):
@@ -36,7 +36,7 @@ def test_equal_estimates_on_a_target_recommend_the_smallest_peak():
     rows = [{"policy": "everything_saveable", "max_batch": 64, "peak_bytes": 900,
              "examples_per_s_estimate": 1000.0},
             {"policy": "no_remat", "max_batch": 64, "peak_bytes": 700, "examples_per_s_estimate": 1000.0}]
-    best, _, _ = advisor._recommend_by_estimate(rows, "tpu-v5e")
+    best, _, _ = advisor.recommend_by_estimate(rows, "tpu-v5e", advisor._recommend)
     assert best == "no_remat"
 
 
@@ -109,7 +109,7 @@ def test_on_a_target_one_runner_up_by_the_estimate_per_device_and_each_sentence_
              "examples_per_s_estimate": e, "probes": []}
             for p, b, pk, e in (("minimal", 8, 40 << 30, 20.5), ("nothing_saveable", 96, 58 << 30, 15.8),
                                 ("save_qkv_proj", 48, 56 << 30, 17.3))]
-    best, ties, reason = advisor._recommend_by_estimate(rows, "h100")
+    best, ties, reason = advisor.recommend_by_estimate(rows, "h100", advisor._recommend)
     assert best == "minimal" and "fits batch 1 per device (8 global) on the h100" in reason
     note = "Compiled for the h100 without the device: step times are estimates."
     doc = {"rows": rows, "budget_bytes": 60 << 30, "recommended": best, "reason": reason,

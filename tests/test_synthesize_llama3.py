@@ -13,6 +13,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from remat_lab.config import RunConfig
+from remat_lab.studies.advisor_search import probe
 
 SAVED = Path(__file__).parent / "load" / "synthesize-llama3-8b-2026-12-04-refined.json"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -103,7 +104,11 @@ def test_the_saved_llama3_8b_answer_compiles_again_as_plain_jax_checkpoint():
     ``run_command`` are the solver's candidate's, as the synthesizer wrote them before issue 45's
     fix; they are not read here. Under JAX 0.10 the two peaks were equal to the byte (an H100
     compile has no generated code); under 0.12 the plain step holds 489,472 B more at batch 104
-    (0.0008 %), not yet explained: ``GAP`` allows 1 MiB."""
+    (0.0008 %), not yet explained: ``GAP`` allows 1 MiB. Since cuDNN's library is installed (issue 47)
+    a deviceless H100 compile of flash attention is cuDNN's fused kernel, not the chunked stand-in
+    the file was searched with: the plain program now peaks 204,035,840 B (0.3 %) above the file's
+    figure (the lab's within 1 MiB of it), so the lab's peak is compiled again and held against the
+    plain one, the file's answers against the budget."""
     doc = json.loads(SAVED.read_text())
     cfg = {k: v for k, v in doc["config"].items() if k != "input_shape"}
     assert (cfg["preset"], cfg["target"], cfg["mesh"], cfg["step"]) == (
@@ -115,12 +120,14 @@ def test_the_saved_llama3_8b_answer_compiles_again_as_plain_jax_checkpoint():
 
     config = RunConfig(**{**cfg, "batch": doc["max_batch"]})
     peak, flops, code = _plain_train_step(config, jax.checkpoint_policies.nothing_saveable)
-    assert abs(doc["peak_bytes"] - peak) <= code + GAP, (doc["peak_bytes"], peak, code)
+    lab = probe(config.replace(policy=doc["answer"]))["peak_bytes"]
+    assert abs(lab - peak) <= code + GAP, (lab, peak, code)
     assert peak <= doc["budget_bytes"]
     # (the file's flops predate the count of data-dependent loops, issue 45: not compared here)
     assert flops > doc["flops"]
     qkv = named["qkv_proj_offloaded"]
     peak, _, code = _plain_train_step(config.replace(batch=qkv["max_batch"]),
                                       _offload(["query_proj", "key_proj", "value_proj"]))
-    assert abs(qkv["peak_bytes"] - peak) <= code + GAP, (qkv["peak_bytes"], peak, code)
+    lab = probe(config.replace(batch=qkv["max_batch"], policy="qkv_proj_offloaded"))["peak_bytes"]
+    assert abs(lab - peak) <= code + GAP, (lab, peak, code)
     assert peak <= doc["budget_bytes"]

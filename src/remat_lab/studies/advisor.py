@@ -44,7 +44,6 @@ from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the 
     clear_cache,
     compile_abstract,
     device_fields,
-    largest_batch,
     probe,
     probe_seconds,
 )
@@ -58,6 +57,7 @@ from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
     time_rows,
     tracker,
 )
+from remat_lab.studies.batch_search import largest_batch  # noqa: F401 - re-exported
 
 
 def advice_budget(budget: str | int | None = None, device_limit: int | None = None, *,

@@ -4,7 +4,7 @@ A probe is a lowering (Python, one at a time under ``advisor_search``'s lock) an
 (its own threads, the GIL released), so a second search lowers while the first compiles. The first
 policy is searched alone; the rest start in the order given, each from the answer of the policy
 that finished last (its ``guess``) and that policy's batch-independent bytes
-(``advisor_search.intercept``), so one probe and a prediction usually land on the boundary. A
+(``batch_search.intercept``), so one probe and a prediction usually land on the boundary. A
 policy whose program at batch one is the same text as an earlier policy's waits for that one and
 starts at its answer: its probes are then that policy's compiles. Each search still ends on a batch
 that fits and the next that does not, both compiled, so the answers do not depend on the threads
@@ -27,12 +27,11 @@ from remat_lab.studies.advisor_search import (
     Progress,
     batch_unit,
     compile_abstract,
-    intercept,
-    largest_batch,
     probe,
     probed_flops,
     program_key,
 )
+from remat_lab.studies.batch_search import intercept, largest_batch
 from remat_lab.studies.probe_cache import ProbeCache
 from remat_lab.studies.progress import Tracker
 

@@ -17,8 +17,9 @@ from remat_lab.model.policies import POLICIES, get_policy
 from remat_lab.program.backend import ExecutionError, out_of_memory
 from remat_lab.program.footprint import fit
 from remat_lab.studies.advisor import advice_budget
-from remat_lab.studies.advisor_search import MAX_BATCH, batch_unit, largest_batch, probe, probed_flops
+from remat_lab.studies.advisor_search import MAX_BATCH, batch_unit, probe, probed_flops
 from remat_lab.studies.advisor_sizing import model_flops_at, size_policies
+from remat_lab.studies.batch_search import largest_batch
 from remat_lab.studies.synthesize_costs import (
     Meter,
     Stopped,
