@@ -68,12 +68,17 @@ def _kernel(ins: hlotext.Instruction) -> str | None:
     return next((k for k in _SPLASH if k in where), None)
 
 
+def splash_kernel(ins) -> str | None:
+    """Which splash kernel ``ins`` calls (``splash_mha_fwd``, ``_dq``, ``_dkv``), or None."""
+    if ins.opcode != "custom-call" or hlotext.call_target(ins.rest) != "tpu_custom_call":
+        return None
+    return _kernel(ins)
+
+
 def splash_flops(ins: hlotext.Instruction) -> float | None:
     """The products one splash kernel call computes; None when ``ins`` is not one, or its shapes
     or block sizes cannot be read."""
-    if ins.opcode != "custom-call" or hlotext.call_target(ins.rest) != "tpu_custom_call":
-        return None
-    kernel = _kernel(ins)
+    kernel = splash_kernel(ins)
     layouts, xprof = _braced(ins.rest, _LAYOUTS), _XPROF.search(ins.rest)
     if kernel is None or layouts is None or xprof is None:
         return None

@@ -4,11 +4,13 @@
 times their trip counts) and gives one row per top-level instruction that launches work:
 
 * ``kind``: ``gemm`` (a library GEMM call, or a fusion holding a ``dot`` / ``convolution``),
-  ``attention`` (cuDNN's fused attention, ``__cudnn$fmha*``: ``direction`` forward or backward),
+  ``attention`` (cuDNN's fused attention, ``__cudnn$fmha*``, or a Pallas splash kernel on a TPU:
+  ``direction`` forward or backward),
   ``collective`` (its bytes are priced as collectives, not here), ``other`` (every other kernel:
   element-wise fusions, copies, reductions, slices);
 * ``flops``: a GEMM's products (``2 x`` result elements ``x`` contracted size); an attention
-  call's products as ``kernel_flops.cudnn_flops`` counts them (causal: half the square);
+  call's products as ``kernel_flops.cudnn_flops`` / ``splash_flops`` count them (causal: about
+  half the square);
 * ``bytes``: device bytes read and written (``traffic``'s count for the instruction); ``runs``:
   how often it runs per step; ``dtype`` and ``precision`` of a GEMM's products.
 """
@@ -40,6 +42,7 @@ def _fusion_products(module, op) -> tuple[float | None, str, str]:
 
 def kernels_of(text: str) -> list[dict]:
     """One row per kernel launch site (see the module's docstring), in program order."""
+    text = hlotext.joined(text)  # a Pallas kernel's metadata spans lines in libtpu's text
     module = traffic.Module(text)
     runs, _ = hlo.executions(text)
     rows = []
@@ -67,6 +70,9 @@ def kernels_of(text: str) -> list[dict]:
                 row["kind"] = "attention"
                 row["flops"] = kernel_flops.cudnn_flops(op)
                 row["direction"] = "backward" if "backward" in target.lower() else "forward"
+            elif (splash := kernel_flops.splash_kernel(op)) is not None:
+                row.update(kind="attention", flops=kernel_flops.splash_flops(op),
+                           direction="forward" if splash == "splash_mha_fwd" else "backward")
             elif op.opcode == "custom-call" and traffic.is_gemm(op):
                 row["kind"] = "gemm"
                 row["flops"] = traffic.product_flops(module, op)

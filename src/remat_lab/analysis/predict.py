@@ -38,11 +38,19 @@ TPU_BASIS = ("no prediction on a TPU: libtpu's own cost model (optimal_seconds, 
              "libtpu_optimal_s where the program's figure is meaningful) is far from MaxText's "
              "measured steps (the Llama 3.1 8B gold run on v6e-256: 98.8 s against 4.55 s) and "
              "negative for programs with loops (libtpu 0.0.52); only the roofline bound is given")
+TPU_FITTED_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM and splash "
+                    "attention kernel at {mxu:.0%} of the bf16 peak (fitted, not measured on a "
+                    "chip: {source}), every kernel no faster than its bytes at {hbm:.0%} of HBM "
+                    "bandwidth (libtpu's own figure); collectives and host transfers beside them "
+                    "(the step is the longer of the two)")
 NONE_BASIS = "no prediction for {name}: no measured kernel rates for it (only a lower bound)"
 
 
-def _gpu(rows: list[dict], target: Target, bound: dict) -> dict:
-    model = dict(target.step_model)
+def kernels_seconds(rows: list[dict], target: Target, model: dict) -> dict:
+    """The kernels of ``rows`` (``kernels_of``) one after another at ``model``'s fractions (a
+    ``step_model``: ``gemm_efficiency``, ``attention_forward_efficiency``,
+    ``attention_backward_efficiency``, ``hbm_efficiency``): ``kernels_s``, ``by_kind_s`` and what
+    could not be priced (``unpriced``, ``unpriced_share`` of the kernels' bytes)."""
     peak_bf16 = target.peak_flops["bfloat16"]
     hbm = target.bandwidth_bytes_per_s * float(model["hbm_efficiency"])
     seconds = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
@@ -54,7 +62,7 @@ def _gpu(rows: list[dict], target: Target, bound: dict) -> dict:
         total_bytes += row["runs"] * row["bytes"]
         compute = 0.0
         if row["kind"] in ("gemm", "attention") and row["flops"] is None:
-            unpriced.append(row["name"])
+            unpriced.append(row.get("name", row["kind"]))
             unpriced_bytes += row["runs"] * row["bytes"]
         elif row["kind"] == "gemm":
             peak = target.peak_flops.get(rate_class(target, row["dtype"] or "bf16",
@@ -64,17 +72,26 @@ def _gpu(rows: list[dict], target: Target, bound: dict) -> dict:
             key = f"attention_{row['direction']}_efficiency"
             compute = row["flops"] / (peak_bf16 * float(model[key]))
         seconds[row["kind"]] += row["runs"] * max(compute, memory)
-    kernels = sum(seconds.values())
+    return {"kernels_s": sum(seconds.values()), "by_kind_s": seconds, "unpriced": unpriced,
+            "unpriced_share": unpriced_bytes / total_bytes if total_bytes else 0.0}
+
+
+def _basis(target: Target) -> str:
+    m = target.step_model
+    if target.platform == "tpu":
+        return TPU_FITTED_BASIS.format(mxu=m["gemm_efficiency"], hbm=m["hbm_efficiency"],
+                                       source=m["source"])
+    return GPU_BASIS.format(gemm=m["gemm_efficiency"], fwd=m["attention_forward_efficiency"],
+                            bwd=m["attention_backward_efficiency"], hbm=m["hbm_efficiency"],
+                            source=m["source"])
+
+
+def _kernel_model(rows: list[dict], target: Target, bound: dict) -> dict:
+    priced = kernels_seconds(rows, target, target.step_model)
+    kernels = priced["kernels_s"]
     beside = (bound.get("collectives_s") or 0.0) + (bound.get("offload_s") or 0.0)
-    predicted = max(kernels, beside)
-    return {"predicted_s": predicted, "kernels_s": kernels, "by_kind_s": seconds,
-            "transfers_s": beside, "limited_by": "kernels" if kernels >= beside else "transfers",
-            "unpriced": unpriced,
-            "unpriced_share": unpriced_bytes / total_bytes if total_bytes else 0.0,
-            "basis": GPU_BASIS.format(gemm=model["gemm_efficiency"],
-                                      fwd=model["attention_forward_efficiency"],
-                                      bwd=model["attention_backward_efficiency"],
-                                      hbm=model["hbm_efficiency"], source=model["source"])}
+    return {"predicted_s": max(kernels, beside), **priced, "transfers_s": beside,
+            "limited_by": "kernels" if kernels >= beside else "transfers", "basis": _basis(target)}
 
 
 def _tpu(optimal_s: float | None, loop_factor: float) -> dict:
@@ -92,10 +109,14 @@ def predict_step(target: Target, bound: dict, *, text: str | None = None,
     ``kernels``: ``kernels.kernels_of`` of it (GPU); ``optimal_seconds``, ``loop_factor``,
     ``kernel_flops``: libtpu's figure, the program's loop factor and its fused kernels' flops
     (TPU)."""
+    if target.step_model and (text or kernels is not None):
+        out = _kernel_model(kernels if kernels is not None else kernels_of(text), target, bound)
+        if target.platform == "tpu":
+            out.update({k: v for k, v in _tpu(optimal_seconds, loop_factor).items()
+                        if k.startswith("libtpu")})
+        return out
     if target.platform == "tpu":
         return _tpu(optimal_seconds, loop_factor)
-    if target.platform == "cuda" and target.step_model and (text or kernels is not None):
-        return _gpu(kernels if kernels is not None else kernels_of(text), target, bound)
     return {"predicted_s": None, "basis": NONE_BASIS.format(name=target.name)}
 
 

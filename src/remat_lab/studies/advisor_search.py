@@ -118,7 +118,7 @@ def compile_abstract(config: RunConfig, unlimited: bool = False):
 
 
 def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None = None,
-                      granules: list[int] | None = None, gpu: bool = False) -> dict:
+                      granules: list[int] | None = None) -> dict:
     """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint,
     whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text),
     compiled for a named target (``on_target``), what the step-time estimate reads (``traffic``:
@@ -149,8 +149,8 @@ def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None =
             "flops": flops, "bytes_accessed": bytes_accessed, "fingerprint": hlo.fingerprint(text),
             "xla_remat": {"applied": bool(xla_remat), "instructions": xla_remat},
             "traffic": traffic_of(text, granules) if on_target else None,  # analysis/estimate.py reads it
-            # analysis/predict.py prices these one by one (a GPU target's prediction)
-            "kernels": kernels_of(text) if on_target and gpu else None,
+            # analysis/predict.py prices these one by one (a target's prediction)
+            "kernels": kernels_of(text) if on_target else None,
             "kernel_flops": costs["kernel_flops"],
             "buffers": _buffers(train, dump, memory)}
 
@@ -195,9 +195,7 @@ def probe(config: RunConfig) -> dict:
         if figures is None:
             figures = _compiled_figures(lowered, config.target != LOCAL,
                                         config if config.step == "train" else None,
-                                        granules(getattr(problem, "mesh", None)),
-                                        gpu=config.target != LOCAL
-                                        and get_target(config.target).platform == "cuda")
+                                        granules(getattr(problem, "mesh", None)))
             _PROGRAMS.put(text_key, figures)
             return figures, False
         return figures, True

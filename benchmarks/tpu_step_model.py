@@ -1,0 +1,108 @@
+"""The TPU step model's rates: fitted to one published run, held against the others (minutes a run).
+
+    python benchmarks/tpu_step_model.py compile NAME [NAME ...]  # benchmarks/tpu_step_model/NAME.json.gz
+    python benchmarks/tpu_step_model.py fit CALIBRATION          # the fit and the table, from those
+
+``compile``: each catalogued TPU run (``python -m remat_lab published``) compiled as the lab's
+``published --check`` compiles it (deviceless, libtpu), and its kernels one by one
+(``analysis/kernels.py``: kind, flops, HBM bytes, runs) stored with the roofline's transfer terms
+(collectives and host offload, ``analysis/estimate.py``) and the measured step.
+
+``fit``: no TPU is lent here, so the rates cannot be measured on a chip as the H200's were. Instead
+one efficiency for the MXU (GEMMs and splash attention alike) is fitted so that the CALIBRATION
+run's prediction equals its measured step, HBM at libtpu's own 0.9 of the spec (its cost model's
+bandwidth, ``tests/test_predict.py``); every other stored run is then predicted out of sample and
+its ratio to its measured step printed. ``analysis/predict.py`` prices a step the same way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+from remat_lab.analysis.estimate import estimate_step
+from remat_lab.analysis.predict import kernels_seconds
+from remat_lab.config import get_target
+from remat_lab.config import published as pub
+from remat_lab.program.backend import enable_compilation_cache
+from remat_lab.studies.advisor_search import probe
+from remat_lab.studies.published import config_for
+
+OUT = Path(__file__).parent / "tpu_step_model"
+HBM_EFFICIENCY = 0.9  # libtpu's cost model's bandwidth: 0.9 of the spec (tests/test_predict.py)
+_ROW = ("kind", "direction", "dtype", "precision", "flops", "bytes", "runs")
+
+
+def compile_runs(names: list[str]) -> None:
+    enable_compilation_cache()
+    OUT.mkdir(exist_ok=True)
+    for name in names:
+        config, differences = config_for(name)
+        target = get_target(config.target)
+        found = probe(config)
+        est = estimate_step(found["flops"], found.get("bytes_accessed"), target, config.dtype,
+                            found.get("traffic"))
+        measured = pub.measured_step_s(pub.run_named(name))
+        doc = {"name": name, "target": config.target, "config": config.as_dict(),
+               "differences": differences, "peak_bytes": found["peak_bytes"],
+               "measured_step_s": measured["step_s"] if measured else None,
+               "bound_s": est["estimate_s"], "compute_s": est.get("compute_s"),
+               "collectives_s": est.get("collectives_s") or 0.0,
+               "offload_s": est.get("offload_s") or 0.0,
+               "kernels": [[r[k] for k in _ROW] for r in found["kernels"] or []]}
+        with gzip.open(OUT / f"{name}.json.gz", "wt") as f:
+            json.dump(doc, f)
+        print(json.dumps({k: v for k, v in doc.items() if k not in ("kernels", "config")}))
+
+
+def _load(name: str) -> dict:
+    with gzip.open(OUT / f"{name}.json.gz", "rt") as f:
+        doc = json.load(f)
+    doc["kernels"] = [dict(zip(_ROW, r)) for r in doc["kernels"]]
+    return doc
+
+
+def predicted(doc: dict, mxu: float) -> float:
+    """The run's step at MXU efficiency ``mxu`` (``analysis/predict.py``'s kernel model)."""
+    model = {"gemm_efficiency": mxu, "attention_forward_efficiency": mxu,
+             "attention_backward_efficiency": mxu, "hbm_efficiency": HBM_EFFICIENCY}
+    kernels = kernels_seconds(doc["kernels"], get_target(doc["target"]), model)["kernels_s"]
+    return max(kernels, doc["collectives_s"] + doc["offload_s"])
+
+
+def fit(calibration: str) -> dict:
+    """The MXU efficiency at which ``calibration``'s prediction is its measured step (bisection)."""
+    doc = _load(calibration)
+    lo, hi = 0.05, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted(doc, mid) > doc["measured_step_s"] else (lo, mid)
+    mxu = (lo + hi) / 2
+    rows = []
+    for path in sorted(OUT.glob("*.json.gz")):
+        other = _load(path.name.removesuffix(".json.gz"))
+        step = predicted(other, mxu)
+        m = other["measured_step_s"]
+        rows.append({"name": other["name"], "measured_step_s": m, "predicted_s": step,
+                     "predicted_over_measured": step / m if m else None,
+                     "bound_s": other["bound_s"], "bound_over_measured": other["bound_s"] / m if m else None,
+                     "calibration": other["name"] == calibration})
+    return {"calibration": calibration, "mxu_efficiency": mxu, "hbm_efficiency": HBM_EFFICIENCY,
+            "runs": rows}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "compile":
+        compile_runs(argv[1:])
+    elif len(argv) == 2 and argv[0] == "fit":
+        print(json.dumps(fit(argv[1]), indent=1))
+    else:
+        print(__doc__)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
