@@ -122,3 +122,23 @@ def test_tpu_products_written_as_padded_convolutions_are_the_hand_count():
     n = 2 * d * d + 2 * d * kv + 3 * d * f + d * v  # q, o; k, v; the gated MLP; the vocabulary
     attention = 3 * 4 * 4 * 8 * 256 * 256 * 32  # q k^T and p v, forward and twice backward
     assert products == pytest.approx(6 * n * t + attention, rel=1e-9)
+
+
+def test_splash_kernels_are_priced_as_attention_on_a_tpu():
+    """libtpu prints a Pallas splash kernel's metadata over several lines: the kernel list joins it
+    and lists each call as attention (forward, and the dq / dkv kernels backward), with the flops
+    ``costs`` adds to XLA's count for the same program (``kernel_flops``), so a TPU step model
+    prices them at the MXU's rate rather than as element-wise work."""
+    from remat_lab.analysis import hlo, hlotext
+    from remat_lab.program.step import abstract_problem, jit_step
+
+    c = RunConfig(model="llm", width=256, depth=1, heads=4, kv_heads=2, seq=1024, batch=2, vocab=512,
+                  mlp_dim=512, step="grad", stack="loop", attention="flash", policy="no_remat",
+                  target="tpu-v5e", compile_only=True, dtype="bfloat16")
+    problem = abstract_problem(c)
+    text = jit_step(problem).lower(*problem.args).compile().as_text()
+    rows = [r for r in kernels_of(text) if r["kind"] == "attention"]
+    assert {r["direction"] for r in rows} == {"forward", "backward"}
+    joined = hlotext.joined(text)
+    counted = kernel_flops.kernel_flops(joined, hlo.executions(joined)[0])
+    assert counted > 0 and sum(r["flops"] * r["runs"] for r in rows) == counted
