@@ -42,6 +42,9 @@ def compile_runs(names: list[str]) -> None:
         config, differences = config_for(name)
         target = get_target(config.target)
         found = probe(config)
+        if found["flops"] is None:  # libtpu refused it: over the chip's HBM
+            print(json.dumps({"name": name, "refused": found["fingerprint"]}))
+            continue
         est = estimate_step(found["flops"], found.get("bytes_accessed"), target, config.dtype,
                             found.get("traffic"))
         measured = pub.measured_step_s(pub.run_named(name))

@@ -142,3 +142,32 @@ def test_splash_kernels_are_priced_as_attention_on_a_tpu():
     joined = hlotext.joined(text)
     counted = kernel_flops.kernel_flops(joined, hlo.executions(joined)[0])
     assert counted > 0 and sum(r["flops"] * r["runs"] for r in rows) == counted
+
+
+def _tpu_model():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "tpu_step_model.py"
+    spec = importlib.util.spec_from_file_location("tpu_step_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tpu_step_model_is_its_stored_fit_and_predicts_the_other_published_runs():
+    """No TPU is lent here, so the TPU step model's MXU efficiency is fitted: the one at which the
+    lab's program of the Llama 3.1 8B gold run (its kernels stored by ``benchmarks/tpu_step_model.py
+    compile``) predicts its measured step. ``targets.json`` holds that fit (recomputed here, not
+    pasted), and every other stored published run with a measured step is predicted out of sample
+    within issue 47's 20 %; each bound stays below its measured step."""
+    model = _tpu_model()
+    fit = model.fit("llama3.1-8b-v6e-256")
+    for name in ("tpu-v5e", "tpu-v5p", "tpu-v6e"):
+        step_model = get_target(name).step_model
+        assert step_model["gemm_efficiency"] == pytest.approx(fit["mxu_efficiency"], abs=5e-4)
+        assert step_model["hbm_efficiency"] == model.HBM_EFFICIENCY
+    others = [r for r in fit["runs"] if not r["calibration"] and r["measured_step_s"]]
+    assert others, "no published run held out of the fit"
+    for r in others:
+        assert 0.8 <= r["predicted_over_measured"] <= 1.2, r
+        assert r["bound_over_measured"] < 1, r

@@ -1,24 +1,23 @@
-"""A target's predicted step time: libtpu's own cost model on a TPU, each kernel at a measured rate on a GPU.
+"""A target's predicted step time: each kernel of the compiled program at its rate, transfers beside them.
 
 The roofline (``estimate.py``) stays what it is: a lower bound, ``bound_s``. The prediction is a
-second figure, never mixed with it:
+second figure, never mixed with it, for a target with a ``step_model`` in ``config/targets.json``:
+the compiled program's kernels one by one (``kernels.kernels_of``), run one after another: a GEMM
+at ``gemm_efficiency`` of the peak of its dtype and precision (``estimate.rate_class``), fused
+attention (cuDNN's, or Pallas splash on a TPU) at ``attention_forward_efficiency`` /
+``attention_backward_efficiency`` of the bf16 peak, each no faster than its bytes at
+``hbm_efficiency`` of the HBM bandwidth; every other kernel at its bytes over that bandwidth.
+Collectives and host transfers run beside the kernels (asynchronous start / done pairs): the step
+is the longer of the kernels and the transfers (the roofline's collective and offload terms).
 
-* **GPU** (a target with a ``step_model`` in ``config/targets.json``): the compiled program's
-  kernels one by one (``kernels.kernels_of``), run one after another on the GPU's stream: a GEMM at
-  ``gemm_efficiency`` of the peak of its dtype and precision (``estimate.rate_class``), cuDNN's
-  attention at ``attention_forward_efficiency`` / ``attention_backward_efficiency`` of the bf16
-  peak, each no faster than its bytes at ``hbm_efficiency`` of the HBM bandwidth; every other
-  kernel at its bytes over that bandwidth. Collectives and host transfers run on their own streams
-  beside the kernels (XLA's asynchronous start / done pairs): the step is the longer of the
-  kernels and the transfers (the roofline's collective and offload terms). The fractions were
-  measured on an H200 (their ``source``); held against measured steps in the README.
-* **TPU**: no prediction yet. libtpu's own cost model (``optimal_seconds``) is read and shown
-  (``libtpu_optimal_s``) but not used: held against MaxText's measured runs it is far off (the
-  Llama 3.1 8B gold run on v6e-256: 98.8 s against the measured 4.55 s, read at one and two
-  unrolled layers, ``studies/tpu_cost_model.py``), and with a loop or some other instructions in
-  the program libtpu 0.0.52 returns a negative figure (a whole number of seconds below zero plus a
-  fraction). On small programs it is a roofline (``tests/test_predict.py``: a large bf16 product at
-  the 197 TFLOP/s peak, an element-wise pass at 737.6 GB/s, 0.9 of the v5e's spec).
+* **GPU** (H100, H200): the fractions were measured on an H200 (their ``source``).
+* **TPU** (v5e, v5p, v6e): no TPU is lent here, so one MXU efficiency is fitted to one published
+  run (MaxText's Llama 3.1 8B gold run on v6e-256) and held against the others out of sample
+  (``benchmarks/tpu_step_model.py``); HBM at libtpu's own 0.9 of the spec. libtpu's own cost
+  model (``optimal_seconds``) is read and shown (``libtpu_optimal_s``) but not used: it is far
+  off (98.8 s against the 8B run's measured 4.55 s, read at one and two unrolled layers,
+  ``studies/tpu_cost_model.py``) and negative for programs with loops (libtpu 0.0.52). On small
+  programs it is a roofline (``tests/test_predict.py``: 197 TFLOP/s, 737.6 GB/s on v5e).
 
 Where a term cannot be priced (a GEMM whose shape does not read, an unknown custom call), its
 share of the kernels is named in ``unpriced``.
@@ -34,7 +33,7 @@ GPU_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM a
              "dtype's peak, cuDNN attention at {fwd:.0%} forward / {bwd:.0%} backward, every kernel "
              "no faster than its bytes at {hbm:.0%} of HBM bandwidth; collectives and host transfers "
              "beside them (the step is the longer of the two). Rates measured: {source}")
-TPU_BASIS = ("no prediction on a TPU: libtpu's own cost model (optimal_seconds, shown as "
+TPU_BASIS = ("no prediction for this TPU: libtpu's own cost model (optimal_seconds, shown as "
              "libtpu_optimal_s where the program's figure is meaningful) is far from MaxText's "
              "measured steps (the Llama 3.1 8B gold run on v6e-256: 98.8 s against 4.55 s) and "
              "negative for programs with loops (libtpu 0.0.52); only the roofline bound is given")
@@ -76,8 +75,11 @@ def kernels_seconds(rows: list[dict], target: Target, model: dict) -> dict:
             "unpriced_share": unpriced_bytes / total_bytes if total_bytes else 0.0}
 
 
-def _basis(target: Target) -> str:
+def basis(target: Target) -> str:
+    """What ``target``'s ``predicted_s`` is, in words (its step model's, or why there is none)."""
     m = target.step_model
+    if not m:
+        return TPU_BASIS if target.platform == "tpu" else NONE_BASIS.format(name=target.name)
     if target.platform == "tpu":
         return TPU_FITTED_BASIS.format(mxu=m["gemm_efficiency"], hbm=m["hbm_efficiency"],
                                        source=m["source"])
@@ -91,7 +93,7 @@ def _kernel_model(rows: list[dict], target: Target, bound: dict) -> dict:
     kernels = priced["kernels_s"]
     beside = (bound.get("collectives_s") or 0.0) + (bound.get("offload_s") or 0.0)
     return {"predicted_s": max(kernels, beside), **priced, "transfers_s": beside,
-            "limited_by": "kernels" if kernels >= beside else "transfers", "basis": _basis(target)}
+            "limited_by": "kernels" if kernels >= beside else "transfers", "basis": basis(target)}
 
 
 def _tpu(optimal_s: float | None, loop_factor: float) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from remat_lab.analysis.estimate import estimate_step
-from remat_lab.analysis.predict import GPU_BASIS, NONE_BASIS, TPU_BASIS, predict_step
+from remat_lab.analysis.predict import basis, predict_step
 from remat_lab.config import RunConfig, Target, get_target
 from remat_lab.studies.advisor_decision import batch_words, sig
 
@@ -65,11 +65,4 @@ def recommend_by_estimate(rows: list[dict], target: str,
 
 def prediction_basis(target: Target) -> str:
     """What the rows' ``predicted_s`` is, for the document (``analysis/predict.py``'s words)."""
-    if target.platform == "tpu":
-        return TPU_BASIS
-    if target.step_model:
-        m = target.step_model
-        return GPU_BASIS.format(gemm=m["gemm_efficiency"], fwd=m["attention_forward_efficiency"],
-                                bwd=m["attention_backward_efficiency"], hbm=m["hbm_efficiency"],
-                                source=m["source"])
-    return NONE_BASIS.format(name=target.name)
+    return basis(target)

@@ -167,7 +167,8 @@ def _over_the_device(err: Exception) -> dict:
     parts = dict.fromkeys(("argument_bytes", "output_bytes", "alias_bytes", "generated_code_bytes"), 0)
     return {"peak_bytes": need, "memory": {"peak_bytes": need, "temp_bytes": need, **parts},
             "flops": None, "bytes_accessed": None, "fingerprint": f"over the device: {err}"[:240],
-            "xla_remat": {"applied": False, "instructions": 0}, "traffic": None, "buffers": None}
+            "xla_remat": {"applied": False, "instructions": 0}, "traffic": None, "kernels": None,
+            "buffers": None}
 
 
 def probe(config: RunConfig) -> dict:
