@@ -55,7 +55,8 @@ from remat_lab.analysis.costs import memory_report
 from remat_lab.config import RunConfig
 from remat_lab.program.step import (abstract_problem, build_problem, device_model_report,
                                     jit_program, jit_step, model_report, program_args)
-from remat_lab.studies.advisor_search import device_fields, largest_batch, probe
+from remat_lab.studies.advisor_search import device_fields, probe
+from remat_lab.studies.batch_search import largest_batch
 
 assert jax.device_count() == 4, jax.devices()
 tiny = json.loads(%r)
