@@ -72,7 +72,7 @@ def predicted(doc: dict, mxu: float) -> float:
     model = {"gemm_efficiency": mxu, "attention_forward_efficiency": mxu,
              "attention_backward_efficiency": mxu, "hbm_efficiency": HBM_EFFICIENCY}
     kernels = kernels_seconds(doc["kernels"], get_target(doc["target"]), model)["kernels_s"]
-    return max(kernels, doc["collectives_s"] + doc["offload_s"])
+    return max(kernels, doc["collectives_s"] + doc["offload_s"], doc["bound_s"])
 
 
 def fit(calibration: str) -> dict:

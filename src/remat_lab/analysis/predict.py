@@ -8,7 +8,8 @@ attention (cuDNN's, or Pallas splash on a TPU) at ``attention_forward_efficiency
 ``attention_backward_efficiency`` of the bf16 peak, each no faster than its bytes at
 ``hbm_efficiency`` of the HBM bandwidth; every other kernel at its bytes over that bandwidth.
 Collectives and host transfers run beside the kernels (asynchronous start / done pairs): the step
-is the longer of the kernels and the transfers (the roofline's collective and offload terms).
+is the longer of the kernels and the transfers (the roofline's collective and offload terms), and
+never shorter than the bound (``limited_by`` "bound" when the bound's bytes exceed the kernels').
 
 * **GPU** (H100, H200): the fractions were measured on an H200 (their ``source``).
 * **TPU** (v5e, v5p, v6e): no TPU is lent here, so one MXU efficiency is fitted to one published
@@ -89,11 +90,18 @@ def basis(target: Target) -> str:
 
 
 def _kernel_model(rows: list[dict], target: Target, bound: dict) -> dict:
+    """The kernels and the transfers beside them; never under the bound, which can count more
+    bytes than the kernels read (XLA's ``bytes_accessed`` counts an in-place update's whole
+    buffer and a sliced read's whole operand): then the bound is the prediction, said so."""
     priced = kernels_seconds(rows, target, target.step_model)
     kernels = priced["kernels_s"]
     beside = (bound.get("collectives_s") or 0.0) + (bound.get("offload_s") or 0.0)
-    return {"predicted_s": max(kernels, beside), **priced, "transfers_s": beside,
-            "limited_by": "kernels" if kernels >= beside else "transfers", "basis": basis(target)}
+    floor = bound.get("estimate_s") or 0.0
+    limited = "kernels" if kernels >= beside else "transfers"
+    if floor > max(kernels, beside):
+        limited = "bound"
+    return {"predicted_s": max(kernels, beside, floor), **priced, "transfers_s": beside,
+            "limited_by": limited, "basis": basis(target)}
 
 
 def _tpu(optimal_s: float | None, loop_factor: float) -> dict:
