@@ -64,7 +64,10 @@ if tgt:
     st.info(f"**Compiled for {name}** ({tgt['device_kind']}, {human_bytes(tgt['memory_bytes'])} per "
             "device) without the device: the memory, the per-dot table and the timeline are the "
             "compiled program's. Nothing ran, so no step time was measured and the gradients were not "
-            f"checked. The time shown is an **estimate**: {timing.get('estimate_basis')}.",
+            "checked. " + (f"The step time shown is a **prediction** ({timing.get('prediction_basis')}), "
+                           "with the roofline **bound** beside it."
+                           if timing.get("predicted_s") else
+                           f"The time shown is a roofline **bound**: {timing.get('estimate_basis')}."),
             icon=":material/memory:")
 elif cfg.compile_only:
     st.info(_llm_views.COMPILE_ONLY_NUMBERS, icon=":material/memory:")

@@ -33,16 +33,17 @@ from remat_lab.config import Target
 GPU_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM at {gemm:.0%} of its "
              "dtype's peak, cuDNN attention at {fwd:.0%} forward / {bwd:.0%} backward, every kernel "
              "no faster than its bytes at {hbm:.0%} of HBM bandwidth; collectives and host transfers "
-             "beside them (the step is the longer of the two). Rates measured: {source}")
+             "beside them (the step is the longer of the two, never under the bound). Rates measured: "
+             "{source}")
 TPU_BASIS = ("no prediction for this TPU: libtpu's own cost model (optimal_seconds, shown as "
              "libtpu_optimal_s where the program's figure is meaningful) is far from MaxText's "
              "measured steps (the Llama 3.1 8B gold run on v6e-256: 98.8 s against 4.55 s) and "
              "negative for programs with loops (libtpu 0.0.52); only the roofline bound is given")
 TPU_FITTED_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM and splash "
-                    "attention kernel at {mxu:.0%} of the bf16 peak (fitted, not measured on a "
-                    "chip: {source}), every kernel no faster than its bytes at {hbm:.0%} of HBM "
-                    "bandwidth (libtpu's own figure); collectives and host transfers beside them "
-                    "(the step is the longer of the two)")
+                    "attention kernel at {mxu:.0%} of the bf16 peak, every kernel no faster than "
+                    "its bytes at {hbm:.0%} of HBM bandwidth; collectives and host transfers "
+                    "beside them (the step is the longer of the two, never under the bound). "
+                    "Rates {source}")
 NONE_BASIS = "no prediction for {name}: no measured kernel rates for it (only a lower bound)"
 
 
