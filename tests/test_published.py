@@ -28,6 +28,7 @@ def test_every_run_names_its_source_and_figure():
     assert m["llama3.1-8b-v6e-256"]["mfu"] == 0.4546
     assert m["llama3.1-8b-v6e-256"]["tokens_per_s_per_device"] == 7207
     assert m["llama3.1-70b-v6e-256"]["tokens_per_s_per_device"] == 960
+    assert (m["llama2-70b-v6e-256"]["mfu"], m["llama2-70b-v6e-256"]["tokens_per_s_per_device"]) == (0.438, 900)
     assert [m[f"llama2-7b-a3-{h}"]["tflops_per_s_per_chip"] for h in
             ("1host", "2hosts", "4hosts", "8hosts", "16hosts")] == [492, 422, 407, 409, 375]
     assert m["llama3-8b-v6e-256"] is None
@@ -63,6 +64,11 @@ def test_mesh_knobs_fill_and_cross_slices():
         pub._mesh({"ici_fsdp_parallelism": 8, "dcn_data_parallelism": 2}, 16, 4)
     fields, diff = pub.translate(pub.RUNS["llama2-7b-a3-2hosts"])
     assert fields["mesh"] == "dcn_data=2,fsdp=8" and not any("dcn" in d for d in diff)
+    # MaxText's fsdp_transpose (its v6e Llama 2 70B) shards as the lab's fsdp, said so
+    mesh, notes = pub._mesh({"ici_fsdp_parallelism": 1, "ici_fsdp_transpose_parallelism": -1}, 256)
+    assert mesh == "fsdp=256" and len(notes) == 1 and "fsdp_transpose" in notes[0]
+    with pytest.raises(ConfigError, match="fsdp_transpose"):
+        pub._mesh({"ici_fsdp_parallelism": 2, "ici_fsdp_transpose_parallelism": -1}, 256)
 
 
 def test_custom_plans_map_names_and_name_what_the_lab_lacks():
@@ -113,12 +119,14 @@ def test_the_measured_step_time_follows_the_figure():
 def test_published_v6e_mfu_counts_attention_as_the_full_square():
     """The v6e figures' MFU and tokens/s agree only if attention is counted as the full (seq x seq)
     square, as MaxText counted when they were published (its code now halves it: causal)."""
-    for name in ("llama3.1-8b-v6e-256", "llama3.1-70b-v6e-256"):
+    # Llama 2 70B's "approx" 900 tokens/s gives 43.58 %; the recipe's log, 905, gives the 43.8 %
+    for name, tol in (("llama3.1-8b-v6e-256", 0.001), ("llama3.1-70b-v6e-256", 0.001),
+                      ("llama2-70b-v6e-256", 0.003)):
         if pub.RUNS[name]["model"] not in PRESETS:
             pytest.skip("the Llama 3.1 presets are not in this checkout")
         d = pub.mfu_definition(pub.RUNS[name])
-        assert d["matches"] == "full_square" and d["full_square"] == pytest.approx(d["published"], abs=0.001)
-        assert d["causal"] < d["published"] - 0.03
+        assert d["matches"] == "full_square" and d["full_square"] == pytest.approx(d["published"], abs=tol)
+        assert d["causal"] < d["published"] - 0.01
 
 
 def test_the_cli_lists_runs_and_refuses_an_unknown_name():

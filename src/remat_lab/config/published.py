@@ -64,10 +64,18 @@ def _mesh(knobs: dict, devices: int, slices: int | None = None) -> tuple[str, li
     """The lab's mesh for MaxText's ``ici_*`` / ``dcn_*`` parallelism knobs (-1: the devices left
     within a slice, or the slices left): ``dcn_*`` becomes the lab's cross-slice axis of the same
     name (each logical axis ici x dcn, the dcn part outermost, as MaxText); ``slices``: the run's
-    slices or hosts (None: the dcn knobs' product). The second item: what the lab does not
-    reproduce of them (nothing now; kept for the callers' differences)."""
-    ici, dcn = {}, {}
+    slices or hosts (None: the dcn knobs' product). MaxText's ``fsdp_transpose`` axis becomes the
+    lab's ``fsdp``. The second item: what the lab does not reproduce of them."""
+    ici, dcn, notes = {}, {}, []
     fill_ici = fill_dcn = None
+    if any(knobs.get(f"{link}_fsdp_transpose_parallelism", 1) != 1 for link in ("ici", "dcn")):
+        if any(knobs.get(f"{link}_fsdp_parallelism", 1) != 1 for link in ("ici", "dcn")):
+            raise ConfigError("fsdp and fsdp_transpose together have no counterpart in the lab's mesh.")
+        knobs = {**knobs, **{f"{link}_fsdp_parallelism": knobs[f"{link}_fsdp_transpose_parallelism"]
+                             for link in ("ici", "dcn")
+                             if f"{link}_fsdp_transpose_parallelism" in knobs}}
+        notes.append("fsdp_transpose: MaxText shards each weight's other dimension over it; the "
+                     "lab's fsdp axis shards the same bytes a device over the same devices")
     for axis in MESH_AXES:
         ici[axis] = knobs.get(f"ici_{axis}_parallelism", 1)
         dcn[axis] = knobs.get(f"dcn_{axis}_parallelism", 1)
@@ -97,7 +105,7 @@ def _mesh(knobs: dict, devices: int, slices: int | None = None) -> tuple[str, li
     elif used != per_slice:
         raise ConfigError(f"the mesh knobs use {used} devices, not the run's {per_slice}"
                           + (" a slice." if slices > 1 else "."))
-    return format_mesh({a: ici[a] * dcn[a] for a in MESH_AXES}, dcn), []
+    return format_mesh({a: ici[a] * dcn[a] for a in MESH_AXES}, dcn), notes
 
 
 def translate(run: dict) -> tuple[dict, list[str]]:
