@@ -40,7 +40,7 @@ def run_named(name: str) -> dict:
 
 def source_link(source: dict) -> str:
     """``repository/file@commit#Lline``: where a configuration or a figure is published."""
-    return f"{REPOSITORY}/{source['file']}@{source['commit'][:7]}#L{source['line']}"
+    return f"{source.get('repository', REPOSITORY)}/{source['file']}@{source['commit'][:7]}#L{source['line']}"
 
 
 def figure_text(measured: dict | None) -> str:
@@ -57,7 +57,8 @@ def figure_text(measured: dict | None) -> str:
 
 def source_url(source: dict) -> str:
     """The web address of a published configuration or figure, at its commit and line."""
-    return f"https://github.com/{REPOSITORY}/blob/{source['commit']}/{source['file']}#L{source['line']}"
+    repo = source.get("repository", REPOSITORY)
+    return f"https://github.com/{repo}/blob/{source['commit']}/{source['file']}#L{source['line']}"
 
 
 def _mesh(knobs: dict, devices: int, slices: int | None = None) -> tuple[str, list[str]]:
