@@ -17,18 +17,19 @@ from remat_lab.program.backend import ExecutionError, out_of_memory  # noqa: E40
 from remat_lab.serve import safe_text  # noqa: E402
 from remat_lab.studies import published as study  # noqa: E402
 
-_shared.page_start("Published runs", "MaxText's tuned training configurations, with the throughput "
-                                     "measured on real chips. Pick one: the lab compiles the same "
-                                     "configuration for the same chips (without them) and sets its "
-                                     "memory, flops and step-time estimate beside the record. The "
-                                     "sidebar's settings are not used here.")
+_shared.page_start("Published runs", "MaxText's tuned training configurations (its tables, and "
+                                     "tpu-recipes' runs of them), with the throughput measured on "
+                                     "real chips. Pick one: the lab compiles the same configuration "
+                                     "for the same chips (without them) and sets its memory, flops "
+                                     "and predicted step beside the record. The sidebar's settings "
+                                     "are not used here.")
 ss = st.session_state
 st.dataframe(pd.DataFrame([{"run": r["name"], "chips": f"{r['devices']} × {r['target']}",
                             "published": pub.figure_text(r.get("measured")),
                             "configuration": pub.source_url(r["source"])} for r in pub.RUNS.values()]),
              hide_index=True, width="stretch", height=35 * (len(pub.RUNS) + 1) + 3,
              column_config={"configuration": st.column_config.LinkColumn(
-                 "configuration (MaxText)", display_text=r"/blob/[0-9a-f]{40}/(?:.*/)?([^/]+)$")})
+                 "configuration", display_text=r"/blob/[0-9a-f]{40}/(?:benchmarks/)?(.*)$")})
 names = list(pub.RUNS)
 url = _page_state.loaded("published", ["run"])
 if url.get("run") in pub.RUNS:

@@ -48,7 +48,7 @@ def figure_text(measured: dict | None) -> str:
     if not measured:
         return "none published"
     parts = [f"{measured['mfu']:.2%} MFU" if measured.get("mfu") else "",
-             f"{measured['tokens_per_s_per_device']:,} tokens/s/device"
+             f"{measured['tokens_per_s_per_device']:,.0f} tokens/s/device"
              if measured.get("tokens_per_s_per_device") else "",
              f"{measured['tflops_per_s_per_chip']} TFLOP/s/chip"
              if measured.get("tflops_per_s_per_chip") else ""]
