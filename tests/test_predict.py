@@ -181,3 +181,24 @@ def test_the_tpu_step_model_is_its_stored_fit_and_predicts_the_other_published_r
     for r in others:
         assert 0.8 <= r["predicted_over_measured"] <= 1.2, r
         assert r["bound_over_measured"] < 1, r
+
+
+def test_a_training_steps_prediction_is_the_whole_training_programs():
+    """A measured step includes the AdamW update, so on a target the run's prediction is priced from
+    the training program's kernels (compiled again here), not the gradient step's, which has fewer."""
+    from remat_lab.program.step import abstract_problem, jit_program, jit_step, program_args
+    from remat_lab.studies.experiment import run_experiment
+
+    c = RunConfig(model="llm", width=128, depth=1, heads=2, kv_heads=1, seq=128, batch=4, vocab=256,
+                  mlp_dim=256, step="train", stack="loop", attention="full", policy="full",
+                  target="tpu-v5e", compile_only=True, dtype="bfloat16")
+    doc = run_experiment(c, timing=False)
+    t = get_target("tpu-v5e")
+    problem = abstract_problem(c)
+    train = jit_program(problem).lower(*program_args(problem)).compile().as_text()
+    grad = jit_step(problem).lower(*problem.args).compile().as_text()
+    bound = doc["timing"]["estimate"]
+    expect = predict_step(t, bound, text=train)["predicted_s"]
+    assert doc["timing"]["predicted_s"] == pytest.approx(expect, rel=1e-9)
+    assert predict_step(t, bound, text=grad)["kernels_s"] < predict_step(t, bound, text=train)["kernels_s"]
+    assert any("so is the predicted step" in n for n in doc["notes"])

@@ -260,6 +260,7 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
         except Exception as err:
             raise xla_error("compiling the training step", err, config) from err
         result["compile"]["train_compile_s"] = time.perf_counter() - t0
+        _train_prediction(config, result, compiled.as_text())
         result["memory_gradient_step"] = result["memory"]
         result["memory"] = memory_report(compiled)
         buffers = read_kinds(dump, result["memory"], depth=config.depth, names=block_names(config))
@@ -267,7 +268,8 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
             result["sharding"]["per_device"] = result["memory"]
         result["notes"] = [*result["notes"], (
             "memory is the whole training step's (the AdamW update, parameters and optimizer state "
-            "donated); the step time, the gradient check and the per-dot tables are the gradient "
+            "donated)" + ("; so is the predicted step" if result["timing"].get("predicted_s") else "")
+            + "; the roofline bound, the gradient check and the per-dot tables are the gradient "
             "step's, whose remat decisions are the same")]
     note = sentence(result["compile"].get("xla_remat"), sig)
     if note:  # next to the memory and flops it changed
@@ -283,6 +285,22 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
         result["memory"]["by_kind"] = kinds
         result["memory"]["by_kind_source"] = by_kind_source(kinds)
     return result
+
+
+def _train_prediction(config: RunConfig, result: dict, text: str) -> None:
+    """On a target the prediction is the whole training step's (its kernels include the AdamW
+    update, as a measured step does), not the gradient step's; libtpu's figures stay as read."""
+    timing = result["timing"]
+    if config.target == LOCAL or not timing.get("predicted_s"):
+        return
+    target, old = get_target(config.target), timing["prediction"]
+    pred = predict_step(target, timing["estimate"], text=text)
+    pred.update({k: v for k, v in old.items() if k.startswith("libtpu")})
+    pred.update(prediction_rates(pred["predicted_s"], model_flops=(result.get("baseline") or {}).get("flops"),
+                                 tokens=_tokens_per_device(config), target=target))
+    timing.update(predicted_s=pred["predicted_s"], predicted_mfu=pred.get("predicted_mfu"),
+                  predicted_tokens_per_s_per_device=pred.get("predicted_tokens_per_s_per_device"),
+                  prediction=pred, prediction_basis=pred["basis"])
 
 
 def _tokens_per_device(config: RunConfig) -> float:
