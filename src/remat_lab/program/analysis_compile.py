@@ -3,8 +3,9 @@
 What the lab reads from a compiled program (the memory analysis, the optimized HLO text, XLA's cost
 analysis) comes from XLA's HLO passes and its buffer assignment, which run before any machine code
 is generated. ``xla_backend_optimization_level=0`` and ``xla_llvm_disable_expensive_passes`` change
-only the LLVM work after them (and which kernel emits an all-reduce): on XLA CPU a transformer's compile takes 1.0-1.1 s instead of
-1.7-2.0 s (width 512, seq 256, depth 8, scan; 2 cores). ``tests/test_analysis_compile.py`` checks
+only the LLVM work after them (and the all-reduce kernel option, which kernel emits one): on XLA CPU
+a transformer's compile takes 1.0-1.1 s instead of 1.7-2.0 s (width 512, seq 256, depth 8, scan;
+2 cores). ``tests/test_analysis_compile.py`` checks
 that the optimized HLO text and every memory field are identical to the default compile's, on the
 local CPU and on a named GPU and TPU target. Never for a program that is run or timed.
 
