@@ -32,10 +32,6 @@ CASES = [
               target="h100"),
     RunConfig(model="mlp", width=64, depth=2, stack="scan", batch=8, policy="dots_saveable",
               target="tpu-v5e"),
-    # two H100 hosts: all-reduces across hosts and within one, emitted without XLA's one-shot kernel
-    RunConfig(model="llm", width=128, depth=2, heads=4, kv_heads=2, seq=64, batch=32, vocab=256,
-              mlp_dim=256, step="train", policy="full", dtype="bfloat16", target="h100",
-              target_devices=16, mesh="dcn_data=2,fsdp=8"),
 ]
 
 
@@ -59,10 +55,8 @@ def test_read_only_compile_reads_what_the_default_compile_reads(config):
 
 
 def test_the_options_are_llvms_only():
-    # Anything else could change the HLO passes or the buffer assignment the lab reads (the
-    # all-reduce kernel's choice is made after them: the two-host case above holds it to that).
-    assert set(ANALYSIS_ONLY) == {"xla_backend_optimization_level", "xla_llvm_disable_expensive_passes",
-                                  "xla_gpu_unsupported_use_all_reduce_one_shot_kernel"}
+    # Anything else could change the HLO passes or the buffer assignment the lab reads.
+    assert set(ANALYSIS_ONLY) == {"xla_backend_optimization_level", "xla_llvm_disable_expensive_passes"}
 
 
 def test_a_probe_reads_the_default_compiles_peak():

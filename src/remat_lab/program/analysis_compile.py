@@ -3,9 +3,8 @@
 What the lab reads from a compiled program (the memory analysis, the optimized HLO text, XLA's cost
 analysis) comes from XLA's HLO passes and its buffer assignment, which run before any machine code
 is generated. ``xla_backend_optimization_level=0`` and ``xla_llvm_disable_expensive_passes`` change
-only the LLVM work after them (and the all-reduce kernel option, which kernel emits one): on XLA CPU
-a transformer's compile takes 1.0-1.1 s instead of 1.7-2.0 s (width 512, seq 256, depth 8, scan;
-2 cores). ``tests/test_analysis_compile.py`` checks
+only the LLVM work after them: on XLA CPU a transformer's compile takes 1.0-1.1 s instead of
+1.7-2.0 s (width 512, seq 256, depth 8, scan; 2 cores). ``tests/test_analysis_compile.py`` checks
 that the optimized HLO text and every memory field are identical to the default compile's, on the
 local CPU and on a named GPU and TPU target. Never for a program that is run or timed.
 
@@ -16,11 +15,7 @@ the device's memory: the lab reads the model's flops from such a compile (``anal
 
 from __future__ import annotations
 
-ANALYSIS_ONLY = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
-                 # XLA's one-shot all-reduce kernel crashes LLVM when a deviceless H100 program spans
-                 # 8 hosts (64 GPUs: the process exits 1 with nothing said); off, the optimized HLO
-                 # and the memory are the same (tests/test_analysis_compile.py, 2 hosts x 8)
-                 "xla_gpu_unsupported_use_all_reduce_one_shot_kernel": False}
+ANALYSIS_ONLY = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 # The memory limit XLA's rematerialization pass works to, lifted 1000x: on a GPU it is the device's
 # memory less the program's inputs and outputs times ``xla_gpu_memory_limit_slop_factor`` percent
