@@ -33,6 +33,7 @@ from .catalog import (
     STACKS,
     names_of,
 )
+from .coerce import coerce_config
 from .defaults import APP_DEFAULT, flag_defaults
 from .mesh_text import DCN_AXES, canonical_mesh, mesh_dcn, mesh_parts, mesh_slices
 from .run import (
@@ -51,7 +52,6 @@ from .run import (
     ConfigError,
     MemoryBudgetError,
     RunConfig,
-    coerce_config,
     format_mesh,
     mesh_devices,
     parse_mesh,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .moe_config import MOE_DEFAULTS
+
 MODELS = ("mlp", "seq_mixer", "transformer", "llm")
 # Models that use seq: x is (batch, seq, width), or for llm integer tokens (batch, seq).
 SEQ_MODELS = ("seq_mixer", "transformer", "llm")
@@ -53,8 +55,12 @@ DEFAULT_POLICY = "dots_with_no_batch_dims_saveable"
 # Published decoder shapes, by name: the llm fields they fill, their source and parameter count;
 # loss_chunks, the vocabulary loss's slices, is this lab's choice per preset (presets.json's about).
 PRESET_FIELDS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab", "seq",
-                 "tie_embeddings", "loss_chunks")
-PRESETS: dict[str, dict] = json.loads((Path(__file__).with_name("presets.json")).read_text())["presets"]
+                 "tie_embeddings", "loss_chunks", "experts", "experts_per_token", "expert_mlp_dim",
+                 "shared_experts", "router_gating")
+# A dense preset leaves the mixture-of-experts fields out: these (RunConfig's defaults) fill them.
+DENSE = {"experts": 0, **{k: MOE_DEFAULTS[k] for k in PRESET_FIELDS[10:] if k != "experts"}}
+PRESETS: dict[str, dict] = {name: {**DENSE, **p} for name, p in json.loads(
+    (Path(__file__).with_name("presets.json")).read_text())["presets"].items()}
 PRESET_NAMES = ("", *PRESETS)  # "" = no preset
 # A preset's (and the CLI's llm training step's) dtypes unless some are given: MaxText's weight_dtype
 # float32 and dtype bfloat16, the common mixed-precision recipe; RECIPE_TEXT says it.
