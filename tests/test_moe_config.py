@@ -13,7 +13,8 @@ MOE = dict(model="llm", width=64, heads=4, seq=16, batch=2, vocab=128, experts=4
 def test_dense_is_the_default_and_moe_fields_need_experts():
     assert RunConfig(model="llm").experts == 0
     for field, value in (("capacity_factor", 1.25), ("shared_experts", 1), ("router_gating", "sigmoid"),
-                         ("experts_per_token", 1), ("expert_mlp_dim", 32), ("load_balance_loss_weight", 0.01)):
+                         ("experts_per_token", 1), ("expert_mlp_dim", 32),
+                         ("load_balance_loss_weight", 0.01)):
         with pytest.raises(ConfigError, match=f"{field} is for a mixture of experts"):
             RunConfig(model="llm", **{field: value})
 
