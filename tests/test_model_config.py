@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from remat_lab.config import PRESET_FIELDS, PRESETS, ConfigError, RunConfig, llm_parameters
+from remat_lab.config.catalog import DENSE
 from remat_lab.config.model_config import (
     LOSS_CHUNK_LOGITS,
     MAX_BYTES,
@@ -106,7 +107,7 @@ def test_yaml_and_defaults_gemma_and_qwen():
                               "max_target_length: 128\n", "tiny.yml")
     assert read.fields == {"width": 256, "heads": 4, "kv_heads": 2, "depth": 2, "mlp_dim": 512,
                            "vocab": 1000, "head_dim": 128, "tie_embeddings": False, "seq": 128,
-                           "loss_chunks": 1}
+                           "loss_chunks": 1, **DENSE}
     assert "head_dim not in the file: MaxText's default 128" in read.differences
     gemma = parse_model_config(json.dumps({"model_type": "gemma", "hidden_size": 256,
                                            "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -20,11 +20,18 @@ def _itemsize(dtype: str) -> int:
     return 2 if dtype == "bfloat16" else 4
 
 
-def llm_parameters(config: RunConfig) -> int:
-    """The llm's parameter count, from its shape (the model's own count: ``tests/test_presets.py``)."""
+def llm_parameters(config: RunConfig, active: bool = False) -> int:
+    """The llm's parameter count, from its shape (the model's own count: ``tests/test_presets.py``);
+    a mixture of experts' router, experts and shared experts in place of the MLP. ``active``: those
+    one token uses, ``experts_per_token`` of the experts (the rest as a whole)."""
     w, hd = config.width, config.head_dim_used
     attn = w * hd * (2 * config.heads + 2 * config.kv_heads_used)  # q, o; k, v
-    block = attn + 3 * w * config.mlp_dim_used + 2 * w  # gated MLP, two norm scales
+    if config.experts:  # the router; each routed and shared expert a gated MLP
+        used = (config.experts_per_token if active else config.experts) + config.shared_experts
+        mlp = w * config.experts + used * 3 * w * config.expert_mlp_dim_used
+    else:
+        mlp = 3 * w * config.mlp_dim_used
+    block = attn + mlp + 2 * w  # two norm scales
     embed = config.vocab * w * (1 if config.tie_embeddings else 2)
     return config.depth * block + embed + w
 

@@ -32,10 +32,21 @@ NAMES = {
 }
 
 
-def names_of(model: str) -> tuple[str, ...]:
+# A mixture of experts' block (llm, experts > 0; model/moe.py): the router's logits, the dispatched
+# tokens, each expert projection (MaxText's moe_ names inside its dense ones) and the combine.
+MOE_NAMES = ("moe_router_logits", "moe_dispatch", "mlpwi_0", "moe_mlpwi_0", "mlpwi_1", "moe_mlpwi_1",
+             "mlpwo", "moe_mlpwo", "moe_combine")
+
+
+def names_of(model: str, experts: int = 0) -> tuple[str, ...]:
     """The ``checkpoint_name`` tags in ``model``'s block, in program order (none for the user's block:
-    ``model.models.block_names`` traces it)."""
-    return () if model == USER_MODEL else NAMES[model]
+    ``model.models.block_names`` traces it); the llm with ``experts``: ``MOE_NAMES`` for its MLP's."""
+    if model == USER_MODEL:
+        return ()
+    if model == "llm" and experts:
+        dense = NAMES["llm"]
+        return (*dense[:dense.index("mlpwi_0")], *MOE_NAMES, "logits")
+    return NAMES[model]
 
 
 STACKS = ("scan", "loop")

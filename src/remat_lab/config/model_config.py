@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from .catalog import RECIPE
+from .catalog import DENSE, RECIPE
 from .errors import ConfigError
 from .mesh_text import _show
 from .run import LIMITS, LLM_LIMITS, RunConfig
@@ -230,7 +230,7 @@ class _Reading:
                             "them if they do)")
         if problems:
             raise ConfigError(f"{self.name}: the lab cannot model " + "; ".join(problems) + ".")
-        out = self.out
+        out = {**DENSE, **self.out}  # a dense model: the mixture-of-experts fields at rest
         if out["width"] % out["heads"] and "head_dim" not in out:
             raise ConfigError(f"{self.name}: the width {out['width']} is not divisible by the "
                               f"{out['heads']} heads and no head_dim is given.")

@@ -324,7 +324,8 @@ class RunConfig:
                 raise ConfigError("save_names and offload_names are only for policy custom; "
                                   f"policy {self.policy} decides by itself.")
             return
-        known = names_of(self.model) or tuple(sorted({n for v in given.values() for n in v}))  # user block
+        known = (names_of(self.model, self.experts)  # the user's block: the names given
+                 or tuple(sorted({n for v in given.values() for n in v})))
         for f, names in given.items():
             unknown = [n for n in names if n not in known]
             if unknown:
