@@ -17,6 +17,24 @@ MOE_FIELDS = ("experts_per_token", "expert_mlp_dim", "shared_experts", "capacity
 MOE_DEFAULTS = {"experts_per_token": 2, "expert_mlp_dim": 0, "shared_experts": 0, "capacity_factor": 0.0,
                 "router_gating": "softmax", "load_balance_loss_weight": 0.0}  # RunConfig's
 
+# A published config's mixture-of-experts keys (config/model_config.py): Hugging Face's (Mixtral's
+# num_local_experts, Qwen3-MoE's num_experts and moe_intermediate_size) and MaxText's.
+HF_MOE_FIELDS = {"num_local_experts": "experts", "num_experts": "experts",
+                 "num_experts_per_tok": "experts_per_token", "moe_intermediate_size": "expert_mlp_dim"}
+MT_MOE_FIELDS = {"num_experts": "experts", "num_experts_per_tok": "experts_per_token",
+                 "base_moe_mlp_dim": "expert_mlp_dim"}
+MOE_FAMILIES = {"mixtral": False, "qwen3_moe": False}  # model_type -> tied embeddings by default
+# No shape: the aux loss's coefficient (load_balance_loss_weight is the lab's), router outputs and
+# noise, Qwen3's norm_topk_prob (the lab always renormalises the top k's weights).
+MOE_UNUSED = {"router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "norm_topk_prob"}
+
+
+def dense_if_single(fields: dict) -> dict:
+    """``fields`` without the experts' when there is one expert (MaxText's num_experts 1: dense)."""
+    if fields.get("experts") != 1:
+        return fields
+    return {k: v for k, v in fields.items() if k not in ("experts", "experts_per_token", "expert_mlp_dim")}
+
 
 def parse_float(name: str, text: str) -> float:
     """A fractional field's value from text (a URL, a form), or a ConfigError saying its range."""
