@@ -47,3 +47,24 @@ def test_moe_from_text_and_back():
     assert "--experts 4 --experts-per-token 2" in flags and "--capacity-factor 1.25" in flags
     assert "--experts" not in " ".join(shape_flags(RunConfig(model="llm")))
     assert RunConfig(**cfg.as_dict()) == cfg
+
+
+def test_model_flops_are_maxtexts_and_count_k_experts():
+    """Dense: the same count as the published runs' (MaxText's formula in config/published.py); a
+    mixture of experts: the router and k of the experts, so Mixtral 8x7B counts about its 12.9B
+    active parameters per token, not its 46.7B."""
+    from remat_lab.config import llm_model_flops, llm_parameters
+    from remat_lab.config import published as pub
+
+    run = pub.RUNS["llama3.1-8b-v6e-256"]
+    k = run["knobs"]
+    dense = RunConfig.from_preset("llama3.1-8b", batch=k["per_device_batch_size"], seq=k["max_target_length"])
+    for causal in (True, False):
+        assert llm_model_flops(dense, causal) == pytest.approx(pub.model_flops_per_device(run, causal=causal),
+                                                               rel=1e-12)
+    moe = RunConfig.from_preset("mixtral-8x7b", batch=1, seq=4096)
+    attention = 4 * 4096 * 4096 * 32 * 128 / 2 * 32  # causal, a step of one sequence, all layers
+    per_token_weights = (llm_model_flops(moe) / 3 - attention) / 2 / 4096
+    embedding = 32000 * 4096  # the lookup is not a product; the vocabulary projection is
+    assert per_token_weights == pytest.approx(llm_parameters(moe, active=True) - embedding
+                                              - 32 * 2 * 4096 - 4096, rel=1e-12)

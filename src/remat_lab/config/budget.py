@@ -36,6 +36,24 @@ def llm_parameters(config: RunConfig, active: bool = False) -> int:
     return config.depth * block + embed + w
 
 
+def llm_model_flops(config: RunConfig, causal: bool = True) -> float:
+    """One training step's model flops as MaxText counts a decoder (``calculate_tflops_training_per_
+    device``): 3 x (2 x tokens x the matrix weights one token uses: the attention projections, the
+    MLP's, or a mixture of experts' router, k routed and the shared experts; the vocabulary
+    projection) + 3 x attention (4 x tokens x seq x heads x head_dim a layer, halved when causal).
+    The dispatch and combine products, and the capacity's empty slots, are not model flops."""
+    tokens, w, hd = config.batch * config.seq, config.width, config.head_dim_used
+    proj = w * hd * (2 * config.heads + 2 * config.kv_heads_used)
+    if config.experts:
+        mlp = w * config.experts + (config.experts_per_token + config.shared_experts) * 3 * w * (
+            config.expert_mlp_dim_used)
+    else:
+        mlp = 3 * w * config.mlp_dim_used
+    matmul = 2 * tokens * ((proj + mlp) * config.depth + w * config.vocab)
+    attention = 4 * tokens * config.seq * config.heads * hd / (2 if causal else 1) * config.depth
+    return 3 * (matmul + attention)
+
+
 def optimizer_state_bytes(config: RunConfig) -> int:
     """adamw's state for ``step="train"``: two moments per parameter in the optimizer's dtype
     (``optimizer_dtype_used``: the parameters' unless given; 0 for the gradient step)."""
