@@ -12,6 +12,7 @@ import os
 from remat_lab.config import limits
 
 from .catalog import SEQ_MODELS, USER_MODEL
+from .moe_config import moe_activation_bytes
 from .run import BUDGET_ENV, ConfigError, MemoryBudgetError, RunConfig
 from .targets import LOCAL
 
@@ -73,15 +74,17 @@ def _parameter_count(config: RunConfig) -> int:
 def _llm_bytes(config: RunConfig) -> int:
     """The llm's estimate: parameters, gradients, a reference copy and adamw's state; per block
     the projections, the attention scores (full: (B, H, N, N); chunked or flash: (B, H, N, block))
-    and the MLP of one microbatch; the logits (one of ``loss_chunks`` slices of the sequence) in
-    the dtype with their float32 log-softmax and gradient."""
+    and the MLP (or the experts: ``moe_activation_bytes``) of one microbatch; the logits (one of
+    ``loss_chunks`` slices of the sequence) in the dtype with their float32 log-softmax and gradient."""
     item, pitem = _itemsize(config.dtype), _itemsize(config.param_dtype_used)
     n = _parameter_count(config)
     b = config.batch // config.microbatches
     rows = b * config.seq
     fixed = n * (2 * pitem + item) + optimizer_state_bytes(config) + (n * 4 if config.microbatches > 1 else 0)
     w, hd = config.width, config.head_dim_used
-    act = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd + 4 * config.mlp_dim_used) * item
+    act = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd) * item
+    mlp = rows * 4 * config.mlp_dim_used * item
+    act += moe_activation_bytes(config, rows, item) if config.experts else mlp
     keys = config.seq if config.attention == "full" else min(config.attention_block, config.seq)
     act += 3 * b * config.heads * config.seq * keys * 4
     logits = b * -(-config.seq // config.loss_chunks) * config.vocab * (2 * item + 8)

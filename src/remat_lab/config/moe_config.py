@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .errors import ConfigError
 
 # A mixture of experts' router (llm, experts > 0): softmax over the experts (Mixtral, Qwen3-MoE) or
@@ -27,6 +29,14 @@ MOE_FAMILIES = {"mixtral": False, "qwen3_moe": False}  # model_type -> tied embe
 # No shape: the aux loss's coefficient (load_balance_loss_weight is the lab's), router outputs and
 # noise, Qwen3's norm_topk_prob (the lab always renormalises the top k's weights).
 MOE_UNUSED = {"router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "norm_topk_prob"}
+
+
+def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
+    """Each expert's slots per sequence: MaxText's ``max(ceil(N k / E) * factor, factor)``, at most
+    ``N``; ``factor`` 0 (dropless): ``N``."""
+    if factor <= 0:
+        return tokens
+    return max(1, min(tokens, int(max(math.ceil(tokens * k / experts) * factor, factor))))
 
 
 def dense_if_single(fields: dict) -> dict:
@@ -73,3 +83,14 @@ def check_moe(config) -> None:
     if config.mesh:
         raise ConfigError(f"mesh {config.mesh}: a mixture of experts runs on one device so far "
                           "(no expert axis or expert sharding yet); drop the mesh.")
+
+
+def moe_activation_bytes(config, rows: int, item: int) -> int:
+    """A mixture of experts' activations in one block of ``rows`` tokens (``budget.py``'s estimate):
+    the dispatched tokens, the experts' three hidden values and output over every slot
+    (experts x capacity a sequence), the float32 dispatch and combine masks, the router's float32
+    logits and scores, and the shared experts' hidden values."""
+    e, f, seqs = config.experts, config.expert_mlp_dim_used, rows // config.seq
+    slots = seqs * e * capacity(config.seq, e, config.experts_per_token, config.capacity_factor)
+    return (slots * (2 * config.width + 3 * f) * item + 2 * rows * slots // seqs * 4 + rows * e * 8
+            + rows * 4 * config.shared_experts * f * item)

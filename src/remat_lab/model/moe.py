@@ -28,20 +28,12 @@ MaxText's ``RoutedMoE.dense_matmul`` does by default on TPUs (``sparse_matmul`` 
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-
-def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
-    """Each expert's slots per sequence: MaxText's ``max(ceil(N k / E) * factor, factor)``, at most
-    ``N``; ``factor`` 0 (dropless): ``N``."""
-    if factor <= 0:
-        return tokens
-    return max(1, min(tokens, int(max(math.ceil(tokens * k / experts) * factor, factor))))
+from remat_lab.config.moe_config import capacity
 
 
 def route(logits: jax.Array, k: int, gating: str) -> tuple[jax.Array, jax.Array, jax.Array]:
