@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from remat_lab.cli.moe_args import add_moe_args
 from remat_lab.config import (
     CHOICES,
     DTYPES,
@@ -245,20 +246,7 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                    help="llm: attention head size (0 = width / heads)")
     p.add_argument("--mlp-dim", type=int_arg("mlp_dim"), default=d.mlp_dim, action=Given,
                    help="llm: the gated MLP's hidden size (0 = 4 x width)")
-    p.add_argument("--experts", type=int_arg("experts"), default=d.experts, action=Given,
-                   help="llm: a mixture of experts, this many routed gated MLPs per block (0 = dense)")
-    p.add_argument("--experts-per-token", type=int_arg("experts_per_token"), default=d.experts_per_token,
-                   action=Given, metavar="K", help="llm, --experts: the router's top k")
-    p.add_argument("--expert-mlp-dim", type=int_arg("expert_mlp_dim"), default=d.expert_mlp_dim,
-                   action=Given, help="llm, --experts: each expert's hidden size (0 = --mlp-dim)")
-    p.add_argument("--shared-experts", type=int_arg("shared_experts"), default=d.shared_experts,
-                   action=Given, help="llm, --experts: experts every token also goes through")
-    p.add_argument("--router-gating", choices=CHOICES["router_gating"], default=d.router_gating,
-                   action=Given, help="llm, --experts: softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3)")
-    p.add_argument("--capacity-factor", type=float, default=d.capacity_factor,
-                   help="llm, --experts: an expert's capacity, x tokens * k / experts (0 = dropless)")
-    p.add_argument("--load-balance-loss-weight", type=float, default=d.load_balance_loss_weight,
-                   help="llm, --experts: the auxiliary load-balancing loss's coefficient (MaxText's 0)")
+    add_moe_args(p, d, int_arg, Given)
     p.add_argument("--tie-embeddings", action=GivenBool, default=d.tie_embeddings,
                    help="llm: the vocabulary projection is the embedding's transpose")
     p.add_argument("--param-dtype", choices=DTYPES, default=d.param_dtype or None, action=Given,
