@@ -30,7 +30,9 @@ CONTROL_KEYS = ("model", "width", "batch", "seq", "heads", "depth", "stack", "dt
                 "objective", "repeats", "target", "step", "microbatches", "compile_only")
 # The llm's own fields: in the address bar (and the configuration) only for model llm.
 LLM_KEYS = ("preset", "vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "param_dtype",
-            "optimizer_dtype", "attention", "attention_block", "loss_chunks")
+            "optimizer_dtype", "attention", "attention_block", "loss_chunks", "experts",
+            "experts_per_token", "expert_mlp_dim", "shared_experts", "router_gating", "capacity_factor",
+            "load_balance_loss_weight")
 # Never from a link: the user's own block is code (pages/_user_block.py); these are refused with a warning.
 NEVER_KEYS = ("model_module", "input_shape")
 NOT_FROM_A_LINK = ("is your own block, which runs Python code: a link cannot choose it (type it in "

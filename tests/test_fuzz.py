@@ -38,6 +38,7 @@ from remat_lab.config import (
     coerce_config,
     resolve_budget,
 )
+from remat_lab.config.moe_config import FLOAT_LIMITS
 from remat_lab.program import backend
 from remat_lab.studies import experiment
 
@@ -66,6 +67,8 @@ def _valid_text(name: str):
     if name in LIMITS:
         lo, hi = LIMITS[name]
         return st.integers(lo, min(hi, 64)).map(str)
+    if name in FLOAT_LIMITS:  # a mixture of experts' fractional fields
+        return st.sampled_from(["0", "1.25", "2", "0.5"])
     if name in ("save_names", "offload_names"):  # the custom policy's checkpoint names
         return st.sampled_from(["l1", "l1,l2", "query_proj", "context,mlpwo", "scores"])
     if name in BOOL_FIELDS:  # yes/no fields, as a URL or form writes them

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from remat_lab.config import PRESET_FIELDS, PRESETS, ConfigError, RunConfig, llm_parameters
+from remat_lab.config.catalog import DENSE
 from remat_lab.config.model_config import (
     LOSS_CHUNK_LOGITS,
     MAX_BYTES,
@@ -106,7 +107,7 @@ def test_yaml_and_defaults_gemma_and_qwen():
                               "max_target_length: 128\n", "tiny.yml")
     assert read.fields == {"width": 256, "heads": 4, "kv_heads": 2, "depth": 2, "mlp_dim": 512,
                            "vocab": 1000, "head_dim": 128, "tie_embeddings": False, "seq": 128,
-                           "loss_chunks": 1}
+                           "loss_chunks": 1, **DENSE}
     assert "head_dim not in the file: MaxText's default 128" in read.differences
     gemma = parse_model_config(json.dumps({"model_type": "gemma", "hidden_size": 256,
                                            "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -154,12 +155,12 @@ def test_other_published_families_read_whole():
 
 
 @pytest.mark.parametrize(("extra", "named"), [
-    ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts 8, num_experts_per_tok 2"),
+    ({"n_routed_experts": 64, "first_k_dense_replace": 3}, "n_routed_experts 64, first_k_dense_replace 3"),
     ({"sliding_window": 4096, "max_position_embeddings": 32768}, "sliding_window 4096"),
     ({"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0"),
     ({"attention_dropout": 0.1}, "attention_dropout 0.1"),
     ({"my_new_knob": 3}, "'my_new_knob'"),
-    ({"model_type": "mixtral"}, "model_type 'mixtral'"),
+    ({"model_type": "deepseek_v3"}, "model_type 'deepseek_v3'"),
     ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types (a list of 2)"),
 ])
 def test_unmodellable_keys_are_refused_by_name(extra, named):
@@ -178,7 +179,7 @@ def test_every_refusal_is_said_at_once_and_off_values_pass():
         assert key in message, key
     off = parse_model_config("base_emb_dim: 512\nnum_experts: 1\nsliding_window_size: 0\n"
                              "base_moe_mlp_dim: -1\nuse_qk_norm: false\nglobal_parameter_scale: 1\n")
-    assert "num_experts" in off.differences[-1] and "base_moe_mlp_dim" in off.differences[-1]
+    assert off.fields["experts"] == 0 and "expert_mlp_dim" not in off.differences[-1]  # 1 expert: dense
     # Mistral v0.1's window shorter than its context is refused; one that covers it is a difference.
     wide = parse_model_config(json.dumps({**HF["llama2-7b"], "sliding_window": 4096}).replace(
         '"model_type": "llama"', '"model_type": "mistral"'))
@@ -242,10 +243,10 @@ def test_cli_reads_the_file_and_flags_win(tmp_path):
 
 def test_cli_refuses_a_bad_file_with_its_message(tmp_path):
     mixtral = _file(tmp_path, "mixtral.yml", (FIXTURES / "maxtext-llama2-7b.yml").read_text()
-                    + "num_experts: 8\n")
+                    + "first_k_dense_replace: 1\n")
     done = _cli("run", "--model-config", str(mixtral), "--compile-only")
     assert done.returncode == 2, done.stderr
-    assert "mixtral.yml: the lab cannot model num_experts 8 (a mixture of experts" in done.stderr
+    assert "mixtral.yml: the lab cannot model first_k_dense_replace 1 (dense and expert layers" in done.stderr
     assert "Traceback" not in done.stderr
     both = _cli("run", "--model-config", str(mixtral), "--preset", "llama2-7b")
     assert both.returncode == 2 and "--preset and --model-config both" in both.stderr
@@ -254,3 +255,25 @@ def test_cli_refuses_a_bad_file_with_its_message(tmp_path):
 def test_preset_fields_are_what_a_file_fills():
     read = load_model_config(FIXTURES / "maxtext-llama2-7b.yml")
     assert set(read.fields) == set(PRESET_FIELDS)
+
+
+@pytest.mark.parametrize(("text", "preset"), [
+    ({"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8,
+      "num_experts_per_tok": 2,
+      "router_aux_loss_coef": 0.02, "output_router_logits": False, "rope_theta": 1e6,
+      "max_position_embeddings": 32768}, "mixtral-8x7b"),
+    ({"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+      "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "vocab_size": 151936,
+      "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+      "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960}, "qwen3-30b-a3b"),
+])
+def test_a_mixture_of_experts_config_reads_as_its_preset(text, preset):
+    """Mixtral's num_local_experts, Qwen3-MoE's num_experts and moe_intermediate_size fill the experts'
+    fields; the whole shape is the preset's (seq and loss chunks are the preset's choice)."""
+    read = parse_model_config(json.dumps(text), "config.json")
+    cfg, want = read.config(seq=16, batch=1), RunConfig.from_preset(preset, seq=16, batch=1)
+    assert cfg.replace(loss_chunks=1, expert_mlp_dim=0) == want.replace(loss_chunks=1, expert_mlp_dim=0,
+                                                                        preset="")
+    assert cfg.expert_mlp_dim_used == want.expert_mlp_dim_used and cfg.experts > 0
+    assert "router_aux_loss_coef" in read.differences[-1] or "norm_topk_prob" in read.differences[-1]

@@ -43,15 +43,15 @@ def test_a_pasted_maxtext_yaml_fills_the_shape():
 
 def test_a_pasted_config_the_lab_cannot_model_is_an_error():
     at = _guide()
-    moe = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32,
+    moe = {"model_type": "deepseek_v3", "hidden_size": 4096, "num_hidden_layers": 32,
            "num_attention_heads": 32, "intermediate_size": 14336, "vocab_size": 32000,
-           "num_local_experts": 8, "num_experts_per_tok": 2, "[a](b)": 1}
+           "first_k_dense_replace": 3, "[a](b)": 1}
     at.text_area(key="model_config_text").input(json.dumps(moe)).run()
     at.button(key="model_config_read").click().run()
     assert not at.exception
     errors = _errors(at)
     assert len(errors) == 1 and "the lab cannot model" in errors[0]
-    assert "num_local_experts 8" in errors[0] and "model_type 'mixtral'" in errors[0]
+    assert "first_k_dense_replace 3" in errors[0] and "model_type 'deepseek_v3'" in errors[0]
     assert "'\\[a\\](b)'" in errors[0]  # the file's own text escaped for Markdown
     assert at.selectbox(key="preset").value == "llama3-8b"  # nothing changed
     assert at.number_input(key="width_exact").value == 4096

@@ -80,3 +80,25 @@ def test_bad_presets_are_refused():
         RunConfig(model="llm", preset="llama9")
     with pytest.raises(ConfigError, match="decoder LM"):
         RunConfig(preset="llama3-8b")  # an mlp cannot claim to be llama
+
+
+MOE_PRESETS = ("mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b")
+
+
+@pytest.mark.parametrize("name", MOE_PRESETS)
+def test_moe_presets_total_and_active_counts_match_the_published_ones(name):
+    """Mixtral 8x7B 46.7B / 12.9B, 8x22B 141B / 39B, Qwen3-30B-A3B 30.5B / 3.3B (announced, rounded).
+    Qwen3's 3.3B is truncated: its shape gives 3.353B, so the active count is held to the
+    published digits (3.3 <= x < 3.4) rather than 0.5 %."""
+    cfg = RunConfig.from_preset(name, seq=16, batch=1, compile_only=True)
+    assert cfg.experts > 0
+    total, active = llm_parameters(cfg), llm_parameters(cfg, active=True)
+    assert built_parameters(cfg.replace(depth=1)) == llm_parameters(cfg.replace(depth=1))  # the model's
+    published, published_active = PRESETS[name]["parameters"], PRESETS[name]["active_parameters"]
+    assert abs(total - published) / published <= 0.005, (total, published)
+    if name == "qwen3-30b-a3b":
+        assert 3.3e9 <= active < 3.4e9
+    else:
+        assert abs(active - published_active) / published_active <= 0.005, (active, published_active)
+    dense = cfg.replace(experts=0, experts_per_token=2, expert_mlp_dim=0)
+    assert llm_parameters(dense) == llm_parameters(dense, active=True) < total

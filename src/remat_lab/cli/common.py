@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from remat_lab.cli.moe_args import add_moe_args
 from remat_lab.config import (
     CHOICES,
     DTYPES,
@@ -245,6 +246,7 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                    help="llm: attention head size (0 = width / heads)")
     p.add_argument("--mlp-dim", type=int_arg("mlp_dim"), default=d.mlp_dim, action=Given,
                    help="llm: the gated MLP's hidden size (0 = 4 x width)")
+    add_moe_args(p, d, int_arg, Given)
     p.add_argument("--tie-embeddings", action=GivenBool, default=d.tie_embeddings,
                    help="llm: the vocabulary projection is the embedding's transpose")
     p.add_argument("--param-dtype", choices=DTYPES, default=d.param_dtype or None, action=Given,
@@ -327,7 +329,8 @@ def config_from(args: argparse.Namespace) -> RunConfig:
                   target_devices=getattr(args, "target_devices", 1))
     llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
            "compile_only", "attention", "attention_block", "loss_chunks", "remat_layers",
-           "optimizer_offload")
+           "optimizer_offload", "experts", "experts_per_token", "expert_mlp_dim", "shared_experts",
+           "router_gating", "capacity_factor", "load_balance_loss_weight")
     values.update({k: getattr(args, k) for k in llm if hasattr(args, k)})
     values.update({k: getattr(args, k) for k in ("param_dtype", "optimizer_dtype")
                    if getattr(args, k, None)})

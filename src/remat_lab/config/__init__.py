@@ -16,6 +16,7 @@ from .budget import (
     human_bytes,
     human_flops,
     human_seconds,
+    llm_model_flops,
     llm_parameters,
     optimizer_state_bytes,
     parse_bytes,
@@ -33,6 +34,7 @@ from .catalog import (
     STACKS,
     names_of,
 )
+from .coerce import coerce_config
 from .defaults import APP_DEFAULT, flag_defaults
 from .mesh_text import DCN_AXES, canonical_mesh, mesh_dcn, mesh_parts, mesh_slices
 from .run import (
@@ -51,7 +53,6 @@ from .run import (
     ConfigError,
     MemoryBudgetError,
     RunConfig,
-    coerce_config,
     format_mesh,
     mesh_devices,
     parse_mesh,
@@ -69,6 +70,7 @@ __all__ = [
     "budget_text", "format_mesh", "human_bytes", "human_flops", "human_seconds", "mesh_devices",
     "names_of", "parse_bytes", "parse_mesh",
     "resolve_budget", "BOOL_FIELDS", "PARAM_DTYPES", "PRESETS", "PRESET_FIELDS", "PRESET_NAMES",
-    "STEPS", "llm_parameters", "optimizer_state_bytes", "preset_fields", "LOCAL", "TARGET_NAMES",
+    "STEPS", "llm_model_flops", "llm_parameters", "optimizer_state_bytes", "preset_fields", "LOCAL",
+    "TARGET_NAMES",
     "TARGETS", "Target", "get_target",
 ]

@@ -12,6 +12,7 @@ import os
 from remat_lab.config import limits
 
 from .catalog import SEQ_MODELS, USER_MODEL
+from .moe_config import moe_activation_bytes
 from .run import BUDGET_ENV, ConfigError, MemoryBudgetError, RunConfig
 from .targets import LOCAL
 
@@ -20,13 +21,38 @@ def _itemsize(dtype: str) -> int:
     return 2 if dtype == "bfloat16" else 4
 
 
-def llm_parameters(config: RunConfig) -> int:
-    """The llm's parameter count, from its shape (the model's own count: ``tests/test_presets.py``)."""
+def llm_parameters(config: RunConfig, active: bool = False) -> int:
+    """The llm's parameter count, from its shape (the model's own count: ``tests/test_presets.py``);
+    a mixture of experts' router, experts and shared experts in place of the MLP. ``active``: those
+    one token uses, ``experts_per_token`` of the experts (the rest as a whole)."""
     w, hd = config.width, config.head_dim_used
     attn = w * hd * (2 * config.heads + 2 * config.kv_heads_used)  # q, o; k, v
-    block = attn + 3 * w * config.mlp_dim_used + 2 * w  # gated MLP, two norm scales
+    if config.experts:  # the router; each routed and shared expert a gated MLP
+        used = (config.experts_per_token if active else config.experts) + config.shared_experts
+        mlp = w * config.experts + used * 3 * w * config.expert_mlp_dim_used
+    else:
+        mlp = 3 * w * config.mlp_dim_used
+    block = attn + mlp + 2 * w  # two norm scales
     embed = config.vocab * w * (1 if config.tie_embeddings else 2)
     return config.depth * block + embed + w
+
+
+def llm_model_flops(config: RunConfig, causal: bool = True) -> float:
+    """One training step's model flops as MaxText counts a decoder (``calculate_tflops_training_per_
+    device``): 3 x (2 x tokens x the matrix weights one token uses: the attention projections, the
+    MLP's, or a mixture of experts' router, k routed and the shared experts; the vocabulary
+    projection) + 3 x attention (4 x tokens x seq x heads x head_dim a layer, halved when causal).
+    The dispatch and combine products, and the capacity's empty slots, are not model flops."""
+    tokens, w, hd = config.batch * config.seq, config.width, config.head_dim_used
+    proj = w * hd * (2 * config.heads + 2 * config.kv_heads_used)
+    if config.experts:
+        mlp = w * config.experts + (config.experts_per_token + config.shared_experts) * 3 * w * (
+            config.expert_mlp_dim_used)
+    else:
+        mlp = 3 * w * config.mlp_dim_used
+    matmul = 2 * tokens * ((proj + mlp) * config.depth + w * config.vocab)
+    attention = 4 * tokens * config.seq * config.heads * hd / (2 if causal else 1) * config.depth
+    return 3 * (matmul + attention)
 
 
 def optimizer_state_bytes(config: RunConfig) -> int:
@@ -48,15 +74,17 @@ def _parameter_count(config: RunConfig) -> int:
 def _llm_bytes(config: RunConfig) -> int:
     """The llm's estimate: parameters, gradients, a reference copy and adamw's state; per block
     the projections, the attention scores (full: (B, H, N, N); chunked or flash: (B, H, N, block))
-    and the MLP of one microbatch; the logits (one of ``loss_chunks`` slices of the sequence) in
-    the dtype with their float32 log-softmax and gradient."""
+    and the MLP (or the experts: ``moe_activation_bytes``) of one microbatch; the logits (one of
+    ``loss_chunks`` slices of the sequence) in the dtype with their float32 log-softmax and gradient."""
     item, pitem = _itemsize(config.dtype), _itemsize(config.param_dtype_used)
     n = _parameter_count(config)
     b = config.batch // config.microbatches
     rows = b * config.seq
     fixed = n * (2 * pitem + item) + optimizer_state_bytes(config) + (n * 4 if config.microbatches > 1 else 0)
     w, hd = config.width, config.head_dim_used
-    act = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd + 4 * config.mlp_dim_used) * item
+    act = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd) * item
+    mlp = rows * 4 * config.mlp_dim_used * item
+    act += moe_activation_bytes(config, rows, item) if config.experts else mlp
     keys = config.seq if config.attention == "full" else min(config.attention_block, config.seq)
     act += 3 * b * config.heads * config.seq * keys * 4
     logits = b * -(-config.seq // config.loss_chunks) * config.vocab * (2 * item + 8)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .moe_config import MOE_DEFAULTS
+
 MODELS = ("mlp", "seq_mixer", "transformer", "llm")
 # Models that use seq: x is (batch, seq, width), or for llm integer tokens (batch, seq).
 SEQ_MODELS = ("seq_mixer", "transformer", "llm")
@@ -30,10 +32,21 @@ NAMES = {
 }
 
 
-def names_of(model: str) -> tuple[str, ...]:
+# A mixture of experts' block (llm, experts > 0; model/moe.py): the router's logits, the dispatched
+# tokens, each expert projection (MaxText's moe_ names inside its dense ones) and the combine.
+MOE_NAMES = ("moe_router_logits", "moe_dispatch", "mlpwi_0", "moe_mlpwi_0", "mlpwi_1", "moe_mlpwi_1",
+             "mlpwo", "moe_mlpwo", "moe_combine")
+
+
+def names_of(model: str, experts: int = 0) -> tuple[str, ...]:
     """The ``checkpoint_name`` tags in ``model``'s block, in program order (none for the user's block:
-    ``model.models.block_names`` traces it)."""
-    return () if model == USER_MODEL else NAMES[model]
+    ``model.models.block_names`` traces it); the llm with ``experts``: ``MOE_NAMES`` for its MLP's."""
+    if model == USER_MODEL:
+        return ()
+    if model == "llm" and experts:
+        dense = NAMES["llm"]
+        return (*dense[:dense.index("mlpwi_0")], *MOE_NAMES, "logits")
+    return NAMES[model]
 
 
 STACKS = ("scan", "loop")
@@ -53,8 +66,12 @@ DEFAULT_POLICY = "dots_with_no_batch_dims_saveable"
 # Published decoder shapes, by name: the llm fields they fill, their source and parameter count;
 # loss_chunks, the vocabulary loss's slices, is this lab's choice per preset (presets.json's about).
 PRESET_FIELDS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab", "seq",
-                 "tie_embeddings", "loss_chunks")
-PRESETS: dict[str, dict] = json.loads((Path(__file__).with_name("presets.json")).read_text())["presets"]
+                 "tie_embeddings", "loss_chunks", "experts", "experts_per_token", "expert_mlp_dim",
+                 "shared_experts", "router_gating")
+# A dense preset leaves the mixture-of-experts fields out: these (RunConfig's defaults) fill them.
+DENSE = {"experts": 0, **{k: MOE_DEFAULTS[k] for k in PRESET_FIELDS[10:] if k != "experts"}}
+PRESETS: dict[str, dict] = {name: {**DENSE, **p} for name, p in json.loads(
+    (Path(__file__).with_name("presets.json")).read_text())["presets"].items()}
 PRESET_NAMES = ("", *PRESETS)  # "" = no preset
 # A preset's (and the CLI's llm training step's) dtypes unless some are given: MaxText's weight_dtype
 # float32 and dtype bfloat16, the common mixed-precision recipe; RECIPE_TEXT says it.

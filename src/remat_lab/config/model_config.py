@@ -4,7 +4,8 @@ Every key of the file is accounted for, never silently dropped. Each is one of:
 
 - **modelled**: it fills a ``RunConfig`` field (``hidden_size``/``base_emb_dim`` -> width, layers ->
   depth, query and key/value heads, ``head_dim``, the gated MLP's size, the vocabulary, tied
-  embeddings; ``max_position_embeddings``/``max_target_length`` -> the default seq);
+  embeddings, the experts, their top k and size (``moe_config``); ``max_position_embeddings`` or
+  ``max_target_length`` -> the default seq);
 - **a difference**: the lab does not reproduce it, but it changes no shape, memory or FLOPs the lab
   reports (or, for biases and an activation, a negligible share, said with its size): the rotary
   base and rope scaling (frequencies only), the MLP's activation (elementwise), Qwen 2's q/k/v
@@ -12,8 +13,8 @@ Every key of the file is accounted for, never silently dropped. Each is one of:
   differences`` lists them, and the CLI and the app show them;
 - **unused**: metadata with no bearing on the step (token ids, ``torch_dtype``, ``use_cache``, the
   norm's epsilon, ...), listed in one difference line;
-- **refused**: a ``ConfigError`` naming every such key and why: a mixture of experts, a sliding
-  attention window shorter than the context, logit or attention soft-capping, dropout, extra
+- **refused**: a ``ConfigError`` naming every such key and why: dense and expert layers mixed, a
+  sliding attention window shorter than the context, logit or attention soft-capping, dropout, extra
   norms, a non-gated MLP, a family the lab has no block for (``model_type``/``decoder_block``),
   and any key this module does not know (it cannot say that key leaves the step unchanged).
 """
@@ -26,9 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from .catalog import RECIPE
+from .catalog import DENSE, RECIPE
 from .errors import ConfigError
 from .mesh_text import _show
+from .moe_config import HF_MOE_FIELDS, MOE_FAMILIES, MOE_UNUSED, MT_MOE_FIELDS, dense_if_single
 from .run import LIMITS, LLM_LIMITS, RunConfig
 
 MAX_BYTES = 256 * 1024  # a config file is a few KiB; anything larger is not one
@@ -39,21 +41,21 @@ LAB_ROPE_BASE = 10000
 # Hugging Face: the modelled keys (-> RunConfig field) and the families whose block the llm is.
 HF_FIELDS = {"hidden_size": "width", "num_hidden_layers": "depth", "num_attention_heads": "heads",
              "num_key_value_heads": "kv_heads", "head_dim": "head_dim", "intermediate_size": "mlp_dim",
-             "vocab_size": "vocab"}
+             "vocab_size": "vocab", **HF_MOE_FIELDS}
 HF_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-HF_TIED = {"llama": False, "mistral": False, "qwen2": False, "gemma": True, "gemma2": True}  # the default
+HF_TIED = {"llama": False, "mistral": False, "qwen2": False, "gemma": True, "gemma2": True, **MOE_FAMILIES}
 HF_UNUSED = {"architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype",
              "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
-             "rms_norm_eps", "pretraining_tp", "max_window_layers", "use_sliding_window",
-             "attn_implementation", "cache_implementation", "rope_traditional", "tokenizer_class"}
+             "rms_norm_eps", "pretraining_tp", "max_window_layers", "use_sliding_window", "tokenizer_class",
+             "attn_implementation", "cache_implementation", "rope_traditional"} | MOE_UNUSED
 # MaxText: the modelled keys, and base.yml's values for those a model YAML leaves out (MaxText's own
 # defaults, src/maxtext/configs/base.yml at e591f30cbbf217ed67ef71263ec0538239f9c3b8).
 MT_FIELDS = {"base_emb_dim": "width", "base_num_decoder_layers": "depth", "base_num_query_heads": "heads",
              "base_num_kv_heads": "kv_heads", "head_dim": "head_dim", "base_mlp_dim": "mlp_dim",
-             "vocab_size": "vocab"}
+             "vocab_size": "vocab", **MT_MOE_FIELDS}
 MT_DEFAULTS = {"base_emb_dim": 2048, "base_num_decoder_layers": 16, "base_num_query_heads": 16,
                "base_num_kv_heads": 16, "head_dim": 128, "base_mlp_dim": 7168, "vocab_size": 32000}
-MT_BLOCKS = ("llama2", "mistral", "qwen2", "gemma")
+MT_BLOCKS = ("llama2", "mistral", "qwen2", "gemma", "mixtral")
 MT_UNUSED = {"model_name", "normalization_layer_epsilon", "tokenizer_type", "tokenizer_path",
              "enable_dropout", "rope_type", "rope_use_scale", "normalize_embedding_logits"}
 OFF = (None, False, 0, 0.0, -1, "")  # values that switch a feature off (MaxText uses -1 and 0)
@@ -62,11 +64,9 @@ RUN_SETTINGS = ("per_device_batch_size", "remat_policy", "dtype", "weight_dtype"
 
 # Keys refused when on (not in OFF): why the lab cannot model them. Both formats share the table.
 REFUSED = {
-    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
-                     "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
-                     "base_moe_mlp_dim", "shared_experts", "decoder_sparse_step", "router_aux_loss_coef",
-                     "output_router_logits", "moe_layer_freq", "interleave_moe_layer_step"),
-                    "a mixture of experts: the lab's MLP is one dense gated MLP per block"),
+    **dict.fromkeys(("n_routed_experts", "n_shared_experts", "first_k_dense_replace", "shared_experts",
+                     "decoder_sparse_step", "mlp_only_layers", "moe_layer_freq", "interleave_moe_layer_step"),
+                    "dense and expert layers mixed, or DeepSeek's experts: each block has the same MLP"),
     **dict.fromkeys(("attn_logit_softcapping", "final_logit_softcapping", "attn_logits_soft_cap",
                      "final_logits_soft_cap"),
                     "soft-capping (tanh) of scores or logits: not in the lab's attention or loss, and "
@@ -196,7 +196,7 @@ class _Reading:
     def shape(self, defaults: dict | None = None) -> None:
         """The modelled integer keys into their fields (``defaults`` for a missing one, said so)."""
         for key, target in self.fields.items():
-            if self.take(key) and self.data[key] is not None:
+            if self.take(key) and self.data[key] not in (None, -1):  # MaxText's -1: not set
                 self.out[target] = _integer(self.data, key, self.name, target)
             elif defaults is not None and key in defaults:
                 self.out[target] = defaults[key]
@@ -211,7 +211,7 @@ class _Reading:
             if key in unused:
                 self.unused.append(key)
             elif key in REFUSED:
-                if value in OFF or (key in ("num_experts", "num_experts_per_tok") and value == 1) or (
+                if value in OFF or value == [] or (key == "decoder_sparse_step" and value == 1) or (
                         key == "global_parameter_scale" and value == 1):
                     self.unused.append(key)
                 else:
@@ -230,7 +230,7 @@ class _Reading:
                             "them if they do)")
         if problems:
             raise ConfigError(f"{self.name}: the lab cannot model " + "; ".join(problems) + ".")
-        out = self.out
+        out = {**DENSE, **dense_if_single(self.out)}  # a dense model: the MoE fields at rest
         if out["width"] % out["heads"] and "head_dim" not in out:
             raise ConfigError(f"{self.name}: the width {out['width']} is not divisible by the "
                               f"{out['heads']} heads and no head_dim is given.")

@@ -31,6 +31,7 @@ from .mesh_text import (  # noqa: F401 (re-exported: the mesh text's home is mes
     mesh_slices,
     parse_mesh,
 )
+from .moe_config import FLOAT_LIMITS, ROUTER_GATINGS, check_moe, checked_float  # noqa: F401
 from .targets import GPUS_PER_HOST, LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES, TARGETS
 from .userblock import checked_input_shape
 
@@ -65,6 +66,10 @@ LIMITS = {
     "seed": (0, 2**31 - 1),
     "target_devices": (1, MAX_TARGET_DEVICES),
     "remat_layers": (0, 128),  # the first N of the depth blocks remat'd, the rest saved whole; 0 = all
+    "experts": (0, 256),  # llm: routed experts per block; 0 = the dense gated MLP
+    "experts_per_token": (1, 64),  # llm, experts > 0: the router's top k
+    "expert_mlp_dim": (0, 131072),  # llm, experts > 0: each expert's hidden size; 0 = mlp_dim
+    "shared_experts": (0, 8),  # llm, experts > 0: experts every token also goes through
 }
 # The llm's own ranges (published shapes: 32 blocks, 8192 tokens and more); the others keep LIMITS.
 LLM_LIMITS = {"seq": (1, 32768), "depth": (1, 128)}
@@ -80,6 +85,7 @@ CHOICES = {
     "attention": ATTENTIONS,
     "step": STEPS,
     "preset": PRESET_NAMES,
+    "router_gating": ROUTER_GATINGS,
 }
 
 
@@ -148,6 +154,19 @@ class RunConfig:
     # step train on a named target: AdamW's state kept in pinned host memory between steps and
     # brought to the device for the update (MaxText's optimizer_memory_host_offload)
     optimizer_offload: bool = False
+    # A mixture of experts (llm; model/moe.py): each block's MLP replaced by a router over
+    # ``experts`` gated MLPs of hidden size expert_mlp_dim (0 = mlp_dim), each token sent to its top
+    # experts_per_token, plus shared_experts every token goes through. capacity_factor: an expert
+    # takes at most ceil(tokens * k / experts * factor) tokens of a sequence, the rest dropped
+    # (MaxText's dense dispatch); 0 = dropless. load_balance_loss_weight: the auxiliary loss's
+    # coefficient in the gradient (MaxText's default 0).
+    experts: int = 0
+    experts_per_token: int = 2
+    expert_mlp_dim: int = 0
+    shared_experts: int = 0
+    capacity_factor: float = 0.0
+    router_gating: str = "softmax"
+    load_balance_loss_weight: float = 0.0
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunConfig:
@@ -167,6 +186,9 @@ class RunConfig:
             if f.name in BOOL_FIELDS:
                 if not isinstance(value, bool):
                     raise ConfigError(f"{f.name} must be true or false, not {_show(value)}.")
+                continue
+            if f.name in FLOAT_LIMITS:
+                object.__setattr__(self, f.name, checked_float(f.name, value))
                 continue
             if f.name in LIMITS:
                 lo, hi = (LLM_LIMITS if self.model == "llm" else LIMITS).get(f.name, LIMITS[f.name])
@@ -190,6 +212,7 @@ class RunConfig:
             raise ConfigError(f"remat_layers {self.remat_layers} is more than the depth {self.depth}; "
                               f"remat from 1 to {self.depth} of the blocks (0 = all of them).")
         self._check_llm()
+        check_moe(self)
         self._check_step()
         self._check_names()
         object.__setattr__(self, "input_shape", checked_input_shape(self))
@@ -301,7 +324,8 @@ class RunConfig:
                 raise ConfigError("save_names and offload_names are only for policy custom; "
                                   f"policy {self.policy} decides by itself.")
             return
-        known = names_of(self.model) or tuple(sorted({n for v in given.values() for n in v}))  # user block
+        known = (names_of(self.model, self.experts)  # the user's block: the names given
+                 or tuple(sorted({n for v in given.values() for n in v})))
         for f, names in given.items():
             unknown = [n for n in names if n not in known]
             if unknown:
@@ -342,6 +366,11 @@ class RunConfig:
         return self.mlp_dim or 4 * self.width
 
     @property
+    def expert_mlp_dim_used(self) -> int:
+        """Each expert's hidden size: ``expert_mlp_dim``, or ``mlp_dim_used`` when 0."""
+        return self.expert_mlp_dim or self.mlp_dim_used
+
+    @property
     def param_dtype_used(self) -> str:
         """The parameters' (master weights') dtype: ``param_dtype``, or ``dtype`` when ""."""
         return self.param_dtype or self.dtype
@@ -363,35 +392,3 @@ class RunConfig:
 def preset_fields(name: str) -> dict:
     """The ``RunConfig`` fields preset ``name`` sets (``PRESET_FIELDS``)."""
     return {k: PRESETS[name][k] for k in PRESET_FIELDS}
-
-
-def coerce_config(raw: dict) -> RunConfig:
-    """A ``RunConfig`` from loosely typed values (strings from a URL or a form).
-
-    Unknown keys are refused; integers must be written as plain whole numbers.
-    """
-    known = {f.name for f in fields(RunConfig)}
-    unknown = sorted(str(k) for k in set(raw) - known)
-    if unknown:
-        raise ConfigError(f"unknown setting {str(unknown[0])[:40]!r}; known: {', '.join(sorted(known))}.")
-    values = {}
-    for name, value in raw.items():
-        if name in LIMITS and isinstance(value, str):
-            text = value.strip()
-            lo, hi = LIMITS[name]
-            if not (text.isascii() and text.removeprefix("-").isdigit()) or len(text) > 12:
-                raise ConfigError(f"{name} must be a whole number from {lo} to {hi}, "
-                                  f"not {value[:40]!r}.")
-            value = int(text)
-        if name in NAME_FIELDS:
-            value = _names_tuple(name, value)
-        if name in BOOL_FIELDS and isinstance(value, str):
-            text = value.strip().lower()
-            if text not in ("true", "false", "1", "0"):
-                raise ConfigError(f"{name} must be true or false, not {value[:40]!r}.")
-            value = text in ("true", "1")
-        values[name] = value
-    preset = values.get("preset")
-    if isinstance(preset, str) and preset in PRESETS:  # the preset fills what is not given
-        return RunConfig.from_preset(preset, **{k: v for k, v in values.items() if k != "preset"})
-    return RunConfig(**values)

@@ -7,7 +7,8 @@ when ``tie_embeddings``). A block is the transformer block of ``models.py`` exte
 attention (``kv_heads`` key/value heads, each shared by ``heads // kv_heads`` query heads), head size
 ``head_dim`` (which need not be ``width // heads``), rotary position embedding on queries and keys
 (base ``ROPE_THETA``, halves rotated as in Llama/MaxText), a gated SiLU MLP of hidden size
-``mlp_dim``; no biases. Checkpoint names are MaxText's (``query_proj``, ``key_proj``,
+``mlp_dim`` (given ``moe``, a mixture of experts instead: ``moe.py``); no biases. Checkpoint names
+are MaxText's (``query_proj``, ``key_proj``,
 ``value_proj`` after the rotation, ``context``, ``out_proj``, ``mlpwi_0``, ``mlpwi_1``, ``mlpwo``,
 and ``decoder_layer_input``, the block's input, named first thing inside the block as MaxText's
 decoders name it: under ``full`` it is the remat's input, saved anyway; a ``custom`` policy may save,
@@ -46,6 +47,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from remat_lab.model.attention import FULL, AttentionFn
+from remat_lab.model.moe import MoeMlp
 from remat_lab.model.stacks import blocks_of, build_stack, run_stack
 
 BlockFn = Callable[[nnx.Module, jax.Array], jax.Array]
@@ -68,7 +70,7 @@ class DecoderBlock(nnx.Module):
     """A pre-norm decoder block on ``x: (B, N, width)``: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``."""
 
     def __init__(self, width: int, *, heads: int, kv_heads: int, head_dim: int, mlp_dim: int,
-                 rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+                 rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32, moe: tuple = ()):
         kw = dict(use_bias=False, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         norm = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.attn_norm = nnx.RMSNorm(width, **norm)
@@ -77,9 +79,13 @@ class DecoderBlock(nnx.Module):
         self.v_proj = nnx.LinearGeneral(width, (kv_heads, head_dim), **kw)
         self.o_proj = nnx.LinearGeneral((heads, head_dim), width, axis=(-2, -1), **kw)
         self.mlp_norm = nnx.RMSNorm(width, **norm)
-        self.wi_0 = nnx.Linear(width, mlp_dim, **kw)
-        self.wi_1 = nnx.Linear(width, mlp_dim, **kw)
-        self.wo = nnx.Linear(mlp_dim, width, **kw)
+        if moe:  # a mixture of experts (moe.py) in place of the gated MLP
+            self.moe = MoeMlp(width, **dict(moe), rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        else:
+            self.moe = None
+            self.wi_0 = nnx.Linear(width, mlp_dim, **kw)
+            self.wi_1 = nnx.Linear(width, mlp_dim, **kw)
+            self.wo = nnx.Linear(mlp_dim, width, **kw)
         self.attention: AttentionFn = FULL  # the kernel (attention.py); LLM.__call__ may set another
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -98,6 +104,9 @@ class DecoderBlock(nnx.Module):
             x = x + checkpoint_name(self.o_proj(context), "out_proj")
         with jax.named_scope("mlp_norm"):
             h = self.mlp_norm(x)
+        if self.moe is not None:
+            with jax.named_scope("moe"):
+                return x + self.moe(h)
         with jax.named_scope("wi_0"):
             gate = checkpoint_name(self.wi_0(h), "mlpwi_0")
         with jax.named_scope("wi_1"):
@@ -111,14 +120,14 @@ class LLM(nnx.Module):
 
     def __init__(self, *, vocab: int, width: int, depth: int, heads: int, kv_heads: int,
                  head_dim: int, mlp_dim: int, tie_embeddings: bool, stack: str, rngs: nnx.Rngs,
-                 dtype=jnp.float32, param_dtype=jnp.float32):
+                 dtype=jnp.float32, param_dtype=jnp.float32, moe: tuple = ()):
         init = nnx.initializers.normal(EMBED_INIT_STD)
         self.embed = nnx.Embed(vocab, width, dtype=dtype, param_dtype=param_dtype,
                                embedding_init=init, rngs=rngs)
 
         def make(r: nnx.Rngs) -> nnx.Module:
             return DecoderBlock(width, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                mlp_dim=mlp_dim, rngs=r, dtype=dtype, param_dtype=param_dtype)
+                                mlp_dim=mlp_dim, rngs=r, dtype=dtype, param_dtype=param_dtype, moe=moe)
 
         self.layers = build_stack(make, depth, stack, rngs=rngs)
         self.final_norm = nnx.RMSNorm(width, rngs=rngs, dtype=dtype, param_dtype=param_dtype)

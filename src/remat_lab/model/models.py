@@ -147,15 +147,20 @@ def llm_options(config, dtypes: dict) -> dict:
         return user_block.user_options(config, dtypes[config.dtype])
     if config.model != "llm":
         return {}
+    moe = {} if not config.experts else {"moe": (
+        ("experts", config.experts), ("k", config.experts_per_token),
+        ("mlp_dim", config.expert_mlp_dim_used), ("shared", config.shared_experts),
+        ("capacity_factor", config.capacity_factor), ("gating", config.router_gating),
+        ("aux_weight", config.load_balance_loss_weight))}  # hashable: the step caches on it
     return {"vocab": config.vocab, "kv_heads": config.kv_heads_used,
             "head_dim": config.head_dim_used, "mlp_dim": config.mlp_dim_used,
             "tie_embeddings": config.tie_embeddings,
-            "param_dtype": dtypes[config.param_dtype_used]}
+            "param_dtype": dtypes[config.param_dtype_used], **moe}
 
 
 def block_names(config) -> tuple[str, ...]:
     """The ``checkpoint_name`` tags of ``config``'s model: the catalog's, or for the user's block
     those found by tracing it."""
     if config.model != USER_MODEL:
-        return names_of(config.model)
+        return names_of(config.model, getattr(config, "experts", 0))
     return user_block.block_names(config, {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[config.dtype])
