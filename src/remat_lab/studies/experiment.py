@@ -268,7 +268,8 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
             result["sharding"]["per_device"] = result["memory"]
         result["notes"] = [*result["notes"], (
             "memory is the whole training step's (the AdamW update, parameters and optimizer state "
-            "donated)" + ("; so is the predicted step" if result["timing"].get("predicted_s") else "")
+            "donated)" + ("; so is the predicted step" if (result.get("timing") or {}).get("predicted_s")
+                          else "")
             + "; the roofline bound, the gradient check and the per-dot tables are the gradient "
             "step's, whose remat decisions are the same")]
     note = sentence(result["compile"].get("xla_remat"), sig)
@@ -290,7 +291,7 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
 def _train_prediction(config: RunConfig, result: dict, text: str) -> None:
     """On a target the prediction is the whole training step's (its kernels include the AdamW
     update, as a measured step does), not the gradient step's; libtpu's figures stay as read."""
-    timing = result["timing"]
+    timing = result.get("timing") or {}
     if config.target == LOCAL or not timing.get("predicted_s"):
         return
     target, old = get_target(config.target), timing["prediction"]
