@@ -84,6 +84,8 @@ entry = text[text.index("ENTRY"):]
 entry = entry[:entry.index("\n}")]
 out["entry_params"] = [line.split("=")[1].split()[0].split("{")[0] for line in entry.splitlines()
                        if " parameter(" in line]
+# The scanned blocks' carry (a block's input and output): rows over fsdp, width over tensor.
+out["while_carries"] = sorted({m.group(1) for m in re.finditer(r"= \(s32\[\], (f32\[[\d,]+\])", text)})
 out["shapes"] = {s: s in text for s in ("f32[8,8,64]", "f32[8,8,256]", "f32[4,8,64]")}
 lines = text.splitlines()
 out["whole_batch"] = []  # (opcode, op_names of its users) of each whole-batch activation computed
@@ -172,6 +174,13 @@ def test_activations_and_logits_are_split_over_the_batch(four):
     assert four["shapes"] == {"f32[8,8,64]": True, "f32[8,8,256]": False, "f32[4,8,64]": True}
     embed_gradient = "jit(train)/transpose(jvp(embed))/jit(_take)/scatter-add"
     assert four["whole_batch"] == [["all-gather", [embed_gradient]]]
+
+
+def test_a_blocks_input_and_output_are_split_over_tensor(four):
+    """MaxText's ``activation_embed`` -> ``tensor``: on fsdp=2 x tensor=2 the scanned blocks'
+    carry, forward and backward, is one device's 4 of 8 rows and 32 of the width 64, never the
+    whole width every tensor device would otherwise hold."""
+    assert four["while_carries"] == ["f32[4,8,32]"]
 
 
 def test_the_advisor_sizes_per_device_exactly(four):
