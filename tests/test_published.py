@@ -218,6 +218,7 @@ def test_a_run_over_the_chip_is_refused_with_the_bytes_it_needs(tiny_run):
     PRESETS["tiny-test"] = {**TINY, "vocab": 32768}
     doc = study.check("tiny-v5e-4")
     assert doc["fits"] is False and doc["refused"] and doc["temp_bytes"] > doc["hbm_bytes"]
+    assert doc["refused_memory"] == "hbm" and doc["host_bytes_needed"] is None
 
 
 def test_a_witness_over_the_chip_leaves_the_run_standing():
