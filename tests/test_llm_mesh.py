@@ -84,7 +84,9 @@ entry = text[text.index("ENTRY"):]
 entry = entry[:entry.index("\n}")]
 out["entry_params"] = [line.split("=")[1].split()[0].split("{")[0] for line in entry.splitlines()
                        if " parameter(" in line]
-out["shapes"] = {s: s in text for s in ("f32[8,8,64]", "f32[8,8,256]", "f32[4,8,64]")}
+# The scanned blocks' carry (a block's input and output): rows over fsdp, width over tensor.
+out["while_carries"] = sorted({m.group(1) for m in re.finditer(r"= \(s32\[\], (f32\[[\d,]+\])", text)})
+out["shapes"] = {s: s in text for s in ("f32[8,8,64]", "f32[8,8,256]", "f32[4,8,32]")}
 lines = text.splitlines()
 out["whole_batch"] = []  # (opcode, op_names of its users) of each whole-batch activation computed
 for line in lines:
@@ -165,13 +167,20 @@ def test_the_compiled_training_step_takes_one_devices_shards(four):
 
 def test_activations_and_logits_are_split_over_the_batch(four):
     """Batch 8 on fsdp=2 x tensor=2: the compiled step holds each device's rows of the activations
-    (4 of 8) and never the whole logits. The whole batch's activations (f32[8,8,64]) are computed in
-    one place only: XLA 0.12's partitioner all-gathers the blocks' input gradient over fsdp for the
-    embedding's gradient (a scatter-add into the table, whose width is split over fsdp), where
-    XLA 0.10 kept 4 rows everywhere; no block, and no forward value, holds the whole batch."""
-    assert four["shapes"] == {"f32[8,8,64]": True, "f32[8,8,256]": False, "f32[4,8,64]": True}
-    embed_gradient = "jit(train)/transpose(jvp(embed))/jit(_take)/scatter-add"
-    assert four["whole_batch"] == [["all-gather", [embed_gradient]]]
+    (4 of 8, and 32 of the width 64: MaxText's activation_embed on tensor) and never the whole
+    logits. No value is the whole batch at the whole width: before the width was split over tensor,
+    XLA 0.12's partitioner all-gathered the blocks' input gradient (f32[8,8,64]) over fsdp for the
+    embedding's gradient; now that gradient arrives split over tensor. (The embedding's own gather
+    and scatter-add still see the whole batch's rows at the table's fsdp half of the width.)"""
+    assert four["shapes"] == {"f32[8,8,64]": False, "f32[8,8,256]": False, "f32[4,8,32]": True}
+    assert four["whole_batch"] == []
+
+
+def test_a_blocks_input_and_output_are_split_over_tensor(four):
+    """MaxText's ``activation_embed`` -> ``tensor``: on fsdp=2 x tensor=2 the scanned blocks'
+    carry, forward and backward, is one device's 4 of 8 rows and 32 of the width 64, never the
+    whole width every tensor device would otherwise hold."""
+    assert four["while_carries"] == ["f32[4,8,32]"]
 
 
 def test_the_advisor_sizes_per_device_exactly(four):

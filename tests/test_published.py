@@ -45,6 +45,17 @@ def test_llama3_8b_translates_to_the_issue_command():
     assert diff == []
 
 
+def test_a_run_naming_no_attention_gets_maxtexts_default_kernel():
+    """MaxText's base.yml says ``attention: autoselected``, which attention_op.py runs as splash
+    (flash) on TPU unless decoding, on a CPU, or under 128 tokens; its default blocks are 512."""
+    run = pub.RUNS["llama2-70b-v5p-512"]
+    assert "attention" not in run["knobs"] and run["knobs"]["max_target_length"] >= 128
+    fields, _ = pub.translate(run)
+    assert (fields["attention"], fields["attention_block"]) == ("flash", 512)
+    named = pub.translate({**run, "knobs": {**run["knobs"], "attention": "dot_product"}})[0]
+    assert named["attention"] == "full"
+
+
 def test_mesh_knobs_fill_and_cross_slices():
     """-1 takes the devices left in a slice (ici) or the slices left (dcn); a dcn knob becomes the
     lab's dcn axis (no longer folded into the ICI axis, so no difference is named), and its logical
@@ -207,6 +218,7 @@ def test_a_run_over_the_chip_is_refused_with_the_bytes_it_needs(tiny_run):
     PRESETS["tiny-test"] = {**TINY, "vocab": 32768}
     doc = study.check("tiny-v5e-4")
     assert doc["fits"] is False and doc["refused"] and doc["temp_bytes"] > doc["hbm_bytes"]
+    assert doc["refused_memory"] == "hbm" and doc["host_bytes_needed"] is None
 
 
 def test_a_witness_over_the_chip_leaves_the_run_standing():

@@ -130,7 +130,8 @@ def translate(run: dict) -> tuple[dict, list[str]]:
               "step": "train", "loss_chunks": 1, "compile_only": True, "target": run["target"],
               "target_devices": devices, "mesh": mesh,
               "stack": "scan" if knobs.get("scan_layers", True) else "loop"}
-    attention = knobs.get("attention", "dot_product")
+    # MaxText's default (base.yml) is autoselected: splash on TPU from 128 tokens (attention_op.py)
+    attention = knobs.get("attention", "autoselected")
     if attention not in ATTENTION:
         raise ConfigError(f"{run['name']}: attention {attention!r} has no counterpart in the lab.")
     fields["attention"] = ATTENTION[attention]

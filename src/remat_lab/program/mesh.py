@@ -221,17 +221,19 @@ def gathered(config: RunConfig, mesh: Mesh) -> Callable[[nnx.Module], nnx.Module
     return gather
 
 
-def activations(config: RunConfig, mesh: Mesh, *, vocab: bool = False
-                ) -> Callable[[jax.Array], jax.Array]:
-    """``x -> x`` constrained to its batch axis over data x fsdp (``vocab``: the last axis, the
-    logits' vocabulary, over tensor), as MaxText constrains its activations. Without it XLA's
-    propagation may follow the fsdp-sharded embedding and give every device whole batches. (XLA
-    0.12 still all-gathers the whole batch's gradient for the embedding's own gradient, a
-    scatter-add into the table: tests/test_llm_mesh.py.)"""
+def activations(config: RunConfig, mesh: Mesh) -> Callable[[jax.Array], jax.Array]:
+    """``x -> x`` constrained to its batch axis over data x fsdp and its last axis over tensor (a
+    block's input and output: the width, MaxText's ``activation_embed`` -> ``tensor``; the
+    logits: their vocabulary, ``activation_vocab``), as MaxText constrains its activations. Without
+    it XLA's propagation may follow the fsdp-sharded embedding and give every device whole batches,
+    and every tensor device holds a block's whole input. (XLA 0.12 still all-gathers the whole
+    batch's gradient for the embedding's own gradient, a scatter-add into the table:
+    tests/test_llm_mesh.py.)"""
     rows, sizes = input_spec(config)[0], parse_mesh(config.mesh)
-    last = "tensor" if vocab and "tensor" in sizes else None
+    tensor = sizes.get("tensor", 1)
 
     def constrain(x: jax.Array) -> jax.Array:
+        last = "tensor" if tensor > 1 and x.shape[-1] % tensor == 0 else None
         spec = PartitionSpec(rows, *(None,) * (x.ndim - 2), last)
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 

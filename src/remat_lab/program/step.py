@@ -161,7 +161,7 @@ def _loss_fn(config: RunConfig, graphdef, treedef, gather: Callable | None = Non
     on_mesh = mesh is not None and config.model == "llm"
     block_fn = _block_fn(config, gather, sharding.activations(config, mesh) if on_mesh else None)
     if config.model == "llm":
-        logits_layout = (sharding.activations(config, mesh, vocab=True) if on_mesh
+        logits_layout = (sharding.activations(config, mesh) if on_mesh
                          else (lambda logits: logits))
         attention = attention_for(config, mesh, sharding.input_spec(config)[0] if on_mesh else None)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from remat_lab.config import RunConfig, get_target
 from remat_lab.config import published as pub
 from remat_lab.program.backend import ExecutionError, needed_bytes, out_of_memory
@@ -32,6 +34,13 @@ def check(name: str, progress: Progress | None = None) -> dict:
         return judge(name, None, refused=err)
 
 
+def refused_memory(err: Exception) -> str:
+    """Which memory libtpu's refusal names: ``"host"`` (pinned host memory, as optimizer offload
+    fills it) or ``"hbm"`` (the device's)."""
+    line = str(err).strip().splitlines()[0].lower() if str(err).strip() else ""
+    return "host" if re.search(r"\bhost\b", line) and "hbm" not in line else "hbm"
+
+
 def judge(name: str, result: dict | None, refused: Exception | None = None) -> dict:
     """Published run ``name`` beside the lab's compile of it (``result``, the document of
     ``run_experiment``; None with ``refused``, the compiler's out-of-memory refusal): ``fits`` (the
@@ -44,7 +53,7 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
     hbm = get_target(run["target"]).memory_bytes
     doc = {"name": name, "title": run["title"], "source": pub.source_link(run["source"]),
            "measured": run.get("measured"), "config": config.as_dict(), "differences": differences,
-           "hbm_bytes": hbm, "note": run.get("note")}
+           "hbm_bytes": hbm, "note": run.get("note"), "refused_memory": None, "host_bytes_needed": None}
     measured = pub.measured_step_s(run)
     doc["measured_step_s"] = measured["step_s"] if measured else None
     doc["measured_step_from"] = measured["from"] if measured else None
@@ -52,7 +61,11 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
     doc["source_model_flops_full_square"] = pub.model_flops_per_device(run, causal=False)
     doc["mfu_definition"] = pub.mfu_definition(run)
     if result is None:
-        doc.update(fits=False, refused=str(refused), peak_bytes=None, temp_bytes=needed_bytes(refused),
+        where = refused_memory(refused)
+        needed = needed_bytes(refused)
+        doc.update(refused_memory=where, host_bytes_needed=needed if where == "host" else None)
+        doc.update(fits=False, refused=str(refused), peak_bytes=None,
+                   temp_bytes=needed if where == "hbm" else None,
                    program_flops=None, lab_model_flops=None, estimate_s=None, estimate_basis=None,
                    estimate_over_measured=None, program_over_source_flops=None, notes=[],
                    estimate_terms=None, bound_s=None, predicted_s=None, prediction_basis=None,
