@@ -18,7 +18,8 @@ def coerce_config(raw: dict) -> RunConfig:
     known = {f.name for f in fields(RunConfig)}
     unknown = sorted(str(k) for k in set(raw) - known)
     if unknown:
-        raise ConfigError(f"unknown setting {str(unknown[0])[:40]!r}; known: {', '.join(sorted(known))}.")
+        shown = "".join(c if c.isprintable() else "?" for c in unknown[0][:32])
+        raise ConfigError(f"unknown setting {shown!r}; known: {', '.join(sorted(known))}.")
     values = {}
     for name, value in raw.items():
         if name in FLOAT_LIMITS and isinstance(value, str):

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 
 from .catalog import (
     DEFAULT_POLICY,
+    DENSE,
     MODELS,
     POLICY_IDS,
     PRESET_FIELDS,
@@ -391,4 +392,5 @@ class RunConfig:
 
 def preset_fields(name: str) -> dict:
     """The ``RunConfig`` fields preset ``name`` sets (``PRESET_FIELDS``)."""
-    return {k: PRESETS[name][k] for k in PRESET_FIELDS}
+    preset = {**DENSE, **PRESETS[name]}  # a preset added at run time may leave out the MoE fields
+    return {k: preset[k] for k in PRESET_FIELDS}
