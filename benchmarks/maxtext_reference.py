@@ -25,6 +25,14 @@ libtpu 0.0.52). Usage::
 
     python benchmarks/maxtext_reference.py --setup          # once: the MaxText venv (large)
     python benchmarks/maxtext_reference.py --pdb 4,8,12 --out maxtext_reference.json
+
+``--run NAME`` does the same for any catalogued TPU run (``python -m remat_lab published``): MaxText's
+knobs are the catalogue's (MaxText's own names) with the benchmark file's remaining tuning parameters
+(``TUNING``), its topology ``v6e-<devices>``; the lab's side is ``published --check NAME --json``.
+``--libtpu-flags`` passes the run's run-time libtpu flags (``LIBTPU_FLAGS``, MaxText's
+``benchmarks/xla_flags_library.py``) in ``LIBTPU_INIT_ARGS`` to MaxText's compile as well::
+
+    python benchmarks/maxtext_reference.py --run llama3.1-8b-v6e-8 [--libtpu-flags]
 """
 
 from __future__ import annotations
@@ -51,6 +59,44 @@ KNOBS = {"model_name": "llama3-8b", "ici_fsdp_parallelism": -1, "remat_policy": 
 DEVICELESS = {"compile_topology": "v6e-256", "compile_topology_num_slices": 1,
               "skip_jax_distributed_system": "true", "run_name": "remat_lab_reference"}
 ENV = {"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+# Per catalogued run: the benchmark file's tuning parameters the catalogue leaves out (the splash
+# kernel's other blocks; all at the run's 2048) and its run-time libtpu flags, less continuation
+# fusion for all-gathers (CF_FOR_ALL_GATHER's three xla_tpu_enable_async_collective_fusion* flags):
+# libtpu 0.0.52 refuses them on a v6e ("not supported/recommended on platforms other than TPU v5e").
+_SPLASH_2048 = {k: 2048 for k in ("sa_block_kv_compute", "sa_block_q_dkv", "sa_block_kv_dkv",
+                                   "sa_block_kv_dkv_compute", "sa_block_q_dq", "sa_block_kv_dq")}
+_HOST_OFFLOAD = ("--xla_tpu_enable_all_experimental_scheduler_features=true"
+                 " --xla_tpu_enable_scheduler_memory_pressure_tracking=true"
+                 " --xla_tpu_host_transfer_overlap_limit=24"
+                 " --xla_tpu_aggressive_opt_barrier_removal=ENABLED"
+                 " --xla_lhs_prioritize_async_depth_over_stall=ENABLED"
+                 " --xla_tpu_enable_ag_backward_pipelining=true"
+                 " --xla_should_allow_loop_variant_parameter_in_chain=ENABLED"
+                 " --xla_should_add_loop_invariant_op_in_chain=ENABLED"
+                 " --xla_max_concurrent_host_send_recv=100"
+                 " --xla_tpu_scheduler_percent_shared_memory_limit=100"
+                 " --xla_latency_hiding_scheduler_rerun=2")
+_RECIPE_FLAGS = ("--xla_tpu_scoped_vmem_limit_kib=98304"
+                 " --xla_tpu_use_minor_sharding_for_major_trivial_input=true"
+                 " --xla_tpu_relayout_group_size_threshold_for_reduce_scatter=1"
+                 " --xla_tpu_assign_all_reduce_scatter_layout=true"
+                 " --xla_tpu_enable_data_parallel_all_reduce_opt=true"
+                 " --xla_tpu_data_parallel_opt_different_sized_ops=true"
+                 " --xla_tpu_overlap_compute_collective_tc=true --xla_enable_async_all_gather=true"
+                 " --xla_tpu_enable_async_collective_fusion_fuse_all_reduce=false"
+                 " --xla_tpu_enable_sparse_core_collective_offload_all_reduce=true"
+                 " --xla_tpu_enable_all_reduce_offload_tracing=true"
+                 " --xla_tpu_use_tc_device_shape_on_sc=true --xla_sc_enable_instruction_fusion=false"
+                 " --xla_sc_disjoint_spmem=false --xla_sc_disable_megacore_partitioning=true "
+                 + _HOST_OFFLOAD)
+_NO_COLLECTIVE_MATMUL = " --xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000"
+TUNING = {"llama3.1-8b-v6e-8": _SPLASH_2048, "llama3.1-8b-v6e-64": _SPLASH_2048,
+          "mistral-7b-v6e-8": _SPLASH_2048}
+LIBTPU_FLAGS = {"llama3.1-8b-v6e-8": _RECIPE_FLAGS + _NO_COLLECTIVE_MATMUL,
+                "llama3.1-8b-v6e-64": _RECIPE_FLAGS,
+                "mistral-7b-v6e-8": _RECIPE_FLAGS + _NO_COLLECTIVE_MATMUL}
+COMMON = {"use_iota_embed": "true", "dataset_type": "synthetic", "reuse_example_batch": 1,
+          "enable_checkpointing": "false"}
 _STATS = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
 _REFUSED = re.compile(r"HLO temporaries \(([\d.]+)([KMGT])\)")
 
@@ -71,6 +117,58 @@ def maxtext_command(venv: Path, pdb: int) -> list[str]:
     knobs = {**KNOBS, "per_device_batch_size": pdb, **DEVICELESS}
     return [python, "-m", "maxtext.trainers.pre_train.train_compile",
             os.path.join(where, "configs", "base.yml"), *(f"{k}={v}" for k, v in knobs.items())]
+
+
+def maxtext_run_command(venv: Path, run: dict) -> list[str]:
+    """MaxText's ``train_compile`` for catalogued run ``run`` on its own topology."""
+    python = str(venv / "bin" / "python")
+    where = subprocess.run([python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    knobs = {"model_name": run["model"], **COMMON,
+             **{k: str(v).lower() if isinstance(v, bool) else v for k, v in run["knobs"].items()},
+             **TUNING.get(run["name"], {}), **DEVICELESS,
+             "compile_topology": f"{run['target'].removeprefix('tpu-')}-{run['devices']}",
+             "compile_topology_num_slices": run.get("slices", 1)}
+    return [python, "-m", "maxtext.trainers.pre_train.train_compile",
+            os.path.join(where, "configs", "base.yml"), *(f"{k}={v}" for k, v in knobs.items())]
+
+
+def from_lab_check(stdout: str, stderr: str) -> dict:
+    """Temporaries, peak and fit from the lab's ``published --check NAME --json`` document."""
+    if not stdout.strip():
+        raise RuntimeError("the lab's check gave no document:\n" + stderr[-3000:])
+    doc = json.loads(stdout)
+    return {"temp_bytes": doc["temp_bytes"], "peak_bytes": doc.get("peak_bytes"), "fits": doc["fits"],
+            "source": "libtpu's refusal" if doc.get("refused") else "compiled memory analysis"}
+
+
+def check_run(args) -> int:
+    """``--run NAME``: MaxText's compile of a catalogued run beside the lab's check of it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from remat_lab.config.published import RUNS
+
+    run = RUNS[args.run]
+    row: dict = {"run": args.run, "libtpu_flags": bool(args.libtpu_flags)}
+    if not args.skip_maxtext:
+        env = {**ENV, **({"LIBTPU_INIT_ARGS": LIBTPU_FLAGS.get(args.run, "")} if args.libtpu_flags else {})}
+        cmd = maxtext_run_command(args.venv, run)
+        done, secs = _run(cmd, env)
+        row["maxtext"] = {**from_maxtext(done.stdout + done.stderr), "seconds": round(secs, 1),
+                          "command": " ".join(cmd), "env": env}
+    if not args.skip_lab:
+        cmd = [sys.executable, "-m", "remat_lab", "published", "--check", args.run, "--json"]
+        done, secs = _run(cmd)
+        row["lab"] = {**from_lab_check(done.stdout, done.stderr), "seconds": round(secs, 1),
+                      "command": " ".join(cmd[1:])}
+    if "maxtext" in row and "lab" in row:
+        row["temp_ratio"] = row["lab"]["temp_bytes"] / row["maxtext"]["temp_bytes"]
+    mt, lab = row.get("maxtext", {}), row.get("lab", {})
+    print(f"{args.run}: temp GiB  MaxText {gib(mt.get('temp_bytes'))} (fits: {mt.get('fits')})  lab "
+          f"{gib(lab.get('temp_bytes'))} (fits: {lab.get('fits')})  ratio "
+          f"{row.get('temp_ratio', float('nan')):.3f}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(row, indent=2) + "\n")
+    return 0
 
 
 def refused_bytes(text: str) -> int | None:
@@ -133,6 +231,9 @@ def main() -> int:
     p.add_argument("--pdb", default="4,8,12", help="per-device batches, comma-separated")
     p.add_argument("--venv", type=Path, default=VENV, help="MaxText's virtual environment")
     p.add_argument("--setup", action="store_true", help="make the MaxText venv, then stop")
+    p.add_argument("--run", default="", help="a catalogued TPU run's name (published): compile it both ways")
+    p.add_argument("--libtpu-flags", action="store_true",
+                   help="--run: MaxText's compile with the run's libtpu flags")
     p.add_argument("--skip-maxtext", action="store_true")
     p.add_argument("--skip-lab", action="store_true")
     p.add_argument("--out", default="", help="write the rows as JSON here")
@@ -140,6 +241,8 @@ def main() -> int:
     if args.setup:
         setup(args.venv)
         return 0
+    if args.run:
+        return check_run(args)
     rows = []
     for pdb in (int(x) for x in args.pdb.split(",")):
         row: dict = {"per_device_batch": pdb, "batch": pdb * CHIPS}

@@ -167,7 +167,21 @@ def translate(run: dict) -> tuple[dict, list[str]]:
                     "matmuls are in bfloat16, so its activations and flops are those of bfloat16")
     if pdb != int(pdb):
         diff.append(f"per_device_batch_size {pdb}: the lab's batch is {fields['batch']} in all")
+    if run.get("maxtext_compile"):
+        diff.append(compiler_difference(run["maxtext_compile"]))
     return fields, diff
+
+
+def compiler_difference(mt: dict) -> str:
+    """The sentence for a run MaxText's own current compile refuses (``maxtext_compile`` of a
+    catalogued run, from ``benchmarks/maxtext_reference.py --run NAME``): the difference is the
+    compiler the run was measured with, and the bytes MaxText's program needs under today's."""
+    flags = (f" ({mt['temp_bytes_with_flags'] / 2 ** 30:.2f} with the run's libtpu flags)"
+             if mt.get("temp_bytes_with_flags") else "")
+    return (f"the compiler: MaxText {mt['maxtext']}'s own compile of this configuration (JAX "
+            f"{mt['jax']}, libtpu {mt['libtpu']}) is refused too, its temporaries "
+            f"{mt['temp_bytes'] / 2 ** 30:.2f} GiB a chip{flags}; the run was measured with "
+            f"{mt['measured_with']}")
 
 
 def model_flops_per_device(run: dict, *, causal: bool = True) -> float:
