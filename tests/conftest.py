@@ -105,7 +105,10 @@ os.environ.setdefault("REMAT_LAB_PUBLIC", "0")
 # pytest-xdist they are handed out first, so no worker is left alone with a long file at the end.
 SLOW_FIRST = (
     "tests/e2e/test_app_e2e.py", "tests/test_compiled_truth.py", "tests/test_synthesize.py",
-    "tests/test_tpu_memory.py", "tests/test_synthesize_tpu.py", "tests/test_targets_app.py",
+    "tests/test_tpu_memory.py", "tests/test_synthesize_tpu.py", "tests/test_predict.py",
+    "tests/test_published.py", "tests/test_synthesize_llama3.py", "tests/test_maxtext_program.py",
+    "tests/test_by_kind_buffers.py", "tests/test_llm_mesh.py", "tests/test_moe.py",
+    "tests/test_targets_app.py",
     "tests/e2e/test_public_e2e.py", "tests/test_targets.py", "tests/e2e/test_page_state_e2e.py",
     "tests/test_reliability.py", "tests/test_llm.py", "tests/test_attention.py",
     "tests/e2e/test_results_e2e.py", "tests/test_transformer.py", "tests/test_gradcheck.py",

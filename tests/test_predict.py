@@ -93,7 +93,7 @@ def test_libtpu_optimal_seconds_against_a_hand_count():
 def test_libtpu_figure_extrapolated_by_layer():
     """With a loop in the program libtpu's figure is meaningless (negative); unrolled it is linear
     in the layers, so one and two layers give the rest."""
-    base = RunConfig(model="llm", width=256, depth=3, heads=4, seq=256, batch=8, vocab=512,
+    base = RunConfig(model="llm", width=256, depth=3, heads=4, seq=256, batch=4, vocab=512,
                      step="grad", stack="loop", attention="full", policy="no_remat",
                      target="tpu-v5e", compile_only=True, dtype="bfloat16")
     assert tpu_cost_model.optimal_seconds(base.replace(depth=2, stack="scan")) < 0

@@ -86,8 +86,8 @@ def test_mesh_knobs_fill_and_cross_slices():
 def test_a_run_maxtexts_own_compile_refuses_names_the_compiler_with_its_bytes():
     """tpu-recipes' runs measured on an older MaxText and JAX that MaxText 0.2.5 itself no longer fits
     on their chips (benchmarks/maxtext_reference.py --run NAME) name that difference with MaxText's
-    bytes; where the lab's check of the run is stored, it is refused too, its temporaries within 3 %
-    of MaxText's own (the two programs agree; the compiler is what differs from the measured run)."""
+    bytes; where the lab's check of the run is stored, it is refused too, its temporaries no more
+    than 3 % over MaxText's own (the lab's program is not what holds more than the measured run's)."""
     from pathlib import Path
 
     stored = Path(__file__).parents[1] / "benchmarks" / "published_checks"
@@ -102,7 +102,7 @@ def test_a_run_maxtexts_own_compile_refuses_names_the_compiler_with_its_bytes():
         if (stored / f"{name}.json").exists():
             doc = json.loads((stored / f"{name}.json").read_text())
             assert doc["fits"] is False and doc["refused"], name
-            assert doc["temp_bytes"] == pytest.approx(mt["temp_bytes"], rel=0.03), name
+            assert doc["temp_bytes"] <= 1.03 * mt["temp_bytes"], name
 
 
 def test_custom_plans_map_names_and_name_what_the_lab_lacks():
