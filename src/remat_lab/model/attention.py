@@ -116,7 +116,8 @@ def _chunked_fwd(q, k, v, block):
 
 def _chunked_bwd(block, res, dout):
     """FlashAttention-2's backward: per key block j, the query blocks i >= j; p recomputed from
-    the log-sum-exp, ``ds = p * (dp - rowsum(dout * out))``; dq accumulated in float32."""
+    the log-sum-exp, ``ds = p * (dp - rowsum(dout * out))``; dq accumulated in float32 over the
+    whole sequence, each key block's dk and dv in float32 within the block and kept in the dtype."""
     q, k, v, out, lse = res
     b, n, h, d = q.shape
     g = k.shape[2]
@@ -147,12 +148,11 @@ def _chunked_bwd(block, res, dout):
 
         zero = jnp.zeros((b, blk, g, d), F32)
         dk, dv, dq = lax.fori_loop(j, nb, query_block, (zero, zero, dq))
-        return dq, (dk, dv)
+        return dq, (dk.astype(k.dtype), dv.astype(v.dtype))  # each block's, stacked in the dtype
 
     dq, (dk, dv) = lax.scan(key_block, jnp.zeros((b, nb * blk, g, r, d), F32), jnp.arange(nb))
     whole = lambda x: jnp.transpose(x, (1, 0, 2, 3, 4)).reshape(b, nb * blk, g, d)[:, :n]
-    return (dq.reshape(b, nb * blk, h, d)[:, :n].astype(q.dtype), whole(dk).astype(k.dtype),
-            whole(dv).astype(v.dtype))
+    return dq.reshape(b, nb * blk, h, d)[:, :n].astype(q.dtype), whole(dk), whole(dv)
 
 
 chunked_attention.defvjp(_chunked_fwd, _chunked_bwd)
