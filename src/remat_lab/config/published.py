@@ -178,10 +178,9 @@ def compiler_difference(mt: dict) -> str:
     compiler the run was measured with, and the bytes MaxText's program needs under today's."""
     flags = (f" ({mt['temp_bytes_with_flags'] / 2 ** 30:.2f} with the run's libtpu flags)"
              if mt.get("temp_bytes_with_flags") else "")
-    return (f"the compiler: MaxText {mt['maxtext']}'s own compile of this configuration (JAX "
-            f"{mt['jax']}, libtpu {mt['libtpu']}) is refused too, its temporaries "
-            f"{mt['temp_bytes'] / 2 ** 30:.2f} GiB a chip{flags}; the run was measured with "
-            f"{mt['measured_with']}")
+    return (f"the compiler the run was measured with ({mt['measured_with']}): MaxText {mt['maxtext']}'s "
+            f"own compile of this configuration today (JAX {mt['jax']}, libtpu {mt['libtpu']}) is refused "
+            f"too, its temporaries {mt['temp_bytes'] / 2 ** 30:.2f} GiB a chip{flags}")
 
 
 def model_flops_per_device(run: dict, *, causal: bool = True) -> float:
