@@ -173,7 +173,8 @@ def test_cli_fuzz_ends_in_a_run_or_one_clear_line(stub_engine, argv):
         assert len(lines) == 1 and lines[0].startswith("remat_lab: error: "), (argv, err)
         assert len(lines[0]) < 600
         return
-    assert not err.strip(), err
+    # a long command (advise) reports its progress on stderr, one "[  t s] ..." line a step; nothing else
+    assert not [line for line in err.strip().splitlines() if not line.startswith("[")], err
     assert out.strip()
     if argv[0] in ("run", "explain") and not {"-h", "--help"} & set(argv):
         assert len(stub_engine) == before + 1
