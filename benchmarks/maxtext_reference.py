@@ -111,26 +111,26 @@ def lab_command(pdb: int) -> list[str]:
 
 def maxtext_command(venv: Path, pdb: int) -> list[str]:
     """MaxText's ``train_compile`` for ``llama3-8b-8192`` at per-device batch ``pdb``."""
+    return _train_compile(venv, {**KNOBS, "per_device_batch_size": pdb, **DEVICELESS})
+
+
+def _train_compile(venv: Path, knobs: dict) -> list[str]:
+    """MaxText's ``train_compile`` command over its own ``base.yml`` with ``knobs``."""
     python = str(venv / "bin" / "python")
     where = subprocess.run([python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
                            capture_output=True, text=True, check=True).stdout.strip()
-    knobs = {**KNOBS, "per_device_batch_size": pdb, **DEVICELESS}
     return [python, "-m", "maxtext.trainers.pre_train.train_compile",
             os.path.join(where, "configs", "base.yml"), *(f"{k}={v}" for k, v in knobs.items())]
 
 
 def maxtext_run_command(venv: Path, run: dict) -> list[str]:
     """MaxText's ``train_compile`` for catalogued run ``run`` on its own topology."""
-    python = str(venv / "bin" / "python")
-    where = subprocess.run([python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
-                           capture_output=True, text=True, check=True).stdout.strip()
     knobs = {"model_name": run["model"], **COMMON,
              **{k: str(v).lower() if isinstance(v, bool) else v for k, v in run["knobs"].items()},
              **TUNING.get(run["name"], {}), **DEVICELESS,
              "compile_topology": f"{run['target'].removeprefix('tpu-')}-{run['devices']}",
              "compile_topology_num_slices": run.get("slices", 1)}
-    return [python, "-m", "maxtext.trainers.pre_train.train_compile",
-            os.path.join(where, "configs", "base.yml"), *(f"{k}={v}" for k, v in knobs.items())]
+    return _train_compile(venv, knobs)
 
 
 def from_lab_check(stdout: str, stderr: str) -> dict:
