@@ -20,6 +20,8 @@ from remat_lab.config import ConfigError, RunConfig
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY = dict(model="llm", vocab=256, width=64, depth=2, heads=4, kv_heads=2, seq=8, batch=8,
             repeats=1, warmup=0)
+# A mixture of experts (model/moe.py) that drops tokens and adds its load-balance loss.
+MOE = dict(experts=4, experts_per_token=2, capacity_factor=1.25, load_balance_loss_weight=0.01)
 
 
 def test_the_llm_step_train_microbatches_and_compile_only_are_allowed_on_a_mesh():
@@ -39,12 +41,16 @@ def test_meshes_the_llm_cannot_split_are_refused_with_a_sentence(changes, words)
         RunConfig(**{**TINY, **changes})
 
 
-def test_every_llm_parameter_has_a_rule():
+@pytest.mark.parametrize("moe", [{}, MOE | {"shared_experts": 1}], ids=["dense", "experts"])
+def test_every_llm_parameter_has_a_rule(moe):
     from remat_lab.program.mesh import RULES, _in_block
     from remat_lab.program.step import abstract_problem
 
-    paths = abstract_problem(RunConfig(**TINY, compile_only=True)).paths
+    paths = abstract_problem(RunConfig(**TINY | moe, compile_only=True)).paths
     assert {_in_block(p) for p in paths} <= set(RULES["llm"]), paths
+    for stack in ("scan", "loop"):  # a loop stack's layer index is not a list member's
+        assert {_in_block(p) for p in abstract_problem(
+            RunConfig(**TINY | moe | {"stack": stack}, compile_only=True)).paths} <= set(RULES["llm"])
 
 
 SCRIPT = r"""
@@ -74,6 +80,13 @@ l1, g1, p1 = grads(RunConfig(**tiny, policy="minimal", mesh="fsdp=2,tensor=2", m
 out["loss"] = [l0, l1]
 out["grad_rel_diff"] = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in zip(g1, g0))
 out["specs"] = dict(zip(p1.paths, [str(a.sharding.spec) for a in p1.leaves]))
+# A mixture of experts on the same mesh: its experts split as the dense MLP.
+moe = {**tiny, **json.loads(%r)}
+m0, h0, _ = grads(RunConfig(**moe, policy="minimal"))
+m1, h1, q1 = grads(RunConfig(**moe, policy="minimal", mesh="fsdp=2,tensor=2"))
+out["moe_loss"] = [m0, m1]
+out["moe_grad_rel_diff"] = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in zip(h1, h0))
+out["moe_specs"] = dict(zip(q1.paths, [str(a.sharding.spec) for a in q1.leaves]))
 
 # The whole training step on the mesh: parameters and AdamW moments sharded, donated.
 train = RunConfig(**tiny, policy="minimal", mesh="fsdp=2,tensor=2", step="train")
@@ -128,7 +141,7 @@ def four(tmp_path_factory):
            "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
            "REMAT_LAB_CACHE_DIR": str(tmp_path_factory.mktemp("jaxcache"))}
     env.pop("REMAT_LAB_HOST_DEVICES", None)
-    done = subprocess.run([sys.executable, "-c", SCRIPT % json.dumps(TINY)], env=env,
+    done = subprocess.run([sys.executable, "-c", SCRIPT % (json.dumps(TINY), json.dumps(MOE))], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -140,6 +153,20 @@ def test_sharded_loss_and_gradients_equal_one_device(four):
     one, mesh = four["loss"]
     assert mesh == pytest.approx(one, rel=1e-6)
     assert four["grad_rel_diff"] < 1e-5
+
+
+def test_a_mixture_of_experts_on_the_mesh_equals_one_device(four):
+    """Experts that drop tokens (capacity 1.25) with the load-balance loss, on fsdp x tensor: the
+    loss and every gradient as one device's (float32, as above); each expert's weights split as the
+    dense MLP's, the expert axis whole. (One microbatch: the load-balance loss of a microbatch is
+    its own tokens' statistics, as in MaxText, so microbatches change its gradient.)"""
+    one, mesh = four["moe_loss"]
+    assert mesh == pytest.approx(one, rel=1e-6)
+    assert four["moe_grad_rel_diff"] < 1e-5
+    specs = four["moe_specs"]
+    assert specs["layers.blocks.moe.wi_0"] == "P(None, None, 'fsdp', 'tensor')"
+    assert specs["layers.blocks.moe.wo"] == "P(None, None, 'tensor', 'fsdp')"
+    assert specs["layers.blocks.moe.gate"] == "P(None, 'fsdp', None)"
 
 
 def test_parameters_follow_maxtexts_axes(four):

@@ -42,7 +42,49 @@ def test_llama3_8b_translates_to_the_issue_command():
     assert fields == {"preset": "llama3-8b", "seq": 8192, "batch": 2048, "step": "train", "loss_chunks": 1,
                       "compile_only": True, "target": "tpu-v6e", "target_devices": 256, "mesh": "fsdp=256",
                       "stack": "scan", "attention": "flash", "attention_block": 1024, "policy": "full"}
-    assert diff == []
+    # its other splash blocks are base.yml's 512, which the lab's one block size does not follow
+    assert diff == ["flash blocks: the lab uses one block size (1024) in every pass; MaxText's key/value "
+                    "512, the dk/dv pass's query 512, the dq pass's query 512 (base.yml's 512 where the "
+                    "run names none)"]
+
+
+def test_mixtral_translates_with_its_capacity_and_maxtexts_moe_flops():
+    """MaxText's mixtral_8x7b_dropped (dense einsum dispatch, capacity factor 1.25, five names
+    offloaded, fsdp over 256 chips): the lab's MoE with the same capacity, and MaxText's model flops
+    (the router and the 2 experts a token goes through) give the published 35.23 % MFU from its
+    published 3,899 tokens/s/device (under the full-square attention count MaxText then used)."""
+    run = pub.RUNS["mixtral-8x7b-v6e-256"]
+    fields, diff = pub.translate(run)
+    assert (fields["preset"], fields["batch"], fields["mesh"], fields["capacity_factor"]) == \
+        ("mixtral-8x7b", 12 * 256, "fsdp=256", 1.25)
+    assert fields["offload_names"] == ("decoder_layer_input", "query_proj", "key_proj", "value_proj",
+                                       "out_proj")
+    assert not any("sparse_matmul" in d for d in diff)
+    mfu = pub.mfu_definition(run)
+    # within the rounding of both figures: 3,899 +- 0.5 (1.3e-4 of it) and 35.23 % +- 0.005 %
+    assert mfu["matches"] == "full_square" and mfu["full_square"] == pytest.approx(0.3523, abs=1e-4)
+    # by hand: 32 layers of (router + 2 gated experts + attention projections) + the vocabulary
+    b, t, d, f = 12, 4096, 4096, 14336
+    layer = 2 * b * t * d * 8 + 2 * 3 * 2 * b * t * f * d + 2 * b * t * d * (32 + 16) * 128 \
+        + 2 * b * t * d * 32 * 128
+    flops = 3 * (32 * layer + 2 * b * t * d * 32000) + 3 * 32 * 4 * b * t * t * 32 * 128 / 2
+    assert pub.model_flops_per_device(run) == pytest.approx(flops, rel=1e-12)
+    # MaxText's default sparse path and a capacity of -1 (dropless) are named, not hidden
+    sparse = {**run, "knobs": {**run["knobs"], "sparse_matmul": True, "capacity_factor": -1.0}}
+    fields, diff = pub.translate(sparse)
+    assert fields["capacity_factor"] == 0.0
+    assert any(d.startswith("sparse_matmul: MaxText multiplies each expert's tokens alone") and
+               "dropless" in d for d in diff)
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"ici_expert_parallelism": 4}, "ici_expert_parallelism 4: the lab's mesh has no expert axis yet"),
+    ({"use_random_routing": True}, "'use_random_routing' is not a knob the lab translates"),
+])
+def test_knobs_the_lab_cannot_follow_are_refused_by_name(knobs, words):
+    run = pub.RUNS["mixtral-8x7b-v6e-256"]
+    with pytest.raises(ConfigError, match=words):
+        pub.translate({**run, "knobs": {**run["knobs"], **knobs}})
 
 
 def test_a_run_naming_no_attention_gets_maxtexts_default_kernel():

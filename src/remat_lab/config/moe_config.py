@@ -67,8 +67,8 @@ def checked_float(name: str, value: object) -> float:
 
 
 def check_moe(config) -> None:
-    """A mixture of experts: the llm's, k of at most its experts, on one device for now (the
-    expert mesh axis is still to come); its other fields only with experts."""
+    """A mixture of experts: the llm's, k of at most its experts; its other fields only with
+    experts. On a mesh its experts are split as the dense MLP (``program/mesh.py``)."""
     if not config.experts:
         changed = [k for k in MOE_FIELDS if getattr(config, k) != MOE_DEFAULTS[k]]
         if changed:
@@ -80,9 +80,6 @@ def check_moe(config) -> None:
     if config.experts_per_token > config.experts:
         raise ConfigError(f"experts_per_token {config.experts_per_token} is more than the "
                           f"{config.experts} experts; the router picks k of them (k <= experts).")
-    if config.mesh:
-        raise ConfigError(f"mesh {config.mesh}: a mixture of experts runs on one device so far "
-                          "(no expert axis or expert sharding yet); drop the mesh.")
 
 
 def moe_activation_bytes(config, rows: int, item: int) -> int:

@@ -18,10 +18,19 @@ REPOSITORY = CATALOGUE["maxtext_repository"]
 IGNORED = ("dataset_type", "dataset_path", "enable_checkpointing", "profiler", "use_iota_embed",
            "reuse_example_batch", "gcs_metrics", "skip_first_n_steps_for_profiler", "profiler_steps",
            "gradient_clipping_threshold",
-           "sa_use_fused_bwd_kernel", "allow_split_physical_axes", "custom_mesh")
+           "sa_use_fused_bwd_kernel", "allow_split_physical_axes", "custom_mesh", "tokenizer_path")
+# The knobs translate() reads: the batch, length and stack, attention, the remat plan (the custom
+# plan's names are NAMES["llm"] and decoder_layer_input), offload, quantization, a mixture of
+# experts' dispatch, and the mesh (ici_* / dcn_* of every axis, expert included: refused).
+READ = ("per_device_batch_size", "max_target_length", "scan_layers", "attention", "sa_block_q",
+        "sa_block_kv", "sa_block_q_dkv", "sa_block_q_dq", "remat_policy", "decoder_layer_input",
+        "optimizer_memory_host_offload", "use_qwix_quantization", "capacity_factor", "megablox",
+        "sparse_matmul")
 # MaxText's attention kernels as the lab's attention: a blockwise kernel that never holds the
 # (seq x seq) scores (splash on TPU, cuDNN's through Transformer Engine on GPUs) is the lab's flash.
 ATTENTION = {"flash": "flash", "cudnn_flash_te": "flash", "dot_product": "full", "autoselected": "flash"}
+# MaxText's splash attention blocks when a run names none (base.yml: sa_block_q, sa_block_kv, ...).
+SPLASH_BLOCK = 512
 # MaxText's mesh knobs and the lab's axes (``mesh_text.MESH_AXES``, ``DCN_AXES``): ici_* within a
 # slice or host, dcn_* across slices or hosts (the data-centre network, or the network between GPU
 # hosts), each logical axis ici x dcn.
@@ -69,6 +78,11 @@ def _mesh(knobs: dict, devices: int, slices: int | None = None) -> tuple[str, li
     lab's ``fsdp``. The second item: what the lab does not reproduce of them."""
     ici, dcn, notes = {}, {}, []
     fill_ici = fill_dcn = None
+    for knob, n in knobs.items():
+        axis = knob.split("_", 1)[1].removesuffix("_parallelism") if _mesh_knob(knob) else None
+        if axis and n != 1 and axis not in (*MESH_AXES, "fsdp_transpose"):
+            raise ConfigError(f"{knob} {n}: the lab's mesh has no {axis} axis yet (its axes: "
+                              f"{', '.join(MESH_AXES)}, and fsdp_transpose read as fsdp).")
     if any(knobs.get(f"{link}_fsdp_transpose_parallelism", 1) != 1 for link in ("ici", "dcn")):
         if any(knobs.get(f"{link}_fsdp_parallelism", 1) != 1 for link in ("ici", "dcn")):
             raise ConfigError("fsdp and fsdp_transpose together have no counterpart in the lab's mesh.")
@@ -117,6 +131,10 @@ def translate(run: dict) -> tuple[dict, list[str]]:
     preset = run.get("lab_preset", run["model"])
     if preset not in PRESETS:
         raise ConfigError(f"{run['name']}: the lab has no preset {preset!r} yet.")
+    unknown = [k for k in knobs if k not in (*READ, *IGNORED, *NAMES["llm"]) and not _mesh_knob(k)]
+    if unknown:
+        raise ConfigError(f"{run['name']}: MaxText's {unknown[0]!r} is not a knob the lab translates "
+                          "or knows to change nothing it compiles.")
     if preset != run["model"]:
         diff.append(run["lab_preset_note"])
     if devices > MAX_TARGET_DEVICES:
@@ -136,11 +154,14 @@ def translate(run: dict) -> tuple[dict, list[str]]:
         raise ConfigError(f"{run['name']}: attention {attention!r} has no counterpart in the lab.")
     fields["attention"] = ATTENTION[attention]
     if fields["attention"] == "flash":
-        fields["attention_block"] = int(knobs.get("sa_block_q", 512))
-        kv = knobs.get("sa_block_kv", fields["attention_block"])
-        if kv != fields["attention_block"]:
-            diff.append(f"flash blocks: the lab uses one block size ({fields['attention_block']}), "
-                        f"MaxText's key/value block is {kv}")
+        fields["attention_block"] = int(knobs.get("sa_block_q", SPLASH_BLOCK))
+        other = {what: knobs.get(knob, SPLASH_BLOCK) for knob, what in (
+            ("sa_block_kv", "key/value"), ("sa_block_q_dkv", "the dk/dv pass's query"),
+            ("sa_block_q_dq", "the dq pass's query"))}
+        if any(block != fields["attention_block"] for block in other.values()):
+            diff.append(f"flash blocks: the lab uses one block size ({fields['attention_block']}) in "
+                        "every pass; MaxText's " + ", ".join(f"{w} {b}" for w, b in other.items())
+                        + f" (base.yml's {SPLASH_BLOCK} where the run names none)")
     policy = knobs.get("remat_policy", "full")
     if policy not in POLICY_IDS:
         raise ConfigError(f"{run['name']}: remat_policy {policy!r} is not one of the lab's policies.")
@@ -160,6 +181,8 @@ def translate(run: dict) -> tuple[dict, list[str]]:
                 continue
             (save if where == "device" else offload if where == "offload" else []).append(name)
         fields["save_names"], fields["offload_names"] = tuple(save), tuple(offload)
+    if PRESETS[preset].get("experts"):
+        diff += _experts(knobs, fields)
     if knobs.get("optimizer_memory_host_offload"):
         fields["optimizer_offload"] = True
     if knobs.get("use_qwix_quantization"):
@@ -170,6 +193,26 @@ def translate(run: dict) -> tuple[dict, list[str]]:
     if run.get("maxtext_compile"):
         diff.append(compiler_difference(run["maxtext_compile"]))
     return fields, diff
+
+
+def _mesh_knob(knob: str) -> bool:
+    """``ici_*_parallelism`` / ``dcn_*_parallelism`` (``_mesh`` reads them; an expert axis is refused)."""
+    return knob.startswith(("ici_", "dcn_")) and knob.endswith("_parallelism")
+
+
+def _experts(knobs: dict, fields: dict) -> list[str]:
+    """A mixture of experts' knobs into ``fields`` (``capacity_factor``: MaxText's -1, dropless, is
+    the lab's 0), and the differences: the lab's MoE is MaxText's dense einsum dispatch
+    (``sparse_matmul: false``); MaxText's sparse path (grouped matmuls over the tokens each expert
+    got, megablox or ragged_dot) is not in the lab."""
+    factor = float(knobs.get("capacity_factor", -1.0))
+    fields["capacity_factor"] = max(factor, 0.0)
+    if knobs.get("sparse_matmul", True):
+        return ["sparse_matmul: MaxText multiplies each expert's tokens alone (grouped matmuls, "
+                f"{'megablox' if knobs.get('megablox', True) else 'ragged_dot'}); the lab's experts "
+                "use the dense einsum dispatch over every slot of every expert, "
+                + ("dropless (capacity = the sequence)" if factor <= 0 else f"capacity factor {factor:g}")]
+    return []
 
 
 def compiler_difference(mt: dict) -> str:
@@ -185,13 +228,18 @@ def compiler_difference(mt: dict) -> str:
 
 def model_flops_per_device(run: dict, *, causal: bool = True) -> float:
     """MaxText's model flops for one training step on one device (``calculate_tflops_training_per_
-    device``, dense decoders): 3 x (2 x tokens x the matmul weights, vocabulary projection included)
+    device``): 3 x (2 x tokens x the matmul weights, vocabulary projection included; a mixture of
+    experts: its router and the k experts a token goes through, as MaxText's dropless count)
     + 3 x causal attention (2 x tokens x seq x heads x head_dim a layer, half of the full square);
     ``causal=False``: the full square, as MaxText counted when its v6e MFU figures were published."""
     p, k = PRESETS[run.get("lab_preset", run["model"])], run["knobs"]
     b, t = k["per_device_batch_size"], k["max_target_length"]
     d, hd, layers = p["width"], p["head_dim"], p["depth"]
     ffn = 2 * b * t * p["mlp_dim"] * d * 2 + 2 * b * t * p["mlp_dim"] * d  # two gated inputs, one out
+    if p.get("experts"):  # MaxText's count for a mixture of experts: the router, k routed experts
+        f = p.get("expert_mlp_dim") or p["mlp_dim"]  # and the shared ones, each a gated MLP of f
+        ffn = 2 * b * t * d * p["experts"] + (p["experts_per_token"] + p.get("shared_experts", 0)) * (
+            2 * b * t * f * d * 2 + 2 * b * t * f * d)
     qkv = 2 * b * t * d * (p["heads"] + 2 * p["kv_heads"]) * hd
     proj = 2 * b * t * d * p["heads"] * hd
     attention = 4 * b * t ** 2 * p["heads"] * hd / (2 if causal else 1)

@@ -51,7 +51,14 @@ RULES: dict[str, dict[str, tuple]] = {
 RULES["seq_mixer"] = RULES["mlp"]
 RULES["llm"] = {**RULES["transformer"],
                 "embed.embedding": ("tensor", "fsdp"), "lm_head.kernel": ("fsdp", "tensor"),
-                "final_norm.scale": ("fsdp",)}
+                "final_norm.scale": ("fsdp",),
+                # a mixture of experts (model/moe.py): the router over fsdp; each expert's gated MLP
+                # as the dense one's, its leading expert axis unsharded (no expert axis yet);
+                # shared experts' three projections as wi_0, wi_1, wo
+                "moe.gate": ("fsdp", None), "moe.wi_0": (None, "fsdp", "tensor"),
+                "moe.wi_1": (None, "fsdp", "tensor"), "moe.wo": (None, "tensor", "fsdp"),
+                "shared.0.kernel": ("fsdp", "tensor"), "shared.1.kernel": ("fsdp", "tensor"),
+                "shared.2.kernel": ("tensor", "fsdp")}
 
 RULES_TEXT = (
     "`data` and `fsdp` shard the batch. `fsdp` shards every parameter along its width axis; each "
@@ -60,7 +67,9 @@ RULES_TEXT = (
     "(mlp `l1`; transformer q/k/v heads, `wi_0`, `wi_1`) and the input features of the second "
     "(`l2`; `o_proj`'s heads, `wo`), Megatron style. A scan stack's layer axis is never sharded. The "
     "llm as MaxText: its embedding and vocabulary projection split the width over `fsdp` and the "
-    "vocabulary over `tensor`; AdamW's moments are laid out like their parameters.")
+    "vocabulary over `tensor`; a mixture of experts' experts split as its dense MLP, each expert "
+    "whole on every device of an fsdp group once gathered (no expert axis yet); AdamW's moments "
+    "are laid out like their parameters.")
 
 
 def _axis(role, sizes: dict[str, int], use: bool):
@@ -77,8 +86,10 @@ def block_spec(model: str, name: str, sizes: dict[str, int], *, use: bool = Fals
 
 
 def _in_block(path: str) -> str:
-    """``'blocks.3.l1.kernel'`` / ``'blocks.l1.kernel'`` / ``'l1.kernel'`` -> ``'l1.kernel'``."""
-    return ".".join(path.split(".")[-2:])
+    """``'blocks.3.l1.kernel'`` / ``'blocks.l1.kernel'`` / ``'l1.kernel'`` -> ``'l1.kernel'``; a
+    list's member keeps its index (``'blocks.moe.shared.0.kernel'`` -> ``'shared.0.kernel'``)."""
+    parts = path.split(".")
+    return ".".join(parts[-3:] if len(parts) > 2 and parts[-2].isdigit() else parts[-2:])
 
 
 def _path(keys) -> str:
