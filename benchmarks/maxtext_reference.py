@@ -90,11 +90,17 @@ _RECIPE_FLAGS = ("--xla_tpu_scoped_vmem_limit_kib=98304"
                  " --xla_sc_disjoint_spmem=false --xla_sc_disable_megacore_partitioning=true "
                  + _HOST_OFFLOAD)
 _NO_COLLECTIVE_MATMUL = " --xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000"
+# mixtral_8x7b_dropped's flags: MOE_VMEM_LIMIT_FLAG, DATA_PARALLEL_OVERLAP and what libtpu 0.0.52
+# takes of CF_FOR_ALL_GATHER on a v6e (its last two flags).
+_MIXTRAL_FLAGS = ("--xla_tpu_scoped_vmem_limit_kib=81920 --xla_tpu_overlap_compute_collective_tc=true"
+                  " --xla_enable_async_all_gather=true --xla_tpu_enable_data_parallel_all_reduce_opt=true"
+                  " --xla_tpu_data_parallel_opt_different_sized_ops=true")
 TUNING = {"llama3.1-8b-v6e-8": _SPLASH_2048, "llama3.1-8b-v6e-64": _SPLASH_2048,
           "mistral-7b-v6e-8": _SPLASH_2048}
 LIBTPU_FLAGS = {"llama3.1-8b-v6e-8": _RECIPE_FLAGS + _NO_COLLECTIVE_MATMUL,
                 "llama3.1-8b-v6e-64": _RECIPE_FLAGS,
-                "mistral-7b-v6e-8": _RECIPE_FLAGS + _NO_COLLECTIVE_MATMUL}
+                "mistral-7b-v6e-8": _RECIPE_FLAGS + _NO_COLLECTIVE_MATMUL,
+                "mixtral-8x7b-v6e-256": _MIXTRAL_FLAGS}
 COMMON = {"use_iota_embed": "true", "dataset_type": "synthetic", "reuse_example_batch": 1,
           "enable_checkpointing": "false"}
 _STATS = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
