@@ -80,13 +80,17 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
     for axis in MESH_AXES:  # a value the other backend allowed: back to 1
         if ss.get(f"mesh_{axis}", 1) not in choices:
             ss[f"mesh_{axis}"] = 1
+    axes = MESH_AXES if cfg.experts else tuple(a for a in MESH_AXES if a != "expert")
+    if not cfg.experts:
+        ss["mesh_expert"] = ss["mesh_dcn_expert"] = 1  # the expert axis splits experts: only with them
     sb.subheader("Device mesh")
     sb.caption(("Devices of the target: as many as the mesh uses (compiled, nothing runs). "
                 if on_target else f"{n} devices. ")
-               + "`data` and `fsdp` split the batch, `fsdp` also the parameters, `tensor` the width "
-               "(see the Guide). All 1: one device.")
-    cols = sb.columns(len(MESH_AXES))
-    for col, axis in zip(cols, MESH_AXES):
+               + "`data` and `fsdp` split the batch, `fsdp` also the parameters, `tensor` the width"
+               + (", `expert` the experts (and the batch outside them)" if cfg.experts else "")
+               + " (see the Guide). All 1: one device.")
+    cols = sb.columns(len(axes))
+    for col, axis in zip(cols, axes):
         col.selectbox(axis, choices, key=f"mesh_{axis}")
     sizes = {a: int(ss[f"mesh_{a}"]) for a in MESH_AXES}
     dcn = {}
@@ -96,10 +100,10 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
             st.caption("MaxText's `dcn_*` axes: each axis above is repeated over this many TPU "
                        "slices or GPU hosts (the slower axis outermost); collectives that cross "
                        "them are priced at the data-centre network, not ICI / NVLink.")
-            for col, axis in zip(st.columns(len(MESH_AXES)), MESH_AXES):
+            for col, axis in zip(st.columns(len(axes)), axes):
                 col.selectbox(f"dcn_{axis}", DCN_SIZES, key=f"mesh_dcn_{axis}")
         dcn = {a: int(ss.get(f"mesh_dcn_{a}", 1)) for a in MESH_AXES}
-    used = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+    used = mesh_devices(format_mesh(sizes))
     if not on_target and n % used:
         sb.warning(f"The mesh uses {used} devices, which does not divide the {n} present: "
                    "running on one device.")

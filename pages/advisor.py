@@ -14,6 +14,7 @@ from remat_lab.config import (  # noqa: E402
     LOCAL,
     ConfigError,
     RunConfig,
+    batch_rows,
     budget_text,
     human_bytes,
     parse_bytes,
@@ -139,7 +140,7 @@ if cfg.mesh and not on_target:
     st.info("The advisor sizes the one-device program: the sidebar's mesh is left out here.")
     cfg = cfg.replace(mesh="")
 sizes = parse_mesh(cfg.mesh)  # the search starts at one example per device and microbatch
-start = sizes.get("data", 1) * sizes.get("fsdp", 1) * cfg.microbatches
+start = batch_rows(sizes) * cfg.microbatches
 model = cfg.replace(batch=start, policy="no_remat", save_names=(), offload_names=())
 if "custom" in chosen:
     model = cfg.replace(batch=start)

@@ -14,6 +14,7 @@ from pages import _advisor_run, _page_state, _progress, _shared, _sidebar, _synt
 from remat_lab.config import (  # noqa: E402
     LOCAL,
     ConfigError,
+    batch_rows,
     budget_text,
     human_bytes,
     human_flops,
@@ -101,7 +102,7 @@ if cfg.mesh and not on_target:
     st.info("The synthesizer sizes the one-device program locally: the sidebar's mesh is left out here.")
     cfg = cfg.replace(mesh="")
 sizes = parse_mesh(cfg.mesh)
-unit = sizes.get("data", 1) * sizes.get("fsdp", 1) * cfg.microbatches
+unit = batch_rows(sizes) * cfg.microbatches
 model = cfg.replace(batch=unit, policy="no_remat", save_names=(), offload_names=(), remat_layers=0)
 offered = named_policies(model)
 ss["synth_named"] = [p for p in ss.get("synth_named", offered) if p in offered] or offered

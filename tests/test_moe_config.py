@@ -34,6 +34,13 @@ def test_moe_fields_are_checked():
     with pytest.raises(ConfigError, match="from 0 to 256"):
         RunConfig(**{**MOE, "experts": 300})
     assert RunConfig(**MOE, mesh="fsdp=2").mesh == "fsdp=2"  # split as the dense MLP (test_llm_mesh)
+    assert RunConfig(**{**MOE, "batch": 4}, mesh="expert=2,fsdp=2").mesh == "fsdp=2,expert=2"
+    with pytest.raises(ConfigError, match="4 experts cannot be split over expert = 8"):
+        RunConfig(**{**MOE, "batch": 8}, mesh="expert=8")
+    with pytest.raises(ConfigError, match="0 experts cannot be split over expert = 2"):
+        RunConfig(**{k: v for k, v in MOE.items() if k != "experts"}, mesh="expert=2")
+    with pytest.raises(ConfigError, match="batch 2 cannot be split over data x fsdp x expert = 4"):
+        RunConfig(**{**MOE, "batch": 2}, mesh="fsdp=2,expert=2")
 
 
 def test_moe_from_text_and_back():

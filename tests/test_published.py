@@ -77,8 +77,17 @@ def test_mixtral_translates_with_its_capacity_and_maxtexts_moe_flops():
                "dropless" in d for d in diff)
 
 
+def test_maxtexts_expert_parallelism_is_the_labs_expert_axis():
+    """mixtral_8x22b_dropped's ici_expert_parallelism 4 with ici_fsdp_parallelism 64 on 256 chips."""
+    run = pub.RUNS["mixtral-8x7b-v6e-256"]
+    knobs = {**run["knobs"], "ici_fsdp_parallelism": 64, "ici_expert_parallelism": 4}
+    fields, _ = pub.translate({**run, "knobs": knobs})
+    assert fields["mesh"] == "fsdp=64,expert=4"
+    assert RunConfig.from_preset(fields.pop("preset"), **fields).mesh == "fsdp=64,expert=4"
+
+
 @pytest.mark.parametrize("knobs, words", [
-    ({"ici_expert_parallelism": 4}, "ici_expert_parallelism 4: the lab's mesh has no expert axis yet"),
+    ({"ici_sequence_parallelism": 2}, "ici_sequence_parallelism 2: the lab's mesh has no sequence axis"),
     ({"use_random_routing": True}, "'use_random_routing' is not a knob the lab translates"),
 ])
 def test_knobs_the_lab_cannot_follow_are_refused_by_name(knobs, words):

@@ -55,7 +55,8 @@ def test_mesh_must_divide_heads_and_needs_a_batch():
 
 @pytest.mark.parametrize("flags, words", [
     (["--mesh", "data=3"], "batch 8 cannot be split"),
-    (["--mesh", "expert=2"], "unknown mesh axis"),
+    (["--mesh", "sequence=2"], "unknown mesh axis"),
+    (["--mesh", "expert=2"], "0 experts cannot be split over expert = 2"),
     (["--mesh", "data=8"], "mesh data=8 needs 8 devices; this run has 1 cpu device"),
     (["--host-devices", "0"], "host devices must be a whole number from 1 to 512"),
     (["--coordinator", "127.0.0.1:1"], "needs all of --coordinator"),

@@ -18,7 +18,7 @@ from remat_lab.cli.common import (
 )
 from remat_lab.cli.format import format_table
 from remat_lab.cli.progress import stderr_progress
-from remat_lab.config import LIMITS, human_bytes, mesh_devices, parse_mesh
+from remat_lab.config import LIMITS, batch_rows, human_bytes, mesh_devices, parse_mesh
 from remat_lab.model.models import SEQ_MODELS
 from remat_lab.studies.advisor_decision import STOPPED, precision_sentence, sig
 
@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
     with engine_errors():
         # The advisor searches the batch (one example per device and microbatch to start).
         sizes = parse_mesh(args.mesh)
-        args.batch = sizes.get("data", 1) * sizes.get("fsdp", 1) * args.microbatches
+        args.batch = batch_rows(sizes) * args.microbatches
         args.warmup = 0  # nothing warms up
         args.policy = "custom" if args.save_names or args.offload_names else "no_remat"
         config = config_from(args)

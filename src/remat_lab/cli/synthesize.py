@@ -15,7 +15,7 @@ from remat_lab.cli.common import (
     int_arg,
     policies_arg,
 )
-from remat_lab.config import LIMITS, human_bytes, human_flops, parse_mesh
+from remat_lab.config import LIMITS, batch_rows, human_bytes, human_flops, parse_mesh
 
 GOALS = ("max-batch", "min-recompute")
 
@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
     with engine_errors():
         goal_batch = args.batch
         sizes = parse_mesh(args.mesh)
-        args.batch = goal_batch or sizes.get("data", 1) * sizes.get("fsdp", 1) * args.microbatches
+        args.batch = goal_batch or batch_rows(sizes) * args.microbatches
         args.warmup = 0
         args.policy = "no_remat"
         if args.save_names or args.offload_names:

@@ -36,7 +36,16 @@ from .catalog import (
 )
 from .coerce import coerce_config
 from .defaults import APP_DEFAULT, flag_defaults
-from .mesh_text import DCN_AXES, canonical_mesh, mesh_dcn, mesh_parts, mesh_slices
+from .mesh_text import (
+    BATCH_AXES,
+    DCN_AXES,
+    batch_axes_text,
+    batch_rows,
+    canonical_mesh,
+    mesh_dcn,
+    mesh_parts,
+    mesh_slices,
+)
 from .run import (
     BOOL_FIELDS,
     BUDGET_ENV,
@@ -63,7 +72,8 @@ from .targets import LOCAL, TARGET_NAMES, TARGETS, Target, get_target
 __all__ = [
     "APP_DEFAULT", "flag_defaults",
     "BUDGET_ENV", "CHOICES", "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS", "LLM_LIMITS",
-    "MAX_MESH_DEVICES", "MESH_AXES", "DCN_AXES", "canonical_mesh", "mesh_dcn", "mesh_parts",
+    "MAX_MESH_DEVICES", "MESH_AXES", "DCN_AXES", "BATCH_AXES", "batch_rows", "batch_axes_text",
+    "canonical_mesh", "mesh_dcn", "mesh_parts",
     "mesh_slices", "MODELS", "NAMES", "NAME_FIELDS", "OBJECTIVES", "POLICY_IDS",
     "PROCESS_FACTOR", "SEQ_MODELS", "STACKS", "ConfigError", "MemoryBudgetError", "RunConfig",
     "check_budget", "coerce_config", "default_budget_bytes", "estimate_bytes", "estimate_process_bytes",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from .errors import ConfigError
 
-MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes, in mesh order (program/mesh.py)
+MESH_AXES = ("data", "fsdp", "tensor", "expert")  # the device mesh's axes, in mesh order (program/mesh.py)
+# The axes a batch is split over (MaxText's activation_batch): expert too, outside a mixture of experts.
+BATCH_AXES = ("data", "fsdp", "expert")
 # MaxText's cross-slice axes (``dcn_*_parallelism``): ``dcn_fsdp=2,fsdp=4`` is one logical fsdp axis
 # of 2 x 4 devices, 2 slices (TPU) or hosts (GPU) of 4, the slower (dcn) part outermost.
 DCN_AXES = tuple(f"dcn_{a}" for a in MESH_AXES)
@@ -62,6 +64,19 @@ def parse_mesh(text: object) -> dict[str, int]:
     ici, dcn = mesh_parts(text)
     sizes = {a: ici.get(a, 1) * dcn.get(a, 1) for a in MESH_AXES}
     return {a: n for a, n in sizes.items() if n > 1}
+
+
+def batch_rows(sizes: dict[str, int]) -> int:
+    """How many ways a batch is split on a mesh of logical ``sizes``: data x fsdp x expert."""
+    rows = 1
+    for a in BATCH_AXES:
+        rows *= sizes.get(a, 1)
+    return rows
+
+
+def batch_axes_text(sizes: dict[str, int]) -> str:
+    """``'data x fsdp'``: the batch axes, as a message names them (expert only where present)."""
+    return " x ".join(a for a in BATCH_AXES if a != "expert" or a in sizes)
 
 
 def mesh_dcn(text: object) -> dict[str, int]:

@@ -21,7 +21,7 @@ IGNORED = ("dataset_type", "dataset_path", "enable_checkpointing", "profiler", "
            "sa_use_fused_bwd_kernel", "allow_split_physical_axes", "custom_mesh", "tokenizer_path")
 # The knobs translate() reads: the batch, length and stack, attention, the remat plan (the custom
 # plan's names are NAMES["llm"] and decoder_layer_input), offload, quantization, a mixture of
-# experts' dispatch, and the mesh (ici_* / dcn_* of every axis, expert included: refused).
+# experts' dispatch, and the mesh (ici_* / dcn_* of the lab's axes; any other axis refused).
 READ = ("per_device_batch_size", "max_target_length", "scan_layers", "attention", "sa_block_q",
         "sa_block_kv", "sa_block_q_dkv", "sa_block_q_dq", "remat_policy", "decoder_layer_input",
         "optimizer_memory_host_offload", "use_qwix_quantization", "capacity_factor", "megablox",

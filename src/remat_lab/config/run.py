@@ -26,6 +26,8 @@ from .mesh_text import (  # noqa: F401 (re-exported: the mesh text's home is mes
     MAX_MESH_DEVICES,
     MESH_AXES,
     _show,
+    batch_axes_text,
+    batch_rows,
     canonical_mesh,
     format_mesh,
     mesh_devices,
@@ -287,17 +289,21 @@ class RunConfig:
                               "a named target has (e.g. --target tpu-v6e or h100): the attached "
                               "devices are one slice; on them use the same sizes without dcn_ "
                               "(dcn_data=2,fsdp=4 -> data=2,fsdp=4).")
-        rows = sizes.get("data", 1) * sizes.get("fsdp", 1)
+        rows, axes = batch_rows(sizes), batch_axes_text(sizes)
         if rows > 1 and (self.batch == 0 or self.batch % rows):
-            raise ConfigError(f"batch {self.batch} cannot be split over data x fsdp = {rows} devices; "
+            raise ConfigError(f"batch {self.batch} cannot be split over {axes} = {rows} devices; "
                               f"use a batch that is a multiple of {rows}.")
         if rows > 1 and self.microbatches > 1 and (self.batch // self.microbatches) % rows:
             raise ConfigError(f"each of the {self.microbatches} microbatches of batch {self.batch} "
-                              f"is split over data x fsdp = {rows} devices; use a batch that is a "
+                              f"is split over {axes} = {rows} devices; use a batch that is a "
                               f"multiple of {self.microbatches * rows}.")
-        tensor, fsdp = sizes.get("tensor", 1), sizes.get("fsdp", 1)
+        tensor, fsdp, expert = sizes.get("tensor", 1), sizes.get("fsdp", 1), sizes.get("expert", 1)
+        if expert > 1 and (not self.experts or self.experts % expert):
+            raise ConfigError(f"the expert axis splits a mixture of experts' experts: {self.experts} "
+                              f"experts cannot be split over expert = {expert} devices; use a number "
+                              f"of experts that is a multiple of {expert}, or no expert axis.")
         if self.model == "llm":
-            self._check_llm_mesh(fsdp, tensor)
+            self._check_llm_mesh(fsdp, tensor, expert)
         elif self.width % (tensor * fsdp):
             raise ConfigError(f"width {self.width} cannot be split over fsdp x tensor = {fsdp * tensor} "
                               f"devices; use a width that is a multiple of {fsdp * tensor}.")
@@ -305,11 +311,13 @@ class RunConfig:
             raise ConfigError(f"heads {self.heads} cannot be split over tensor = {tensor} devices; "
                               f"use a number of heads that is a multiple of {tensor}.")
 
-    def _check_llm_mesh(self, fsdp: int, tensor: int) -> None:
-        """The llm split as ``program/mesh.py`` says: width over fsdp; heads, kv_heads, mlp, vocab
-        over tensor."""
+    def _check_llm_mesh(self, fsdp: int, tensor: int, expert: int = 1) -> None:
+        """The llm split as ``program/mesh.py`` says: width over fsdp (x expert, which shards every
+        parameter outside the experts as fsdp does, and the experts' width over fsdp alone); heads,
+        kv_heads, mlp, vocab over tensor."""
         t = ("tensor", tensor)
-        for name, size, (axis, n) in (("width", self.width, ("fsdp", fsdp)), ("heads", self.heads, t),
+        width = ("fsdp x expert", fsdp * expert) if expert > 1 else ("fsdp", fsdp)
+        for name, size, (axis, n) in (("width", self.width, width), ("heads", self.heads, t),
                                       ("kv_heads", self.kv_heads_used, t),
                                       ("mlp_dim", self.mlp_dim_used, t), ("vocab", self.vocab, t)):
             if size % n:

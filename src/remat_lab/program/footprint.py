@@ -23,6 +23,7 @@ from remat_lab.config import (
     LOCAL,
     ConfigError,
     RunConfig,
+    batch_rows,
     format_mesh,
     human_bytes,
     mesh_dcn,
@@ -79,7 +80,7 @@ def _with_fsdp(config: RunConfig, fsdp: int) -> RunConfig | None:
     """``config`` on its mesh with fsdp ``fsdp`` (the other axes kept), local and compile-only
     (only its layout is read); None where the shape does not split that way."""
     sizes = {**parse_mesh(config.mesh), "fsdp": fsdp}  # logical sizes: dcn axes folded (local layout)
-    rows = sizes.get("data", 1) * fsdp
+    rows = batch_rows(sizes)
     try:
         return config.replace(mesh=format_mesh(sizes), batch=rows * config.microbatches,
                               target=LOCAL, target_devices=1, compile_only=True)

@@ -26,6 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_lab.config import (
+    BATCH_AXES,
     MESH_AXES,
     ConfigError,
     RunConfig,
@@ -53,10 +54,12 @@ RULES["llm"] = {**RULES["transformer"],
                 "embed.embedding": ("tensor", "fsdp"), "lm_head.kernel": ("fsdp", "tensor"),
                 "final_norm.scale": ("fsdp",),
                 # a mixture of experts (model/moe.py): the router over fsdp; each expert's gated MLP
-                # as the dense one's, its leading expert axis unsharded (no expert axis yet);
-                # shared experts' three projections as wi_0, wi_1, wo
-                "moe.gate": ("fsdp", None), "moe.wi_0": (None, "fsdp", "tensor"),
-                "moe.wi_1": (None, "fsdp", "tensor"), "moe.wo": (None, "tensor", "fsdp"),
+                # as the dense one's, its width over fsdp alone ("fsdp_no_exp", MaxText's
+                # embed_no_exp) and its leading expert axis over expert; shared experts' three
+                # projections as wi_0, wi_1, wo
+                "moe.gate": ("fsdp", None), "moe.wi_0": ("expert", "fsdp_no_exp", "tensor"),
+                "moe.wi_1": ("expert", "fsdp_no_exp", "tensor"),
+                "moe.wo": ("expert", "tensor", "fsdp_no_exp"),
                 "shared.0.kernel": ("fsdp", "tensor"), "shared.1.kernel": ("fsdp", "tensor"),
                 "shared.2.kernel": ("tensor", "fsdp")}
 
@@ -67,15 +70,25 @@ RULES_TEXT = (
     "(mlp `l1`; transformer q/k/v heads, `wi_0`, `wi_1`) and the input features of the second "
     "(`l2`; `o_proj`'s heads, `wo`), Megatron style. A scan stack's layer axis is never sharded. The "
     "llm as MaxText: its embedding and vocabulary projection split the width over `fsdp` and the "
-    "vocabulary over `tensor`; a mixture of experts' experts split as its dense MLP, each expert "
-    "whole on every device of an fsdp group once gathered (no expert axis yet); AdamW's moments "
-    "are laid out like their parameters.")
+    "vocabulary over `tensor`. A mixture of experts' experts are split as the dense MLP; `expert` "
+    "splits the experts themselves (their dispatched tokens reach them by all-to-all) and, outside "
+    "them, the batch and the parameters as `fsdp` does (MaxText's rules). AdamW's moments are laid "
+    "out like their parameters.")
+
+
+# A rule's role -> the mesh axes it shards over: "fsdp" over fsdp and expert (MaxText's ``embed``:
+# outside the experts the expert axis shards parameters as fsdp does), "fsdp_no_exp" over fsdp
+# alone (an expert's own width), "expert" over expert (the experts themselves, kept for use).
+_ROLE_AXES = {"fsdp": ("fsdp", "expert"), "fsdp_no_exp": ("fsdp",), "tensor": ("tensor",),
+              "expert": ("expert",)}
+_GATHERED = ("fsdp", "fsdp_no_exp")  # gathered for use inside a block's remat
 
 
 def _axis(role, sizes: dict[str, int], use: bool):
-    """A rule's role -> the PartitionSpec entry on this mesh (``use``: fsdp gathered away)."""
-    names = role if isinstance(role, tuple) else (role,)
-    names = tuple(n for n in names if n is not None and n in sizes and not (use and n == "fsdp"))
+    """A rule's role -> the PartitionSpec entry on this mesh (``use``: fsdp-like roles gathered away)."""
+    roles = role if isinstance(role, tuple) else (role,)
+    names = tuple(n for r in roles if r is not None and not (use and r in _GATHERED)
+                  for n in _ROLE_AXES[r] if n in sizes)
     return None if not names else names[0] if len(names) == 1 else names
 
 
@@ -132,8 +145,9 @@ def state_specs(state, leaves, specs) -> object:
 
 
 def input_spec(config: RunConfig) -> PartitionSpec:
-    """The input's batch axis over ``data`` and ``fsdp`` (those present); the rest replicated."""
-    rows = tuple(a for a in ("data", "fsdp") if a in parse_mesh(config.mesh))
+    """The input's batch axis over ``data``, ``fsdp`` and ``expert`` (those present); the rest
+    replicated."""
+    rows = tuple(a for a in BATCH_AXES if a in parse_mesh(config.mesh))
     lead = None if not rows else rows[0] if len(rows) == 1 else rows
     return PartitionSpec(lead, *(None,) * (len(config.input_shape) - 1))
 
@@ -246,6 +260,24 @@ def activations(config: RunConfig, mesh: Mesh) -> Callable[[jax.Array], jax.Arra
     def constrain(x: jax.Array) -> jax.Array:
         last = "tensor" if tensor > 1 and x.shape[-1] % tensor == 0 else None
         spec = PartitionSpec(rows, *(None,) * (x.ndim - 2), last)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return constrain
+
+
+def expert_layout(config: RunConfig, mesh: Mesh) -> Callable[[jax.Array], jax.Array] | None:
+    """``x -> x`` for a mixture of experts' dispatched values ``(E, B, C, ...)`` on a mesh with an
+    expert axis: the experts over ``expert``, the batch over data x fsdp (as MaxText's dense
+    dispatch lays them out; from the batch split over expert too, XLA moves them with an
+    all-to-all). None without an expert axis."""
+    sizes = parse_mesh(config.mesh)
+    if "expert" not in sizes:
+        return None
+    rows = tuple(a for a in ("data", "fsdp") if a in sizes)
+    lead = None if not rows else rows[0] if len(rows) == 1 else rows
+
+    def constrain(x: jax.Array) -> jax.Array:
+        spec = PartitionSpec("expert", lead, *(None,) * (x.ndim - 2))
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return constrain

@@ -35,6 +35,7 @@ from remat_lab.config import (
     SEQ_MODELS,
     ConfigError,
     RunConfig,
+    batch_rows,
     get_target,
     mesh_devices,
     parse_mesh,
@@ -75,10 +76,9 @@ def _probe_key(config: RunConfig) -> RunConfig:
 
 
 def batch_unit(config: RunConfig) -> int:
-    """Examples per step for each example searched: one per device of data x fsdp, per
+    """Examples per step for each example searched: one per device of data x fsdp (x expert), per
     microbatch (the searched batch is per device and per microbatch)."""
-    sizes = parse_mesh(config.mesh)
-    return sizes.get("data", 1) * sizes.get("fsdp", 1) * config.microbatches
+    return batch_rows(parse_mesh(config.mesh)) * config.microbatches
 
 
 def _lowered(config: RunConfig):
