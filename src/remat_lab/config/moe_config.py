@@ -82,6 +82,14 @@ def check_moe(config) -> None:
                           f"{config.experts} experts; the router picks k of them (k <= experts).")
 
 
+def check_expert_axis(config, expert: int) -> None:
+    """A mesh's ``expert`` axis (size ``expert``) splits the experts: only with experts, a multiple of it."""
+    if expert > 1 and (not config.experts or config.experts % expert):
+        raise ConfigError(f"the expert axis splits a mixture of experts' experts: {config.experts} "
+                          f"experts cannot be split over expert = {expert} devices; use a number "
+                          f"of experts that is a multiple of {expert}, or no expert axis.")
+
+
 def moe_activation_bytes(config, rows: int, item: int) -> int:
     """A mixture of experts' activations in one block of ``rows`` tokens (``budget.py``'s estimate):
     the dispatched tokens, the experts' three hidden values and output over every slot

@@ -34,7 +34,7 @@ from .mesh_text import (  # noqa: F401 (re-exported: the mesh text's home is mes
     mesh_slices,
     parse_mesh,
 )
-from .moe_config import FLOAT_LIMITS, ROUTER_GATINGS, check_moe, checked_float  # noqa: F401
+from .moe_config import FLOAT_LIMITS, ROUTER_GATINGS, check_expert_axis, check_moe, checked_float  # noqa: F401
 from .targets import GPUS_PER_HOST, LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES, TARGETS
 from .userblock import checked_input_shape
 
@@ -298,10 +298,7 @@ class RunConfig:
                               f"is split over {axes} = {rows} devices; use a batch that is a "
                               f"multiple of {self.microbatches * rows}.")
         tensor, fsdp, expert = sizes.get("tensor", 1), sizes.get("fsdp", 1), sizes.get("expert", 1)
-        if expert > 1 and (not self.experts or self.experts % expert):
-            raise ConfigError(f"the expert axis splits a mixture of experts' experts: {self.experts} "
-                              f"experts cannot be split over expert = {expert} devices; use a number "
-                              f"of experts that is a multiple of {expert}, or no expert axis.")
+        check_expert_axis(self, expert)
         if self.model == "llm":
             self._check_llm_mesh(fsdp, tensor, expert)
         elif self.width % (tensor * fsdp):
@@ -312,9 +309,8 @@ class RunConfig:
                               f"use a number of heads that is a multiple of {tensor}.")
 
     def _check_llm_mesh(self, fsdp: int, tensor: int, expert: int = 1) -> None:
-        """The llm split as ``program/mesh.py`` says: width over fsdp (x expert, which shards every
-        parameter outside the experts as fsdp does, and the experts' width over fsdp alone); heads,
-        kv_heads, mlp, vocab over tensor."""
+        """The llm split as ``program/mesh.py`` says: width over fsdp (x expert, as fsdp outside the
+        experts); heads, kv_heads, mlp, vocab over tensor."""
         t = ("tensor", tensor)
         width = ("fsdp x expert", fsdp * expert) if expert > 1 else ("fsdp", fsdp)
         for name, size, (axis, n) in (("width", self.width, width), ("heads", self.heads, t),
