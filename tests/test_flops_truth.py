@@ -9,9 +9,11 @@ backward 4), plus the forward recomputed under full remat (every layer product b
 down projection, whose output the backward does not read: XLA drops it), plus the attention
 products spelled out per computed score entry and head (``2 x head size`` each):
 
-* chunked (plain JAX, FlashAttention-2): forward ``q k^T``, ``p v`` (2); backward ``q k^T``
-  again, ``p^T do``, ``do v^T``, ``ds^T q``, ``ds k`` (5); the forward again under full remat (2);
-  computed entries: the ``nb (nb + 1) / 2`` blocks at or below the diagonal.
+* chunked (plain JAX, FlashAttention-2): forward ``q k^T``, ``p v`` (2); backward in two passes,
+  dk/dv ``q k^T`` again, ``p^T do``, ``do v^T``, ``ds^T q`` (4) and dq ``q k^T``, ``do v^T``,
+  ``ds k`` (3); the forward again under full remat (2); computed entries: the ``nb (nb + 1) / 2``
+  blocks at or below the diagonal. (Its single-pass backward, with a float32 dq over the whole
+  sequence, was 5.)
 * Pallas splash (TPU): forward 2, its ``dq`` kernel 3, its ``dkv`` kernel 4, the forward again
   under full remat (2); the same causal blocks.
 
@@ -163,7 +165,7 @@ def test_chunked_attention_step_flops_match_the_hand_count(policy):
     cfg = CHUNKED.replace(policy=policy)
     entries = _causal_entries(cfg.seq, cfg.attention_block)  # 10 of 16 blocks of 256 x 256
     lab, _ = _lab(cfg)
-    _within(lab, hand_flops(cfg, 7, entries), _elementwise(cfg, entries))
+    _within(lab, hand_flops(cfg, 9, entries), _elementwise(cfg, entries))
 
 
 SPLASH = RunConfig(model="llm", width=128, depth=2, heads=4, kv_heads=2, head_dim=32, mlp_dim=256,
@@ -188,5 +190,5 @@ def test_gpu_products_of_the_chunked_step_are_the_hand_count():
     cfg = CHUNKED.replace(policy="full", dtype="bfloat16", target="h100", compile_only=False)
     lab, source = _lab(cfg)
     assert source == PRODUCT_FLOPS
-    assert lab == pytest.approx(hand_flops(cfg, 7, _causal_entries(cfg.seq, cfg.attention_block)),
+    assert lab == pytest.approx(hand_flops(cfg, 9, _causal_entries(cfg.seq, cfg.attention_block)),
                                 rel=1e-9)

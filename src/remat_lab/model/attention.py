@@ -11,7 +11,8 @@ key/value head ``h // (H // G)``) to the context ``(B, N, H, K)`` in the dtype, 
   JAX: query blocks in a ``lax.map``, key blocks up to the diagonal in a ``fori_loop`` (blocks above
   it are never computed), float32 running max, sum and accumulator; a ``custom_vjp`` whose forward
   keeps only the output and the float32 log-sum-exp ``(B, G, R, N)`` and whose backward recomputes
-  each block's probabilities from them. Memory is linear in ``seq`` for a fixed block. A sequence
+  each block's probabilities from them, in two passes (dk and dv per key block, dq per query block)
+  that each accumulate one block at a time. Memory is linear in ``seq`` for a fixed block. A sequence
   that is not a multiple of the block is padded with zeros at the end: causality hides the padded
   keys from every real query, and the padded queries' rows are dropped (their cotangents are 0).
   The output and the log-sum-exp are tagged ``context`` inside the forward rule, as Pallas splash
@@ -115,9 +116,12 @@ def _chunked_fwd(q, k, v, block):
 
 
 def _chunked_bwd(block, res, dout):
-    """FlashAttention-2's backward: per key block j, the query blocks i >= j; p recomputed from
-    the log-sum-exp, ``ds = p * (dp - rowsum(dout * out))``; dq accumulated in float32 over the
-    whole sequence, each key block's dk and dv in float32 within the block and kept in the dtype."""
+    """FlashAttention-2's backward as two passes (as JAX's Pallas flash kernels split it): per key
+    block j, the query blocks i >= j give its dk and dv; per query block i, the key blocks j <= i
+    give its dq. Each pass recomputes p from the log-sum-exp, ``ds = p * (dp - rowsum(dout *
+    out))``, and accumulates one block in float32, kept in the dtype once done: no accumulator
+    spans the sequence (two more block products a block pair than one pass with a whole-sequence
+    float32 dq)."""
     q, k, v, out, lse = res
     b, n, h, d = q.shape
     g = k.shape[2]
@@ -129,30 +133,40 @@ def _chunked_bwd(block, res, dout):
     delta = jnp.einsum("bngrd,bngrd->bgrn", dop.astype(F32), op.astype(F32))
     scale = 1.0 / math.sqrt(d)
 
-    def key_block(dq, j):
-        kj = lax.dynamic_slice_in_dim(kp, j * blk, blk, axis=1)
-        vj = lax.dynamic_slice_in_dim(vp, j * blk, blk, axis=1)
+    def ds_of(i, j, kj, vj):
+        """Block (i, j)'s probabilities and score gradient, and query block i's q and dout."""
+        qi, doi = (lax.dynamic_slice_in_dim(x, i * blk, blk, axis=1) for x in (qp, dop))
+        lse_i, delta_i = (lax.dynamic_slice_in_dim(x, i * blk, blk, axis=3) for x in (lse, delta))
+        p = jnp.exp(_scores(qi, kj, i, j, blk) - lse_i[..., None])
+        dp = jnp.einsum("bqgrd,bkgd->bgrqk", doi, vj, preferred_element_type=F32)
+        return p, (p * (dp - delta_i[..., None]) * scale).astype(q.dtype), qi, doi
+
+    def key_block(j):
+        kj, vj = (lax.dynamic_slice_in_dim(x, j * blk, blk, axis=1) for x in (kp, vp))
 
         def query_block(i, carry):
-            dk, dv, dq = carry
-            qi, doi = (lax.dynamic_slice_in_dim(x, i * blk, blk, axis=1) for x in (qp, dop))
-            lse_i, delta_i = (lax.dynamic_slice_in_dim(x, i * blk, blk, axis=3) for x in (lse, delta))
-            p = jnp.exp(_scores(qi, kj, i, j, blk) - lse_i[..., None])
+            dk, dv = carry
+            p, ds, qi, doi = ds_of(i, j, kj, vj)
             dv = dv + jnp.einsum("bgrqk,bqgrd->bkgd", p.astype(v.dtype), doi, preferred_element_type=F32)
-            dp = jnp.einsum("bqgrd,bkgd->bgrqk", doi, vj, preferred_element_type=F32)
-            ds = (p * (dp - delta_i[..., None]) * scale).astype(q.dtype)
-            dk = dk + jnp.einsum("bgrqk,bqgrd->bkgd", ds, qi, preferred_element_type=F32)
-            dqi = lax.dynamic_slice_in_dim(dq, i * blk, blk, axis=1) + jnp.einsum(
-                "bgrqk,bkgd->bqgrd", ds, kj, preferred_element_type=F32)
-            return dk, dv, lax.dynamic_update_slice_in_dim(dq, dqi, i * blk, axis=1)
+            return dk + jnp.einsum("bgrqk,bqgrd->bkgd", ds, qi, preferred_element_type=F32), dv
 
         zero = jnp.zeros((b, blk, g, d), F32)
-        dk, dv, dq = lax.fori_loop(j, nb, query_block, (zero, zero, dq))
-        return dq, (dk.astype(k.dtype), dv.astype(v.dtype))  # each block's, stacked in the dtype
+        dk, dv = lax.fori_loop(j, nb, query_block, (zero, zero))
+        return dk.astype(k.dtype), dv.astype(v.dtype)
 
-    dq, (dk, dv) = lax.scan(key_block, jnp.zeros((b, nb * blk, g, r, d), F32), jnp.arange(nb))
+    def query_block(i):
+        def key_block_dq(j, dq):
+            kj, vj = (lax.dynamic_slice_in_dim(x, j * blk, blk, axis=1) for x in (kp, vp))
+            _, ds, _, _ = ds_of(i, j, kj, vj)
+            return dq + jnp.einsum("bgrqk,bkgd->bqgrd", ds, kj, preferred_element_type=F32)
+
+        return lax.fori_loop(0, i + 1, key_block_dq, jnp.zeros((b, blk, g, r, d), F32)).astype(q.dtype)
+
+    dk, dv = lax.map(key_block, jnp.arange(nb))  # (nb, B, blk, G, K) each, in the dtype
+    dq = lax.map(query_block, jnp.arange(nb))  # (nb, B, blk, G, R, K)
     whole = lambda x: jnp.transpose(x, (1, 0, 2, 3, 4)).reshape(b, nb * blk, g, d)[:, :n]
-    return dq.reshape(b, nb * blk, h, d)[:, :n].astype(q.dtype), whole(dk), whole(dv)
+    dq = jnp.transpose(dq, (1, 0, 2, 3, 4, 5)).reshape(b, nb * blk, h, d)[:, :n]
+    return dq, whole(dk), whole(dv)
 
 
 chunked_attention.defvjp(_chunked_fwd, _chunked_bwd)
