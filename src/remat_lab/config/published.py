@@ -25,7 +25,7 @@ IGNORED = ("dataset_type", "dataset_path", "enable_checkpointing", "profiler", "
 READ = ("per_device_batch_size", "max_target_length", "scan_layers", "attention", "sa_block_q",
         "sa_block_kv", "sa_block_q_dkv", "sa_block_q_dq", "remat_policy", "decoder_layer_input",
         "optimizer_memory_host_offload", "use_qwix_quantization", "capacity_factor", "megablox",
-        "sparse_matmul")
+        "sparse_matmul", "dtype", "weight_dtype", "mu_dtype")
 # MaxText's attention kernels as the lab's attention: a blockwise kernel that never holds the
 # (seq x seq) scores (splash on TPU, cuDNN's through Transformer Engine on GPUs) is the lab's flash.
 ATTENTION = {"flash": "flash", "cudnn_flash_te": "flash", "dot_product": "full", "autoselected": "flash"}
@@ -183,6 +183,14 @@ def translate(run: dict) -> tuple[dict, list[str]]:
         fields["save_names"], fields["offload_names"] = tuple(save), tuple(offload)
     if PRESETS[preset].get("experts"):
         diff += _experts(knobs, fields)
+    # MaxText's dtypes (base.yml: dtype bfloat16, weight_dtype float32; mu_dtype unset follows
+    # weight_dtype, and optax's second moment follows the parameters): the lab's dtype,
+    # param_dtype and optimizer_dtype, set where the run names them
+    for knob, field in (("dtype", "dtype"), ("weight_dtype", "param_dtype")):
+        if knob in knobs:
+            fields[field] = knobs[knob]
+    if knobs.get("mu_dtype") or knobs.get("weight_dtype"):
+        fields["optimizer_dtype"] = knobs.get("mu_dtype") or knobs["weight_dtype"]
     if knobs.get("optimizer_memory_host_offload"):
         fields["optimizer_offload"] = True
     if knobs.get("use_qwix_quantization"):
