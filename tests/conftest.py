@@ -108,7 +108,7 @@ SLOW_FIRST = (
     "tests/test_tpu_memory.py", "tests/test_synthesize_tpu.py", "tests/test_predict.py",
     "tests/test_published.py", "tests/test_synthesize_llama3.py", "tests/test_maxtext_program.py",
     "tests/test_by_kind_buffers.py", "tests/test_llm_mesh.py", "tests/test_moe.py",
-    "tests/test_targets_app.py",
+    "tests/test_targets_app.py", "tests/test_attention_twin.py",
     "tests/e2e/test_public_e2e.py", "tests/test_targets.py", "tests/e2e/test_page_state_e2e.py",
     "tests/test_reliability.py", "tests/test_llm.py", "tests/test_attention.py",
     "tests/e2e/test_results_e2e.py", "tests/test_transformer.py", "tests/test_gradcheck.py",
