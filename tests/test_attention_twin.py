@@ -15,7 +15,7 @@ parameters laid out for fsdp), compiled for 8 H100s without them:
 At the issue's scaled recipe (2026-12-05, this file run as a script): the lab 3,663,282,912 B a
 device, the plain step with the twin's kernel 3,631,791,840 (the lab 1.0087 of it, within the
 issue's 3 %), the plain step with the lab's kernel 3,663,282,912, the lab's to the byte: the
-0.87 % left is the kernels' (the twin's reads its blocks in another order), not the step's.
+0.87 % left lies between the two kernels, not the steps (not yet traced to an instruction).
 
 Before the lab's backward was split in two passes it held a float32 dq over the whole sequence,
 and before that float32 dk and dv stacks too (13 % over a plain program of the scaled recipe).
