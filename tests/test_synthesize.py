@@ -171,13 +171,15 @@ def test_the_refinement_from_the_best_named_policy_keeps_it_when_no_move_is_pred
 
 
 TRANSFORMER = RunConfig(model="transformer", width=32, depth=2, stack="scan", batch=1)
-T_BUDGET = 600_000
+T_BUDGET = 480_000  # save_out_proj fits 1 per device (XLA 0.12)
 
 
 def test_the_refinement_from_a_maxtext_recipe_saves_more_names_at_its_batch():
     """The tiny transformer against save_out_proj alone: from that recipe as a plan (save
     out_proj), moves saving more names at its batch, each kept only when compiled to fit with
-    fewer recomputed flops; checked by plain compiles of the same names."""
+    fewer recomputed flops; checked by plain compiles of the same names. In 480,000 B the recipe
+    fits batch 1 and the refinement keeps 6 moves (XLA 0.12), in 19 compiles of the synthesis;
+    600,000 B (batch 2, 4 moves kept) took 24."""
     doc = synthesize(TRANSFORMER, T_BUDGET, policies=["save_out_proj"], workers=1)
     rec = _beats_the_named_by_plain_compiles(doc, TRANSFORMER, T_BUDGET)
     assert rec["start"]["save"] == ["out_proj"] and rec["start"]["remat_layers"] == 2
@@ -228,14 +230,22 @@ def test_remat_layers_over_the_depth_is_refused():
         RunConfig(model="mlp", depth=2, remat_layers=3)
 
 
+H100_BUDGET = 205_000  # a few examples over the width-64 mlp's batch-independent bytes on an H100
+
+
 @pytest.mark.slow
 def test_on_h100_offload_is_a_choice_and_the_answer_compiles_as_plain_checkpoint():
     """Compiled for an H100 without one: pinned host memory, so each name may be offloaded; the
-    refinement's plan (the named policy's own when no move fits) compiled again as a plain
-    jax.checkpoint of the same names on the same compile-only device, at the named batch."""
+    refinement's plan compiled again as a plain jax.checkpoint of the same names on the same
+    compile-only device, at the named batch. In 205,000 B (XLA 0.12: nothing_saveable fits 8 per
+    device, at 203,908 B) the refinement beats nothing_saveable by offloading l2 (204,676 B; l1
+    offloaded is 206,724 B): the plan compared to the byte offloads a name (what
+    tests/test_synthesize_llama3.py leaves to this test), and nothing_saveable, its start, is
+    compared to the byte too. 22 compiles in the synthesis and 2 plain ones; 400 KiB (batch 97,
+    where no move fitted) took 31 and 2, each H100 compile 1 to 3 s here."""
     from remat_lab.program.targets import target_devices
 
-    cfg, budget = MLP.replace(target="h100"), BUDGET  # width 64: each H100 compile cheap
+    cfg, budget = MLP.replace(target="h100"), H100_BUDGET
     doc = synthesize(cfg, budget, policies=["nothing_saveable"], workers=1)
     assert doc["offload"]["allowed"] is True
     assert {c["choice"] for c in doc["costs"]["names"]} == {"save", "offload"}
@@ -245,20 +255,18 @@ def test_on_h100_offload_is_a_choice_and_the_answer_compiles_as_plain_checkpoint
     assert rec["from"] == "nothing_saveable" and rec["max_batch"] == named["max_batch"]
     assert doc["per_device_batch"] >= named["per_device_batch"]
     assert rec["recomputed_flops"] <= named["recomputed_flops"]
-    if rec["outcome"] == "equals":
-        assert rec["plan"] == rec["start"] and doc["answer"] in ("nothing_saveable", "plan")
-        lab = named["peak_bytes"]
-    else:
-        lab = next(c for c in doc["candidates"] if c["source"] == "refine" and c["plan"] == rec["plan"]
-                   and c["batch"] == rec["max_batch"])["peak_bytes"]
+    assert rec["outcome"] == "beats" and rec["plan"]["offload"], rec  # (at this budget: see above)
+    lab = next(c for c in doc["candidates"] if c["source"] == "refine" and c["plan"] == rec["plan"]
+               and c["batch"] == rec["max_batch"])["peak_bytes"]
     p, b = rec["plan"], rec["max_batch"]
     device = target_devices("h100", 1)[0]
     plain, flops = _plain(cfg, p["save"], p["offload"], p["remat_layers"], b, device)
     # to the byte: a compile-only H100 program counts no generated code (a 1 MiB allowance, as
-    # before, would exceed the whole 400 KiB budget and could not fail)
+    # before, would exceed the whole budget and could not fail)
     assert lab == plain, (lab, plain)
     assert plain <= budget
-    _, named_flops = _plain(cfg, [], [], cfg.depth, b, device)
+    named_plain, named_flops = _plain(cfg, [], [], cfg.depth, b, device)
+    assert named["peak_bytes"] == named_plain, (named["peak_bytes"], named_plain)  # its start too
     assert flops <= named_flops
 
 
