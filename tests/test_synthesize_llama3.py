@@ -1,4 +1,4 @@
-"""The llama3-8b synthesis (8 x H100, fsdp=8, train) redone as plain jax.checkpoint training steps."""
+"""The llama3-8b synthesis (8 x H100, fsdp=8, train): its answer redone as a plain jax.checkpoint step."""
 
 from __future__ import annotations
 
@@ -87,28 +87,30 @@ def _plain_train_step(config: RunConfig, policy) -> tuple[int, float, int]:
     return peak, program_flops(compiled, compiled.as_text())[0], ma.generated_code_size_in_bytes
 
 
-def _offload(names: list[str]):
-    return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[], names_which_can_be_offloaded=names,
-        offload_src="device", offload_dst="pinned_host")
-
-
 @pytest.mark.slow
 def test_the_saved_llama3_8b_answer_compiles_again_as_plain_jax_checkpoint():
     """The saved llama3-8b synthesis (JAX 0.12.0.1, its own command rerun on 2026-12-04: 46 compiles,
-    2,577 s) repeated by plain training steps compiled for 8 x H100 (fsdp=8). Its answer is a named
+    2,577 s) repeated by a plain training step compiled for 8 x H100 (fsdp=8). Its answer is a named
     policy, nnx.remat's default (13 per device, batch 104: no synthesized plan fits more, and the
-    refinement equals it); MaxText's qkv_proj_offloaded fits 12. Each is compiled as a plain
-    ``jax.checkpoint`` (nothing_saveable; the qkv names offloaded) at its own batch: the lab's peak
+    refinement equals it); MaxText's qkv_proj_offloaded fits 12 (read from the file only). The
+    answer is compiled as a plain ``jax.checkpoint`` (nothing_saveable) at its batch: the lab's peak
     within XLA's generated code of the plain one and within the budget. The file's ``plan`` and
     ``run_command`` are the solver's candidate's, as the synthesizer wrote them before issue 45's
     fix; they are not read here. Under JAX 0.10 the two peaks were equal to the byte (an H100
-    compile has no generated code); under 0.12 the plain step holds 489,472 B more at batch 104
-    (0.0008 %), not yet explained: ``GAP`` allows 1 MiB. Since cuDNN's library is installed (issue 47)
-    a deviceless H100 compile of flash attention is cuDNN's fused kernel, not the chunked stand-in
-    the file was searched with: the plain program now peaks 204,035,840 B (0.3 %) above the file's
-    figure (the lab's within 1 MiB of it), so the lab's peak is compiled again and held against the
-    plain one, the file's answers against the budget."""
+    compile has no generated code); under 0.12, before cuDNN's library was installed, the plain
+    step held 489,472 B more at batch 104 (0.0008 %), not explained; with cuDNN they are equal to
+    the byte again (2026-12-05): ``GAP`` still allows 1 MiB. Since cuDNN's library is installed
+    (issue 47) a deviceless H100 compile of flash attention is cuDNN's fused kernel, not the chunked
+    stand-in the file was searched with: the plain program now peaks 204,035,840 B (0.3 %) above
+    the file's figure, so the lab's peak is compiled again and held against the plain one, the
+    file's answer against the budget.
+
+    Two compiles, not four: qkv_proj_offloaded's plain and lab compiles (each about as slow as the
+    answer's: a 2-layer, width-256 llm's for 8 H100s took 12 s against 14 s) only repeated, for a
+    second policy, what is checked at small size: a lab policy that offloads names to pinned host
+    memory peaks exactly as plain ``jax.checkpoint`` with ``save_and_offload_only_these_names`` on
+    the same compile-only H100 (tests/test_synthesize.py's H100 test, whose answer offloads a
+    name), and XLA puts what is offloaded in host memory (tests/test_targets.py's offload test)."""
     doc = json.loads(SAVED.read_text())
     cfg = {k: v for k, v in doc["config"].items() if k != "input_shape"}
     assert (cfg["preset"], cfg["target"], cfg["mesh"], cfg["step"]) == (
@@ -125,9 +127,3 @@ def test_the_saved_llama3_8b_answer_compiles_again_as_plain_jax_checkpoint():
     assert peak <= doc["budget_bytes"]
     # (the file's flops predate the count of data-dependent loops, issue 45: not compared here)
     assert flops > doc["flops"]
-    qkv = named["qkv_proj_offloaded"]
-    peak, _, code = _plain_train_step(config.replace(batch=qkv["max_batch"]),
-                                      _offload(["query_proj", "key_proj", "value_proj"]))
-    lab = probe(config.replace(batch=qkv["max_batch"], policy="qkv_proj_offloaded"))["peak_bytes"]
-    assert abs(lab - peak) <= code + GAP, (lab, peak, code)
-    assert peak <= doc["budget_bytes"]
