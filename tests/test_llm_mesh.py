@@ -182,9 +182,9 @@ def test_a_mixture_of_experts_on_the_mesh_equals_one_device(four):
 def test_the_expert_axis_splits_the_experts_and_moves_tokens_with_all_to_alls(four):
     """fsdp=2 x expert=2 on the same mixture of experts: its loss and gradients as one device's; each
     device holds 2 of the 4 experts (their width over fsdp alone), every other parameter split over
-    fsdp x expert as MaxText's ``embed``; the dispatched tokens reach their experts' devices by
-    all-to-alls over the expert axis's 2 devices, read from the compiled program by the collectives
-    table."""
+    fsdp x expert as MaxText's ``embed``; XLA's partitioner moves the dispatched tokens to their
+    experts' devices by all-to-alls over the expert axis's 2 devices, read from the compiled program
+    by the collectives table."""
     one, _ = four["moe_loss"]
     assert four["expert_loss"] == pytest.approx(one, rel=1e-6)
     assert four["expert_grad_rel_diff"] < 1e-5

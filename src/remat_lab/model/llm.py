@@ -136,16 +136,12 @@ class LLM(nnx.Module):
             param_dtype=param_dtype)
 
     def hidden(self, tokens: jax.Array, block_fn: BlockFn | None = None,
-               attention: AttentionFn | None = None,
-               expert_layout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+               attention: AttentionFn | None = None) -> jax.Array:
         """The last block's output ``(B, N, width)``; each block through ``block_fn``, its
-        attention ``attention`` (a kernel of ``attention.py``; default full), a mixture of
-        experts' dispatched values laid out by ``expert_layout`` (a mesh's expert axis)."""
-        for block in blocks_of(self.layers):
-            if attention is not None:
+        attention ``attention`` (a kernel of ``attention.py``; default full)."""
+        if attention is not None:
+            for block in blocks_of(self.layers):
                 block.attention = attention
-            if expert_layout is not None and block.moe is not None:
-                block.moe.layout = expert_layout
         with jax.named_scope("embed"):
             h = checkpoint_name(self.embed(tokens), "embed")
         return run_stack(self.layers, block_fn or (lambda block, y: block(y)), h)
@@ -159,10 +155,9 @@ class LLM(nnx.Module):
             return checkpoint_name(logits, "logits")
 
     def __call__(self, tokens: jax.Array, block_fn: BlockFn | None = None,
-                 attention: AttentionFn | None = None,
-                 expert_layout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+                 attention: AttentionFn | None = None) -> jax.Array:
         """The logits ``(B, N, vocab)`` in the compute dtype (``hidden``, then ``head``)."""
-        return self.head(self.hidden(tokens, block_fn, attention, expert_layout))
+        return self.head(self.hidden(tokens, block_fn, attention))
 
 
 @jax.custom_vjp

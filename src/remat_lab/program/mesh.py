@@ -71,9 +71,9 @@ RULES_TEXT = (
     "(`l2`; `o_proj`'s heads, `wo`), Megatron style. A scan stack's layer axis is never sharded. The "
     "llm as MaxText: its embedding and vocabulary projection split the width over `fsdp` and the "
     "vocabulary over `tensor`. A mixture of experts' experts are split as the dense MLP; `expert` "
-    "splits the experts themselves (their dispatched tokens reach them by all-to-all) and, outside "
-    "them, the batch and the parameters as `fsdp` does (MaxText's rules). AdamW's moments are laid "
-    "out like their parameters.")
+    "splits the experts themselves (XLA's partitioner moves the dispatched tokens to them by "
+    "all-to-all) and, outside them, the batch and the parameters as `fsdp` does (MaxText's rules). "
+    "AdamW's moments are laid out like their parameters.")
 
 
 # A rule's role -> the mesh axes it shards over: "fsdp" over fsdp and expert (MaxText's ``embed``:
@@ -260,24 +260,6 @@ def activations(config: RunConfig, mesh: Mesh) -> Callable[[jax.Array], jax.Arra
     def constrain(x: jax.Array) -> jax.Array:
         last = "tensor" if tensor > 1 and x.shape[-1] % tensor == 0 else None
         spec = PartitionSpec(rows, *(None,) * (x.ndim - 2), last)
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-
-    return constrain
-
-
-def expert_layout(config: RunConfig, mesh: Mesh) -> Callable[[jax.Array], jax.Array] | None:
-    """``x -> x`` for a mixture of experts' dispatched values ``(E, B, C, ...)`` on a mesh with an
-    expert axis: the experts over ``expert``, the batch over data x fsdp (as MaxText's dense
-    dispatch lays them out; from the batch split over expert too, XLA moves them with an
-    all-to-all). None without an expert axis."""
-    sizes = parse_mesh(config.mesh)
-    if "expert" not in sizes:
-        return None
-    rows = tuple(a for a in ("data", "fsdp") if a in sizes)
-    lead = None if not rows else rows[0] if len(rows) == 1 else rows
-
-    def constrain(x: jax.Array) -> jax.Array:
-        spec = PartitionSpec("expert", lead, *(None,) * (x.ndim - 2))
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return constrain
