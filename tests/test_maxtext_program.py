@@ -74,7 +74,7 @@ def _tpu_compile(cfg: RunConfig):
     return compiled.memory_analysis(), report
 
 
-TPU_LLM = dict(model="llm", width=256, heads=4, kv_heads=2, dtype="bfloat16", param_dtype="float32",
+TPU_LLM = dict(model="llm", width=128, heads=2, kv_heads=1, dtype="bfloat16", param_dtype="float32",
                step="train", policy="full", loss_chunks=1, target="tpu-v6e", compile_only=True)
 
 
@@ -83,7 +83,9 @@ def test_on_a_tpu_the_step_holds_one_logits_sized_buffer():
     fuses the float32 cross-entropy's gradient into the vocabulary projection's two backward
     products (measured at llama3-8b scale: MaxText 0.2.5 and the lab agree to 0.1 %, README). With
     constant loss weights XLA writes that gradient out: a second logits-sized buffer."""
-    b, n, v = 2, 512, 16384  # the smallest where no other buffer reaches the logits (a third the compile)
+    # b x n = 512 > 2 x width: the bfloat16 logits outweigh each float32 vocabulary-sized table (at 256
+    # they tie); the float32 attention scores (2 heads) are half their size
+    b, n, v = 8, 64, 1024
     _, report = _tpu_compile(RunConfig(**TPU_LLM, vocab=v, depth=1, seq=n, batch=b))
     logits_bytes = b * n * v * 2
     sizes = [_bytes(line.split(";")[1]) for line in report.splitlines() if line.count(";") >= 4
@@ -117,8 +119,8 @@ def test_decoder_layer_input_names_each_blocks_input_and_a_policy_can_offload_it
     named = {r["name"]: r["memory_kind"] for r in saved if r["name"]}
     assert named["decoder_layer_input"] == "device"
     assert set(named) <= {"decoder_layer_input", "embed", "logits"}  # no other block name saved
-    depth, b, n, width = 2, 2, 128, 256
-    base = RunConfig(**TPU_LLM, vocab=1024, depth=depth, seq=n, batch=b)
+    depth, b, n, width = 2, 2, 32, 128
+    base = RunConfig(**TPU_LLM, vocab=256, depth=depth, seq=n, batch=b)
     full, _ = _tpu_compile(base)
     off, _ = _tpu_compile(base.replace(policy="custom", offload_names=("decoder_layer_input",)))
     assert full.host_temp_size_in_bytes == 0
