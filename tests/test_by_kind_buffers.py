@@ -20,7 +20,7 @@ from remat_lab.analysis.by_kind_buffers import compile_with_dump, kinds_from_buf
 from remat_lab.analysis.costs import memory_report
 from remat_lab.config import RunConfig
 from remat_lab.model.models import block_names
-from remat_lab.program.step import abstract_problem, jit_program, program_args
+from remat_lab.program.step import abstract_problem, jit_program, model_report, program_args
 from remat_lab.studies.experiment import run_experiment
 
 # batch 8 != width 64: no activation has a weight's shape
@@ -63,13 +63,15 @@ def test_train_step_kinds_are_read_from_its_buffers_and_match_the_hand_count():
 
 
 def test_on_an_h100_with_mixed_precision_each_kind_is_in_its_own_dtype():
-    """A small llm compiled for an H100: float32 master weights, bfloat16 compute and moments."""
+    """A small llm compiled for an H100: float32 master weights, bfloat16 compute and moments. Its
+    training program alone (one compile for the H100, not a run's three), read as the run document
+    reads its kinds (the first test holds the two the same)."""
     cfg = RunConfig(model="llm", vocab=256, width=64, depth=2, heads=4, kv_heads=2, seq=16, batch=2,
                     policy="nothing_saveable", step="train", target="h100", dtype="bfloat16",
                     param_dtype="float32", optimizer_dtype="bfloat16")
-    doc = run_experiment(cfg)
-    mem, kinds, n = doc["memory"], _kinds(doc), doc["model"]["parameters"]
-    assert mem["by_kind_source"] == "buffers"
+    found, mem = _detail(cfg)
+    assert found is not None  # read from the H100 program's buffers (a run's by_kind_source "buffers")
+    kinds, n = {k: found[k] for k in KINDS}, model_report(abstract_problem(cfg))["parameters"]
     assert kinds["parameters"] == 4 * n and kinds["optimizer_state"] == 2 * 2 * n + 4
     assert kinds["parameters"] + kinds["optimizer_state"] + 2 * 16 * 4 == mem["argument_bytes"]  # + int32 x
     assert sum(kinds.values()) == mem["peak_bytes"]
