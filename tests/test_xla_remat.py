@@ -152,3 +152,38 @@ def test_train_step_on_a_mesh_reports_one_memory_per_device_in_both_places():
     assert doc["sharding"]["per_device"] is doc["memory"]
     assert doc["memory"]["peak_bytes"] != doc["memory_gradient_step"]["peak_bytes"]
     assert doc["compile"]["xla_remat"]["applied"] is False
+
+
+def test_a_lifted_compile_the_chip_refuses_is_a_finding_not_an_error(monkeypatch):
+    """libtpu refuses a program whose own rematerialization was lifted when, as written, it is over
+    the chip's HBM (Mixtral 8x7B on 256 v6e chips, qkv_proj_offloaded at per-device batch 5, as
+    advise met it after 38 minutes): the Advisor's row keeps XLA's rewrite and says its flops as
+    written are unknown, rather than the whole answer ending in that error."""
+    from remat_lab.program.backend import xla_error
+    from remat_lab.studies import advisor_sizing
+
+    cfg = RunConfig(model="mlp", width=64, depth=2, batch=8, target="tpu-v5e")
+    monkeypatch.setattr(advisor_sizing, "probe", lambda c: {
+        "flops": 1.0e9, "peak_bytes": 15 * 2**30, "xla_remat": {"applied": True, "instructions": 3}})
+
+    def refused(config, unlimited=False):
+        assert unlimited
+        raise xla_error("compiling with XLA's remat limit lifted", RuntimeError(
+            "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+            "temporaries (31.50G) exceeds available HBM (31.24G)."))
+
+    monkeypatch.setattr(advisor_sizing, "compile_abstract", refused)
+    advisor_sizing._UNLIMITED.clear()
+    found = xla_free(cfg)
+    assert found["flops"] is None  # the program as written was not compiled: no count
+    assert found["xla_remat"]["applied"] and found["xla_remat"]["from_bytes"] is None
+    assert "recomputed" in sentence(found["xla_remat"], str)
+
+    def broken(config, unlimited=False):
+        raise xla_error("compiling with XLA's remat limit lifted", RuntimeError("INTERNAL: boom"))
+
+    monkeypatch.setattr(advisor_sizing, "compile_abstract", broken)
+    advisor_sizing._UNLIMITED.clear()
+    with pytest.raises(Exception, match="boom"):  # any other failure still surfaces
+        xla_free(cfg)
+    advisor_sizing._UNLIMITED.clear()

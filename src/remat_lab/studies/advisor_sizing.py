@@ -22,6 +22,7 @@ from remat_lab.analysis.costs import memory_report, program_flops
 from remat_lab.analysis.xla_remat import rematerialized
 from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import LOCAL, RunConfig, get_target
+from remat_lab.program.backend import ExecutionError, out_of_memory
 from remat_lab.studies.advisor_search import (
     MAX_BATCH,
     Progress,
@@ -126,10 +127,16 @@ def xla_free(config: RunConfig) -> dict:
         return {"flops": found["flops"], "xla_remat": xla_remat_report(0, found["flops"], None)}
     cached = _UNLIMITED.get(config)
     if cached is None:
-        compiled = compile_abstract(config, unlimited=True)
-        text = compiled.as_text()
-        cached = {"flops": program_flops(compiled, text)[0], "left": len(rematerialized(text)),
-                  "peak_bytes": (memory_report(compiled) or {}).get("peak_bytes")}
+        try:
+            compiled = compile_abstract(config, unlimited=True)
+        except ExecutionError as err:  # libtpu refuses the program as written: over its HBM
+            if not out_of_memory(err):
+                raise
+            cached = {"flops": None, "left": 1, "peak_bytes": None}  # peak unknown: refused
+        else:
+            text = compiled.as_text()
+            cached = {"flops": program_flops(compiled, text)[0], "left": len(rematerialized(text)),
+                      "peak_bytes": (memory_report(compiled) or {}).get("peak_bytes")}
         _UNLIMITED.put(config, cached)
     device = None if config.target == LOCAL else get_target(config.target).memory_bytes
     out = xla_remat_report(remat["instructions"], found["flops"], found["peak_bytes"], cached,
