@@ -44,6 +44,11 @@ def test_a_step_is_its_line_with_counts_and_survives_the_worker_queue():
     clock.t += 10  # 10 s into the second policy: the pace is still the finished one's, less the 10 s
     track("2/4 b: compiling batch 8")
     assert got[-1].eta_s() == pytest.approx(50.0) and "20 s per policy" in got[-1].summary()
+    # a policy that takes far longer than the finished ones (Mixtral on 256 chips: a refusal in
+    # 4 s, then a search of 12 minutes) is not "about to finish": the overrun is said with its time
+    late = got[-1].summary(now=got[-1].at + 300)
+    assert "about to finish" not in late and "left" not in late
+    assert "past the estimate: 5 min 10 s on the next policy so far, 20 s per policy before it" in late
     # a step with its own counts (timing rounds against a budget) keeps them and its known time left
     track.phase("timing")
     track(Step("timing round 3 of ≤12", done=2, planned=12, unit="timing rounds", at_most=True,

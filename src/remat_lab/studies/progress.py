@@ -80,9 +80,14 @@ class Step(str):
         if eta is not None and self.left_s is not None:
             parts.append(f"{duration(eta)} left{' ' + self.left_why if self.left_why else ''}")
         elif eta is not None:
-            left = f"about {duration(eta)} left" if eta >= 1 else "about to finish"
             pace = duration(self.per_item_s(), precise=True)
-            parts.append(f"{left} (estimated: {pace} per {self.item} so far)")
+            running = self.phase_s - self.finished_s + since  # on the items not finished yet
+            if eta < 1 and self.done < self.planned and running >= 1:  # the estimate is overrun
+                parts.append(f"past the estimate: {duration(running)} on the next {self.item} so "
+                             f"far, {pace} per {self.item} before it")
+            else:
+                left = f"about {duration(eta)} left" if eta >= 1 else "about to finish"
+                parts.append(f"{left} (estimated: {pace} per {self.item} so far)")
         elif self.planned is not None and not self.done and not self.at_most:
             parts.append("time left estimated once the first finishes")
         if self.after:
