@@ -92,3 +92,23 @@ def test_a_run_with_xlas_own_cpu_defaults_reads_what_xla_compiles(tmp_path):
     assert {k: doc["memory"][k] for k in memory} == memory
     assert doc["flops"] == program_flops(truth, text)[0]
     assert doc["hlo"]["fingerprint"] == hlo.fingerprint(text)
+
+
+def test_without_a_gpu_the_one_shot_all_reduce_kernel_is_off_and_changes_nothing_read():
+    """Importing the lab without a local GPU turns XLA's one-shot all-reduce kernel off in
+    ``XLA_FLAGS`` (its LLVM code kills a deviceless compile over 8 H100 hosts); the truth that this
+    changes nothing the lab reads is the same two-host program compiled with the kernel on."""
+    import glob
+
+    if glob.glob("/dev/nvidia[0-9]*"):
+        pytest.skip("a GPU is attached here: the lab leaves XLA's kernel choice alone")
+    assert "--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=false" in os.environ["XLA_FLAGS"]
+    config = RunConfig(model="llm", width=128, depth=2, heads=4, kv_heads=2, seq=64, batch=32,
+                       vocab=256, mlp_dim=256, step="train", policy="full", dtype="bfloat16",
+                       target="h100", target_devices=16, mesh="dcn_data=2,fsdp=8")
+    _, lowered = advisor_search._lowered(config)
+    off = lowered.compile()
+    on = lowered.compile(compiler_options={"xla_gpu_unsupported_use_all_reduce_one_shot_kernel": True})
+    assert "all-reduce" in off.as_text()  # the program has all-reduces for the kernel to emit
+    assert off.as_text() == on.as_text()
+    assert memory_report(off) == memory_report(on)
