@@ -1,14 +1,17 @@
 """Programs read and never run are compiled with LLVM's optimisation off: what the lab reads is unchanged.
 
 The truth is a second compile of the same lowering with XLA's defaults: the optimized HLO text
-and every field of the memory analysis must be identical, on the local CPU and on a named GPU and
-TPU target (compile-only devices); the advisor's probe must read the default compile's figures.
+and every field of the memory analysis must be identical (on a GPU every instruction: the test
+run's autotuning is off, which may write other tiles in a fusion's backend_config), on the local CPU
+and on a named GPU and TPU target (compile-only devices); the advisor's probe must read the default
+compile's figures.
 A run in a process with none of the test run's XLA flags (XLA's own defaults, as users compile) is
 checked against them too.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -37,7 +40,14 @@ CASES = [
 
 # XLA's own defaults (its DebugOptions), given explicitly: the test run turns LLVM's optimisation off
 # for every compile through XLA_FLAGS (tests/conftest.py), and the truth here is what users compile.
-XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False}
+XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False,
+                "xla_gpu_autotune_level": 4}
+
+
+def _instructions(text):
+    # The test run's GPU autotuning is off (tests/conftest.py): it may pick other tiles for a fusion,
+    # written in its backend_config and nowhere else; every instruction, shape and operand must match.
+    return re.sub(r'(, backend_config=.*$|fingerprint_before_lhs="[0-9a-f]+")', "", text, flags=re.M)
 
 
 def _default(lowered):
@@ -49,7 +59,10 @@ def test_read_only_compile_reads_what_the_default_compile_reads(config):
     _, lowered = advisor_search._lowered(config)
     default = _default(lowered)
     read_only = compile_for_analysis(lowered)
-    assert read_only.as_text() == default.as_text()
+    if config.target == "h100":
+        assert _instructions(read_only.as_text()) == _instructions(default.as_text())
+    else:
+        assert read_only.as_text() == default.as_text()
     assert memory_report(read_only) == memory_report(default)
     assert program_flops(read_only, read_only.as_text())[:2] == program_flops(default, default.as_text())[:2]
 
