@@ -116,8 +116,8 @@ def test_without_a_gpu_the_one_shot_all_reduce_kernel_is_off_and_changes_nothing
     if glob.glob("/dev/nvidia[0-9]*"):
         pytest.skip("a GPU is attached here: the lab leaves XLA's kernel choice alone")
     assert "--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=false" in os.environ["XLA_FLAGS"]
-    config = RunConfig(model="llm", width=128, depth=2, heads=4, kv_heads=2, seq=64, batch=32,
-                       vocab=256, mlp_dim=256, step="train", policy="full", dtype="bfloat16",
+    config = RunConfig(model="llm", width=32, depth=1, heads=2, kv_heads=1, seq=16, batch=16,
+                       vocab=64, mlp_dim=64, step="train", policy="full", dtype="bfloat16",
                        target="h100", target_devices=16, mesh="dcn_data=2,fsdp=8")
     _, lowered = advisor_search._lowered(config)
     off = lowered.compile()
