@@ -229,9 +229,12 @@ def compiler_difference(mt: dict) -> str:
     compiler the run was measured with, and the bytes MaxText's program needs under today's."""
     flags = (f" ({mt['temp_bytes_with_flags'] / 2 ** 30:.2f} with the run's libtpu flags)"
              if mt.get("temp_bytes_with_flags") else "")
-    return (f"the compiler the run was measured with ({mt['measured_with']}): MaxText {mt['maxtext']}'s "
-            f"own compile of this configuration today (JAX {mt['jax']}, libtpu {mt['libtpu']}) is refused "
-            f"too, its temporaries {mt['temp_bytes'] / 2 ** 30:.2f} GiB a chip{flags}")
+    today = (f"MaxText {mt['maxtext']}'s own compile of this configuration today (JAX {mt['jax']}, "
+             f"libtpu {mt['libtpu']}) is refused too, its temporaries "
+             f"{mt['temp_bytes'] / 2 ** 30:.2f} GiB a chip{flags}")
+    if not mt.get("measured_with"):  # a configuration published without a measured run
+        return f"MaxText's own program: {today}; no run of it is published to say what ran"
+    return f"the compiler the run was measured with ({mt['measured_with']}): {today}"
 
 
 def model_flops_per_device(run: dict, *, causal: bool = True) -> float:
