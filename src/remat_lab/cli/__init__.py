@@ -16,6 +16,7 @@ from remat_lab.cli import (
     calibrate,
     compare,
     history,
+    plan,
     policies,
     published,
     run,
@@ -33,7 +34,8 @@ __all__ = ["_config_from", "build_parser", "main"]
 COMMANDS = {"run": run.main, "explain": run.main, "compare": compare.main, "calibrate": calibrate.main,
             "policies": policies.main, "advise": advise.main, "sweep": sweep.main,
             "history": history.main, "bench": bench.main, "targets": targets.main,
-            "synthesize": synthesize.main, "published": published.main}
+            "synthesize": synthesize.main, "published": published.main,
+            "plan": plan.main}
 NO_DEVICES = ("policies", "history", "targets")  # published without --check: below
 
 
@@ -41,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand's flags, in the order ``--help`` lists them."""
     parser = Parser(prog="python -m remat_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for module in (run, compare, calibrate, policies, advise, synthesize, sweep, history, bench, targets,
-                   published):
+    for module in (run, compare, calibrate, policies, advise, synthesize, plan, sweep, history, bench,
+                   targets, published):
         module.add_parsers(sub)
     return parser
 

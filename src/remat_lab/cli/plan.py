@@ -1,0 +1,143 @@
+"""The plan subcommand: the mesh, remat plan, batch split and offload of a whole run, compiled."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from remat_lab.cli.advise import progress_lines
+from remat_lab.cli.common import (
+    add_llm_args,
+    add_model_args,
+    config_from,
+    count_arg,
+    engine_errors,
+    list_arg,
+)
+from remat_lab.config import TARGET_NAMES, ConfigError, human_bytes, human_seconds
+from remat_lab.config.targets import MAX_TARGET_DEVICES
+
+
+def _plans_arg(text: str) -> tuple[str, ...]:
+    """``full,minimal_with_context;offload:decoder_layer_input,query_proj``: plans split by ``;``."""
+    from remat_lab.config import POLICY_IDS, names_of
+    from remat_lab.studies.plan.space import plan_fields
+
+    out = tuple(p.strip() for p in text.split(";") if p.strip())
+    names = set(names_of("llm"))
+    for p in out:
+        try:
+            fields = plan_fields(p)
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        bad = [n for n in (*fields["save_names"], *fields["offload_names"]) if n not in names]
+        if fields["policy"] not in POLICY_IDS or bad:
+            raise argparse.ArgumentTypeError(
+                f"plan {p[:60]!r}: give a named policy ({', '.join(POLICY_IDS[:4])}, ...) or "
+                f"offload:NAMES / save:NAMES|offload:NAMES with names of {', '.join(sorted(names))}.")
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one plan.")
+    return out
+
+
+def _tokens_arg(text: str) -> int:
+    """A global batch in tokens: a whole number from 1 to 2**40."""
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 13 else 0
+    if not 1 <= value <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"the global batch in tokens must be a whole number from 1 "
+                                         f"to {1 << 40}, not {text[:40]!r}")
+    return value
+
+
+def add_parsers(sub) -> None:
+    """``plan`` under the subcommands ``sub``."""
+    p = sub.add_parser("plan", help="the whole run planned: mesh, remat plan, per-device batch, "
+                                    "accumulation and optimizer offload, searched and compiled")
+    add_model_args(p)
+    add_llm_args(p)
+    p.add_argument("--target", choices=TARGET_NAMES, required=True, metavar="TARGET",
+                   help="the accelerator to plan for (see `targets`); compiled without it")
+    p.add_argument("--target-devices", type=count_arg("target devices", MAX_TARGET_DEVICES),
+                   required=True, metavar="N", help="its devices (all of them used)")
+    p.add_argument("--slices", type=count_arg("slices", 64), default=None, metavar="S",
+                   help="TPU slices (or GPU hosts) the devices span (default: one TPU slice; GPUs "
+                        "8 to a host)")
+    p.add_argument("--global-batch-tokens", type=_tokens_arg, default=None,
+                   metavar="T", help="tokens a step (a multiple of --seq); default: as large as fits")
+    p.add_argument("--tensor", type=list_arg(int), default=None, metavar="1,4",
+                   help="tensor-parallel sizes to try within a slice or host (default 1,4)")
+    p.add_argument("--plans", type=_plans_arg, default=None, metavar="P;P",
+                   help="remat plans, ';'-separated: named policies or offload:NAMES (default: "
+                        "save_qkv_proj; minimal_with_context; full; MaxText's v6e offload plan)")
+    p.add_argument("--no-optimizer-offload", action="store_true",
+                   help="do not consider AdamW's state in host memory")
+    p.add_argument("--top", type=count_arg("top", 10), default=3, help="compiled plans to return")
+    p.add_argument("--workers", type=count_arg("workers", 64, lo=0), default=None,
+                   help="compiles side by side in worker processes (default: cores, memory allowing)")
+    p.add_argument("--price-per-device-hour", type=float, default=None, metavar="USD",
+                   help="with it, each plan's cost per million tokens")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Plan the run ``args`` describe; print it (or the JSON)."""
+    from remat_lab.cli.common import given
+    from remat_lab.studies.plan import DEFAULT_PLANS, DEFAULT_TENSOR, plan
+
+    with engine_errors():
+        if "attention" not in given(args):
+            args.attention = "flash"  # a pod-scale question: the blockwise kernel, as MaxText's runs
+        args.step, args.mesh, args.policy = "train", f"fsdp={args.target_devices}", "full"
+        args.batch, args.compile_only, args.warmup = args.target_devices, True, 0
+        config = config_from(args)
+        if args.price_per_device_hour is not None and not args.price_per_device_hour > 0:
+            raise ConfigError("--price-per-device-hour must be a positive number of dollars.")
+        doc = plan(config, global_batch_tokens=args.global_batch_tokens, slices=args.slices,
+                   tensor=tuple(args.tensor or DEFAULT_TENSOR), plans=args.plans or DEFAULT_PLANS,
+                   offload=not args.no_optimizer_offload, top=args.top, workers=args.workers,
+                   cache=not args.no_cache, progress=progress_lines())
+    price = args.price_per_device_hour
+    for row in doc["plans"] + [r for r in doc["published_rows"] if "error" not in r]:
+        tps = row.get("predicted_tokens_per_s_per_device")
+        row["cost_per_million_tokens"] = price / 3600 / tps * 1e6 if price and tps else None
+    print(json.dumps(doc, indent=2) if args.json else format_plan(doc))
+    return 0
+
+
+def _row(r: dict) -> str:
+    tps, mfu = r.get("predicted_tokens_per_s_per_device"), r.get("predicted_mfu")
+    cost = r.get("cost_per_million_tokens")
+    return (f"{r['mesh']:<28} {r['plan_text'][:44]:<44} b{r['per_device_batch']:g} x{r['microbatches']}"
+            f"{' +opt-offload' if r['optimizer_offload'] else '':<13} peak {human_bytes(r['peak_bytes']):>10}"
+            f"  step {human_seconds(r['predicted_s'] or r['bound_s'] or 0)}  "
+            + (f"{tps:,.0f} tok/s/dev" if tps else "-") + (f"  MFU {mfu:.1%}" if mfu else "")
+            + (f"  ${cost:.3f}/M tok" if cost else ""))
+
+
+def format_plan(doc: dict) -> str:
+    """The plan as text: the top plans compiled, the published row, the model's error, the method."""
+    g = doc["global_batch_tokens"]
+    lines = [f"{doc['config']['preset'] or 'llm'} on {doc['devices']} x {doc['target']} "
+             f"({doc['slices']} slice{'s' if doc['slices'] > 1 else ''}), global batch "
+             + (f"{g:,} tokens" if g else "as large as fits") + f"; HBM {human_bytes(doc['hbm_bytes'])}"]
+    if not doc["plans"]:
+        lines.append("No plan compiled fits.")
+    for i, r in enumerate(doc["plans"], 1):
+        lines.append(f"{i}. {_row(r)}")
+    for p in doc["published_rows"]:
+        lines.append(f"published {p['name']}: " + (p["error"] if "error" in p else _row(p)))
+    if doc["beats_published"] is not None:
+        lines.append("the top plan's predicted tokens/s per device is "
+                     + ("at least" if doc["beats_published"] else "BELOW") + " the published configuration's")
+    e = doc["memory_model_error"]
+    lines.append(f"{doc['candidates_predicted']} candidates predicted, {doc['candidates_compiled']} "
+                 f"compiled in {doc['wall_s']:.0f} s; memory model error on "
+                 f"{e['compiled_candidates']} held-out compiles: "
+                 + (f"max {e['max']:.1%}, mean {e['mean']:.1%}" if e["max"] is not None else "none compiled"))
+    if doc["plans"]:
+        lines += ["", "MaxText (the top plan):", doc["plans"][0]["maxtext_yaml"], "",
+                  "The lab's compile of it:", doc["plans"][0]["run_command"]]
+    if doc["left_out"]:
+        lines += ["", "left out: " + "; ".join(doc["left_out"])]
+    return "\n".join(lines)

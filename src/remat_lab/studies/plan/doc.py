@@ -1,0 +1,127 @@
+"""The plan document: the compiled plans ranked, the model's error, the published row beside them."""
+
+from __future__ import annotations
+
+from remat_lab.config import RunConfig, batch_rows, get_target, llm_model_flops, parse_mesh
+from remat_lab.config import published as pub
+from remat_lab.studies.plan.fit import relative_error
+from remat_lab.studies.plan.search import Space
+from remat_lab.studies.plan.space import plan_label
+from remat_lab.studies.plan.texts import maxtext_flags, maxtext_yaml, run_command
+
+METHOD = ("Each mesh's first plan is compiled at two per-device batches of one step and every other "
+          "plan at the largest (the mesh's batch-independent bytes shared): the compiled peak and the "
+          "predicted step (analysis/predict.py) are lines in the per-device batch. Every split of the "
+          "global batch into per-device batch x accumulation steps, with and without the optimizer's "
+          "state on the host (its bytes off the device, its transfer over the host link), is predicted "
+          "from them; the best are compiled at full size, best first, until the top ones compiled fit "
+          "and one the fit did not compile was among them. Every figure of a plan is its compile's.")
+
+
+def _rates(space: Space, config: RunConfig, step_s: float | None) -> tuple[float | None, float | None]:
+    """Predicted tokens/s per device and MFU (MaxText's model flops at the bf16 peak) at ``step_s``."""
+    if not step_s:
+        return None, None
+    target = get_target(config.target)
+    tokens = config.batch * config.seq / config.target_devices
+    peak = target.peak_flops.get("bfloat16")
+    mfu = llm_model_flops(config) / config.target_devices / (step_s * peak) if peak else None
+    return tokens / step_s, mfu
+
+
+def plan_row(space: Space, config: RunConfig, found: dict, predicted: dict | None) -> dict:
+    """One compiled plan as the document gives it."""
+    step = found.get("predicted_s") or found.get("bound_s")
+    tps, mfu = _rates(space, config, step)
+    return {"mesh": config.mesh, "plan": (predicted or {}).get("plan") or _plan_of(config),
+            "plan_text": plan_label((predicted or {}).get("plan") or _plan_of(config)),
+            "policy": config.policy, "save_names": list(config.save_names),
+            "offload_names": list(config.offload_names),
+            "per_device_batch": config.batch / config.microbatches / config.target_devices,
+            "batch_per_row": config.batch // config.microbatches // batch_rows(parse_mesh(config.mesh)),
+            "microbatches": config.microbatches, "global_batch": config.batch,
+            "optimizer_offload": config.optimizer_offload, "compiled": True,
+            "fits": not found["refused"] and found["peak_bytes"] <= space.hbm,
+            "refused": found["refused"], "peak_bytes": found["peak_bytes"],
+            "predicted_peak_bytes": (predicted or {}).get("predicted_peak_bytes"),
+            "predicted_s": found.get("predicted_s"), "bound_s": found.get("bound_s"),
+            "step_basis": "prediction" if found.get("predicted_s") else "roofline bound",
+            "predicted_tokens_per_s_per_device": tps, "predicted_mfu": mfu,
+            "limited_by": found.get("limited_by"), "xla_remat": found.get("xla_remat"),
+            "maxtext_yaml": maxtext_yaml(config), "maxtext_flags": maxtext_flags(config),
+            "run_command": run_command(config)}
+
+
+def _plan_of(config: RunConfig) -> str:
+    if config.policy != "custom":
+        return config.policy
+    parts = [f"save:{','.join(config.save_names)}" if config.save_names else "",
+             f"offload:{','.join(config.offload_names)}" if config.offload_names else ""]
+    return "|".join(p for p in parts if p) or "offload:"
+
+
+def published_rows(config: RunConfig, sequences: int | None) -> list[str]:
+    """Catalogued runs of the same model, chips and sequence length and, given one, global batch."""
+    out = []
+    for name, run in pub.RUNS.items():
+        knobs = run["knobs"]
+        if (run.get("lab_preset", run["model"]) == config.preset and run["target"] == config.target
+                and run["devices"] == config.target_devices and knobs.get("max_target_length") == config.seq
+                and (sequences is None or knobs["per_device_batch_size"] * run["devices"] == sequences)):
+            out.append(name)
+    return out
+
+
+def document(space: Space, result: dict, published: dict[str, RunConfig], top: int) -> dict:
+    """``plan --json``: the top compiled plans by predicted tokens/s per device, each fitting; the
+    model's error on every compiled candidate the fit did not use; the published rows beside."""
+    by_key = {(c["family"], c["per_device_batch"], c["microbatches"]): c for c in result["candidates"]}
+    rows, errors = [], []
+    for key, found in result["compiled"].items():
+        if found.get("error"):
+            continue
+        fam, b, m = key
+        predicted = by_key.get(key)
+        row = plan_row(space, fam.apply(space.config, b, m), found, {**(predicted or {}), "plan": fam.plan})
+        row["held_out"] = bool(predicted and predicted.get("held_out"))
+        rows.append(row)
+        if row["held_out"] and not found["refused"]:
+            errors.append(relative_error(predicted["predicted_peak_bytes"], found["peak_bytes"]))
+    fitting = sorted((r for r in rows if r["fits"]),
+                     key=lambda r: -(r["predicted_tokens_per_s_per_device"] or 0))
+    pubs = []
+    for name, cfg in published.items():
+        found = result["extra"].get(name) or {}
+        if found.get("error") or not found:
+            pubs.append({"name": name, "error": found.get("error", "not compiled")})
+            continue
+        pubs.append({"name": name, "source": pub.source_link(pub.RUNS[name]["source"]),
+                     "measured": pub.RUNS[name].get("measured"), **plan_row(space, cfg, found, None)})
+    best = fitting[0] if fitting else None
+    pub_best = max((p for p in pubs if p.get("predicted_tokens_per_s_per_device")),
+                   key=lambda p: p["predicted_tokens_per_s_per_device"], default=None)
+    return {
+        "schema": 1, "kind": "plan", "config": space.config.as_dict(), "target": space.target.name,
+        "devices": space.devices, "slices": space.slices, "hbm_bytes": space.hbm,
+        "global_batch_sequences": space.sequences,
+        "global_batch_tokens": space.sequences * space.config.seq if space.sequences else None,
+        "meshes": list(space.rows), "left_out": space.left_out,
+        "plans": fitting[:top], "compiled_rows": rows,
+        "published_row": pub_best, "published_rows": pubs,
+        "beats_published": (None if not (best and pub_best) else
+                            best["predicted_tokens_per_s_per_device"]
+                            >= pub_best["predicted_tokens_per_s_per_device"] * (1 - 1e-9)),
+        "wall_s": result["wall_s"], "candidates_predicted": len(result["candidates"]),
+        "candidates_compiled": len(result["compiled"]) + len(result["extra"]),
+        "memory_model_error": {"max": max(errors) if errors else None,
+                               "mean": sum(errors) / len(errors) if errors else None,
+                               "compiled_candidates": len(errors)},
+        "estimates": [{"mesh": c["family"].mesh, "plan": c["family"].plan,
+                       "optimizer_offload": c["family"].optimizer_offload,
+                       "per_device_batch": c["per_device_batch"], "microbatches": c["microbatches"],
+                       "predicted_peak_bytes": c["predicted_peak_bytes"],
+                       "predicted_fits": c["predicted_fits"], "model_step_s": c["model_step_s"],
+                       "model_tokens_per_s_per_device": c["model_tokens_per_s_per_device"]}
+                      for c in result["candidates"]],
+        "method": METHOD,
+    }

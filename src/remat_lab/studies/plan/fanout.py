@@ -1,0 +1,105 @@
+"""The planner's compiles fanned out over worker processes (spawned: JAX is not fork-safe)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+from remat_lab.config import RunConfig
+
+# A planning compile of a 70B model for 256 chips holds about 5 GiB; a worker more per 6 GiB free.
+WORKER_BYTES = 6 << 30
+
+
+def default_workers(memory_bytes: int | None = None) -> int:
+    """Worker processes: one per core, at most one per ``WORKER_BYTES`` of this machine's memory."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if memory_bytes is None:
+        try:
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            memory_bytes = WORKER_BYTES
+    return max(1, min(cores, memory_bytes // WORKER_BYTES))
+
+
+def _start(cache: bool) -> None:
+    if cache:
+        from remat_lab.program.backend import enable_compilation_cache
+
+        enable_compilation_cache()
+
+
+def compile_one(fields: dict) -> dict:
+    """One candidate compiled for its target (the Advisor's compile-only probe, nothing allocated):
+    its peak, whether the compiler refused it, and its predicted step (``analysis/predict.py``)."""
+    from remat_lab.analysis.estimate import estimate_step
+    from remat_lab.analysis.predict import predict_step
+    from remat_lab.config import get_target
+    from remat_lab.studies.advisor_search import probe
+
+    config = RunConfig(**fields)
+    found = probe(config)
+    refused = str(found.get("fingerprint", "")).startswith("over the device")
+    out = {"peak_bytes": found["peak_bytes"], "temp_bytes": (found.get("memory") or {}).get("temp_bytes"),
+           "refused": refused, "flops": found.get("flops"), "predicted_s": None, "bound_s": None,
+           "limited_by": None, "xla_remat": (found.get("xla_remat") or {}).get("applied", False),
+           "compile_s": found.get("s")}
+    if refused or found.get("flops") is None:
+        return out
+    target = get_target(config.target)
+    est = estimate_step(found["flops"], found.get("bytes_accessed"), target, config.dtype,
+                        found.get("traffic"))
+    pred = predict_step(target, est, kernels=found.get("kernels"))
+    out.update(predicted_s=pred.get("predicted_s"), bound_s=est.get("estimate_s"),
+               limited_by=pred.get("limited_by") or est.get("bound"))
+    return out
+
+
+class Fanout:
+    """Compiles run ``workers`` at a time in spawned processes (``workers`` 0: in this process, as
+    the tests' small programs do); ``run`` yields each answer as it lands."""
+
+    def __init__(self, workers: int, cache: bool = True) -> None:
+        self.workers, self._pool = workers, None
+        if workers > 0:
+            main = sys.modules.get("__main__")
+            # spawn re-imports the parent's __main__ (under Streamlit, the page): give it an empty one
+            sys.modules["__main__"] = types.ModuleType("__main__")
+            try:
+                self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_start, initargs=(cache,))
+            finally:
+                sys.modules["__main__"] = main
+        elif cache:
+            _start(cache)
+
+    def run(self, jobs: Iterable[tuple[object, RunConfig]]) -> Iterator[tuple[object, dict | Exception]]:
+        """``(key, config)`` jobs compiled; yields ``(key, figures)`` (or the exception) as each ends."""
+        jobs = list(jobs)
+        if self._pool is None:
+            for key, config in jobs:
+                yield key, _guarded(compile_one, config.as_dict())
+            return
+        pending: dict[Future, object] = {self._pool.submit(compile_one, c.as_dict()): k for k, c in jobs}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                key = pending.pop(f)
+                err = f.exception()
+                yield key, err if err is not None else f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _guarded(fn: Callable[[dict], dict], fields: dict) -> dict | Exception:
+    try:
+        return fn(fields)
+    except Exception as err:  # the caller files it as that candidate's failure
+        return err

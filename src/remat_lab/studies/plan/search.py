@@ -1,0 +1,218 @@
+"""The planner's search: a few compiles fit each family's lines, every split predicted, the best compiled."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from remat_lab.config import ConfigError, RunConfig, batch_rows, get_target, parse_mesh
+from remat_lab.config.budget import optimizer_state_bytes
+from remat_lab.studies.plan.fanout import Fanout, default_workers
+from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, step_line
+from remat_lab.studies.plan.space import DEFAULT_PLANS, DEFAULT_TENSOR, Family, meshes, slices_of, splits
+
+Progress = Callable[[str], None]
+# A candidate predicted within this share of the HBM is still compiled: the model's error is a few %.
+PREDICTION_SLACK = 0.05
+
+
+class Space:
+    """What the search ranges over for one question: the families, each mesh's sequences per batch
+    row, the HBM, and how a split's step and offload are priced."""
+
+    def __init__(self, config: RunConfig, tokens: int | None, slices: int | None,
+                 tensor: tuple[int, ...], plans: tuple[str, ...], offload: bool) -> None:
+        if config.target == "local" or config.model != "llm":
+            raise ConfigError("plan searches a decoder LM (--preset or --model llm) for a named "
+                              "target (--target and --target-devices): it compiles, never runs.")
+        self.config = config.replace(step="train", compile_only=True, microbatches=1,
+                                     policy="full", save_names=(), offload_names=())
+        self.target = get_target(config.target)
+        self.devices = config.target_devices
+        self.slices = slices_of(config.target, self.devices, slices)
+        if tokens is not None and (tokens <= 0 or tokens % config.seq):
+            raise ConfigError(f"the global batch of {tokens} tokens is not whole sequences of "
+                              f"{config.seq}; give a multiple of {config.seq}.")
+        self.sequences = None if tokens is None else tokens // config.seq
+        found, self.left_out = meshes(self.config, self.devices, self.slices, tensor)
+        self.rows: dict[str, int | None] = {}
+        for mesh in found:
+            rows = batch_rows(parse_mesh(mesh))
+            if self.sequences is not None and self.sequences % rows:
+                self.left_out.append(f"{mesh}: {self.sequences} sequences do not split over its "
+                                     f"{rows} batch rows")
+                continue
+            self.rows[mesh] = None if self.sequences is None else self.sequences // rows
+        if not self.rows:
+            raise ConfigError("no mesh fits the question: " + "; ".join(self.left_out[:4]))
+        offloads = (False, True) if offload and self.target.host_bandwidth_bytes_per_s else (False,)
+        self.families = [Family(m, p, o) for m in self.rows for p in plans for o in offloads]
+        self.hbm = self.target.memory_bytes
+
+    def splits(self, mesh: str, most: int | None) -> list[tuple[int, int]]:
+        """A mesh's (per-device batch, microbatches): the global batch's splits, or with no global
+        batch every per-device batch up to ``most`` in one step."""
+        per_row = self.rows[mesh]
+        if per_row is None:
+            return [(b, 1) for b in range(1, max(most or 1, 1) + 1)]
+        return splits(per_row)
+
+    def state_per_device(self, family: Family) -> float:
+        """AdamW's bytes on one device (its moments sharded like the parameters: over all devices
+        but the data-parallel replicas)."""
+        replicas = parse_mesh(family.mesh).get("data", 1)
+        return optimizer_state_bytes(self.config) / (self.devices / replicas)
+
+    def offload_s(self, family: Family) -> float:
+        """Optimizer offload's transfer a step: the moments to the device and back over the host link."""
+        if not family.optimizer_offload:
+            return 0.0
+        return 2 * self.state_per_device(family) / self.target.host_bandwidth_bytes_per_s
+
+    def tokens_per_device(self, family: Family, b: int, m: int) -> float:
+        rows = batch_rows(parse_mesh(family.mesh))
+        return b * m * rows * self.config.seq / self.devices
+
+
+def fit_points(space: Space) -> list[tuple[Family, int]]:
+    """The compiles that fit the model: per mesh the first plan at the largest and smallest
+    per-device batch of one step (the mesh's intercept), every other plan at the largest; optimizer
+    offload is predicted from the plan without it (the moments' bytes off the device)."""
+    jobs = []
+    for mesh, per_row in space.rows.items():
+        hi = per_row if per_row is not None else 2
+        lo = 1
+        for i, fam in enumerate(f for f in space.families if f.mesh == mesh and not f.optimizer_offload):
+            jobs.append((fam, hi))
+            if i == 0 and lo != hi:
+                jobs.append((fam, lo))
+    return jobs
+
+
+def fit(space: Space, compiled: dict) -> dict[Family, dict]:
+    """Each family's peak and step lines from the compiled points (``compiled[(family, b, 1)]``)."""
+    lines: dict[Family, dict] = {}
+    for mesh in space.rows:
+        fams = [f for f in space.families if f.mesh == mesh and not f.optimizer_offload]
+        base = None
+        for fam in fams:
+            pts = [(b, c) for (f, b, m), c in compiled.items()
+                   if f == fam and m == 1 and c and not c.get("error")]
+            peak = peak_line([(b, c["peak_bytes"]) for b, c in pts], base and base["peak"].a)
+            step = step_line([(b, c["predicted_s"]) for b, c in pts if c.get("predicted_s")],
+                             base and base["step"])
+            entry = {"peak": peak, "step": step, "refused": any(c["refused"] for _, c in pts)}
+            lines[fam] = entry
+            if base is None and peak is not None:
+                base = entry
+        for fam in fams:
+            on = Family(fam.mesh, fam.plan, True)
+            if on in space.families and lines[fam]["peak"] is not None:
+                drop = space.state_per_device(on)
+                p, s = lines[fam]["peak"], lines[fam]["step"]
+                lines[on] = {"peak": Line(p.a - drop, p.slope),
+                             "step": s and Line(s.a + space.offload_s(on), s.slope), "refused": False}
+    return lines
+
+
+def predict(space: Space, lines: dict[Family, dict]) -> list[dict]:
+    """Every candidate (family x split) with its predicted peak and step, best first among those
+    predicted to fit."""
+    rows = []
+    for fam, line in lines.items():
+        peak, step = line["peak"], line["step"]
+        if peak is None:
+            continue
+        most = int((space.hbm - peak.a) // peak.slope) if peak.slope > 0 else 1
+        for b, m in space.splits(fam.mesh, most):
+            p = peak.at(b) + (space.state_per_device(fam) / 2 if m > 1 else 0)  # f32 gradient sums
+            s = accumulated_step(step, b, m) if step else None
+            tok = space.tokens_per_device(fam, b, m)
+            rows.append({"family": fam, "per_device_batch": b, "microbatches": m,
+                         "predicted_peak_bytes": int(p), "predicted_fits": p <= space.hbm,
+                         "model_step_s": s, "model_tokens_per_s_per_device": tok / s if s else None})
+    rows.sort(key=lambda r: (not r["predicted_fits"], -(r["model_tokens_per_s_per_device"] or 0)))
+    return rows
+
+
+def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
+           tensor: tuple[int, ...] = DEFAULT_TENSOR, plans: tuple[str, ...] = DEFAULT_PLANS,
+           offload: bool = True, top: int = 3, workers: int | None = None, cache: bool = True,
+           extra: list[tuple[str, RunConfig]] | None = None, progress: Progress | None = None) -> dict:
+    """Fit, predict, compile the best: ``{"space", "compiled", "lines", "candidates", "extra",
+    "wall_s"}``. ``extra``: named configurations compiled beside the search (the published row)."""
+    say = progress or (lambda message: None)
+    t0 = time.perf_counter()
+    space = Space(config, tokens, slices, tuple(tensor), tuple(plans), offload)
+    workers = default_workers() if workers is None else workers
+    pool = Fanout(workers, cache)
+    compiled: dict[tuple, dict] = {}
+    extras: dict[str, dict] = {}
+    try:
+        jobs = [((fam, b, 1), fam.apply(space.config, b, 1)) for fam, b in fit_points(space)]
+        jobs += [(("extra", name), c) for name, c in (extra or [])]
+        say(f"fitting the model: {len(jobs)} compiles over {len(space.rows)} meshes and "
+            f"{len(plans)} plans, {max(workers, 1)} at a time")
+        _collect(pool, jobs, compiled, extras, say)
+        lines = fit(space, compiled)
+        candidates = predict(space, lines)
+        say("estimate (the model, not yet compiled): " + "; ".join(
+            f"{c['family'].mesh} {c['family'].plan} b{c['per_device_batch']}x{c['microbatches']}"
+            for c in candidates[:3] if c["predicted_fits"]))
+        _verify(space, pool, candidates, compiled, extras, top, max(workers, 1), say)
+    finally:
+        pool.close()
+    return {"space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
+            "extra": extras, "wall_s": time.perf_counter() - t0}
+
+
+def _collect(pool: Fanout, jobs: list, compiled: dict, extras: dict, say: Progress) -> None:
+    for key, out in pool.run(jobs):
+        if isinstance(out, Exception):
+            text = str(out).strip()
+            out = {"error": f"{type(out).__name__}: {text.splitlines()[0][:300] if text else ''}"}
+        if key[0] == "extra":
+            extras[key[1]] = out
+        else:
+            compiled[key] = out
+        say(f"compiled {_key_text(key)}: "
+            + (out.get("error") or ("refused (over HBM)" if out["refused"] else
+                                    f"peak {out['peak_bytes'] / 2**30:.2f} GiB")))
+
+
+def _key_text(key: tuple) -> str:
+    if key[0] == "extra":
+        return f"the published configuration {key[1]}"
+    fam, b, m = key
+    return f"{fam.mesh} · {fam.plan}{' · optimizer offload' if fam.optimizer_offload else ''} · b{b}x{m}"
+
+
+def _verify(space: Space, pool: Fanout, candidates: list[dict], compiled: dict, extras: dict,
+            top: int, width: int, say: Progress) -> None:
+    """Compile candidates best first (``width`` at a time) until ``top`` compiled ones fit, one
+    candidate the fit did not compile is among them (the model's error is measured on it), or none
+    is left that the model says may fit."""
+    def key(c):
+        return (c["family"], c["per_device_batch"], c["microbatches"])
+
+    limit = space.hbm * (1 + PREDICTION_SLACK)
+    queue = [c for c in candidates if c["predicted_peak_bytes"] <= limit]
+    while queue:
+        fitting = [c for c in candidates if _fits(compiled.get(key(c)), space.hbm)]
+        held_out = any(c.get("held_out") for c in candidates if key(c) in compiled)
+        if len(fitting) >= top and held_out:
+            return
+        batch = []
+        while queue and len(batch) < width:
+            c = queue.pop(0)
+            if key(c) in compiled:
+                continue
+            c["held_out"] = True
+            batch.append((key(c), c["family"].apply(space.config, c["per_device_batch"], c["microbatches"])))
+        if not batch:
+            return
+        _collect(pool, batch, compiled, extras, say)
+
+
+def _fits(found: dict | None, hbm: int) -> bool:
+    return bool(found) and not found.get("error") and not found["refused"] and found["peak_bytes"] <= hbm

@@ -1,0 +1,129 @@
+"""The planner (studies/plan): its space, its model, its document held against compiles of its own plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from remat_lab.config import ConfigError, RunConfig
+from remat_lab.studies.plan.doc import published_rows
+from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, step_line
+from remat_lab.studies.plan.space import Family, meshes, plan_fields, slices_of, splits
+from remat_lab.studies.plan.texts import maxtext_knobs
+
+TINY = dict(model="llm", width=64, heads=4, depth=2, seq=64, vocab=256, mlp_dim=128, step="train",
+            attention="flash", dtype="bfloat16", compile_only=True, target="tpu-v6e", target_devices=8,
+            mesh="fsdp=8", batch=8)
+
+
+def test_splits_are_every_divisor_largest_batch_first():
+    assert splits(6) == [(6, 1), (3, 2), (2, 3), (1, 6)]
+    assert splits(5) == [(5, 1), (1, 5)]
+    assert splits(12, max_microbatches=3) == [(12, 1), (6, 2), (4, 3)]
+
+
+def test_plan_fields_read_named_and_custom_plans():
+    assert plan_fields("full") == {"policy": "full", "save_names": (), "offload_names": ()}
+    assert plan_fields("save:context|offload:query_proj,key_proj") == {
+        "policy": "custom", "save_names": ("context",), "offload_names": ("query_proj", "key_proj")}
+    with pytest.raises(ConfigError, match="offload:NAMES"):
+        plan_fields("keep:context")
+
+
+def test_gpu_hosts_and_meshes_across_them():
+    assert slices_of("h100", 16, None) == 2 and slices_of("tpu-v6e", 256, None) == 1
+    with pytest.raises(ConfigError, match="whole hosts"):
+        slices_of("h100", 12, None)
+    cfg = RunConfig.from_preset("llama2-7b", seq=4096, step="train", target="h100", target_devices=16,
+                                compile_only=True, mesh="fsdp=16", batch=16)
+    found, left = meshes(cfg, 16, 2, (1, 4))
+    assert found == ["dcn_data=2,fsdp=8", "dcn_data=2,fsdp=2,tensor=4", "dcn_fsdp=2,fsdp=8",
+                     "dcn_fsdp=2,fsdp=2,tensor=4"] and left == []
+    # a tensor size the model's heads do not divide is left out, with why
+    found, left = meshes(RunConfig(**{**TINY, "heads": 2, "width": 64}), 8, 1, (1, 4))
+    assert found == ["fsdp=8"] and "heads 2 cannot be split over tensor = 4" in left[0]
+
+
+def test_lines_through_points_and_an_intercept():
+    line = peak_line([(1, 110), (5, 150)], None)
+    assert line.at(3) == pytest.approx(130) and line.a == pytest.approx(100)
+    assert peak_line([(5, 150)], 100).slope == pytest.approx(10)
+    assert peak_line([], 100) is None
+    shaped = step_line([(4, 8.0)], Line(1.0, 1.0))  # another family's shape, scaled to the point
+    assert shaped.at(4) == pytest.approx(8.0) and shaped.at(0) == pytest.approx(1.6)
+    assert accumulated_step(Line(1.0, 2.0), 2, 3) == pytest.approx(15.0)
+
+
+def test_maxtext_knobs_of_a_plan():
+    cfg = Family("dcn_data=2,fsdp=2,tensor=4", "offload:decoder_layer_input,query_proj", True).apply(
+        RunConfig.from_preset("llama2-7b", seq=4096, step="train", target="h100", target_devices=16,
+                              compile_only=True, mesh="fsdp=16", batch=16), 2, 3)
+    assert cfg.batch == 2 * 4 * 3 and cfg.microbatches == 3
+    knobs = maxtext_knobs(cfg)
+    assert knobs["per_device_batch_size"] == 0.5  # 8 sequences a microbatch over 16 GPUs
+    assert knobs["gradient_accumulation_steps"] == 3
+    assert (knobs["dcn_data_parallelism"], knobs["ici_fsdp_parallelism"],
+            knobs["ici_tensor_parallelism"]) == (2, 2, 4)
+    assert knobs["decoder_layer_input"] == "offload" and knobs["query_proj"] == "offload"
+    assert knobs["key_proj"] == "remat" and knobs["optimizer_memory_host_offload"] is True
+
+
+def test_published_rows_match_the_question():
+    cfg = RunConfig.from_preset("llama3.1-70b", seq=8192, step="train", target="tpu-v6e",
+                                target_devices=256, compile_only=True, mesh="fsdp=256", batch=256)
+    assert published_rows(cfg, 10485760 // 8192) == ["llama3.1-70b-v6e-256"]
+    assert published_rows(cfg, 256) == []
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    from remat_lab.studies.plan import plan
+
+    lines = []
+    doc = plan(RunConfig(**TINY), global_batch_tokens=64 * 8 * 4, tensor=(1,),
+               plans=("full", "offload:decoder_layer_input,query_proj"), offload=False, top=2,
+               workers=0, cache=False, progress=lines.append)
+    return doc, lines
+
+
+def test_plans_are_compiled_fitting_and_split_the_global_batch(tiny_plan):
+    doc, lines = tiny_plan
+    assert doc["plans"] and all(p["compiled"] and p["fits"] for p in doc["plans"])
+    rates = [p["predicted_tokens_per_s_per_device"] for p in doc["plans"]]
+    assert rates == sorted(rates, reverse=True)
+    for p in doc["plans"]:
+        assert p["global_batch"] * TINY["seq"] == doc["global_batch_tokens"]
+        assert p["per_device_batch"] * p["microbatches"] * 8 * TINY["seq"] == doc["global_batch_tokens"]
+    assert doc["candidates_compiled"] == len(doc["compiled_rows"]) >= len(doc["plans"])
+    assert any("estimate (the model, not yet compiled)" in line for line in lines)
+
+
+def test_a_plans_peak_is_its_own_compile(tiny_plan):
+    """The answer is a compiled program's figure: compiled again apart from the search, the top
+    plan's configuration has the same per-device peak."""
+    from remat_lab.analysis.costs import memory_report
+    from remat_lab.studies.advisor_search import compile_abstract
+    from remat_lab.studies.plan.space import Family
+
+    doc, _ = tiny_plan
+    top = doc["plans"][0]
+    cfg = Family(top["mesh"], top["plan"], top["optimizer_offload"]).apply(
+        RunConfig(**TINY), int(top["per_device_batch"]), top["microbatches"])
+    assert memory_report(compile_abstract(cfg))["peak_bytes"] == top["peak_bytes"]
+
+
+def test_the_models_error_is_measured_on_held_out_compiles(tiny_plan):
+    doc, _ = tiny_plan
+    held = [r for r in doc["compiled_rows"] if r["held_out"]]
+    err = doc["memory_model_error"]
+    assert err["compiled_candidates"] == len(held) >= 1
+    worst = max(abs(r["predicted_peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"] for r in held)
+    assert err["max"] == pytest.approx(worst)
+
+
+def test_cli_refuses_a_batch_that_is_not_whole_sequences(capsys):
+    from remat_lab.cli import main
+
+    status = main(["plan", "--model", "llm", "--seq", "64", "--target", "tpu-v6e", "--target-devices",
+                   "8", "--global-batch-tokens", "100"])
+    err = capsys.readouterr().err
+    assert status == 2 and "not whole sequences of 64" in err and "Traceback" not in err
