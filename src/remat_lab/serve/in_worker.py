@@ -75,6 +75,15 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
                           policies=list(payload["policies"]) if payload.get("policies") else None,
                           max_batch=int(payload.get("max_batch") or 65536), progress=progress,
                           should_stop=stopper(kind, payload.get("stop_file")))
+    if kind == "plan":  # the planner: compiles in this worker, one at a time (the server's pool bounds them)
+        from remat_lab.studies.plan import plan
+
+        tokens = payload.get("global_batch_tokens")
+        return plan(cfg, global_batch_tokens=int(tokens) if tokens else None,
+                    slices=int(payload["slices"]) if payload.get("slices") else None,
+                    tensor=tuple(int(t) for t in payload["tensor"]), plans=tuple(payload["plans"]),
+                    offload=bool(payload["offload"]), top=int(payload["top"]), workers=0,
+                    progress=progress)
     raise ValueError(f"unknown job kind {kind!r}")
 
 

@@ -48,6 +48,9 @@ DEADLINES_S: dict[str, float] = {
     "advise": 180.0,
     # The synthesizer: 2k + 6 probes, its candidates' searches and the named policies' (as advise_sizes).
     "synthesize": 300.0,
+    # The planner: a few compiles per mesh and plan, then the best at full size (a 70B model for 256
+    # chips: about 15 compiles of a minute or more each).
+    "plan": 1800.0,
 }
 DEFAULT_DEADLINE_S = 120.0  # a kind not in the table
 
@@ -64,6 +67,7 @@ _WHAT = {
     "advise_sizes": ("an advice", "try fewer policies or a smaller model"),
     "advise": ("an advice", "try fewer policies, a smaller model or turning timing off"),
     "synthesize": ("a synthesis", "try fewer named policies or a smaller model"),
+    "plan": ("a plan", "try fewer plans or tensor sizes, or a smaller model"),
 }
 
 PUBLIC_VISITOR_MAX_JOBS = 2  # one visitor's jobs queued or running at once, all its tabs together

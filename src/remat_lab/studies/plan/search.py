@@ -10,6 +10,7 @@ from remat_lab.config.budget import optimizer_state_bytes
 from remat_lab.studies.plan.fanout import Fanout, default_workers
 from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, step_line
 from remat_lab.studies.plan.space import DEFAULT_PLANS, DEFAULT_TENSOR, Family, meshes, slices_of, splits
+from remat_lab.studies.progress import Step
 
 Progress = Callable[[str], None]
 # A candidate predicted within this share of the HBM is still compiled: the model's error is a few %.
@@ -141,7 +142,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
            extra: list[tuple[str, RunConfig]] | None = None, progress: Progress | None = None) -> dict:
     """Fit, predict, compile the best: ``{"space", "compiled", "lines", "candidates", "extra",
     "wall_s"}``. ``extra``: named configurations compiled beside the search (the published row)."""
-    say = progress or (lambda message: None)
+    say = _Said(progress or (lambda message: None))
     t0 = time.perf_counter()
     space = Space(config, tokens, slices, tuple(tensor), tuple(plans), offload)
     workers = default_workers() if workers is None else workers
@@ -151,6 +152,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     try:
         jobs = [((fam, b, 1), fam.apply(space.config, b, 1)) for fam, b in fit_points(space)]
         jobs += [(("extra", name), c) for name, c in (extra or [])]
+        say.planned = len(jobs) + top + 1
         say(f"fitting the model: {len(jobs)} compiles over {len(space.rows)} meshes and "
             f"{len(plans)} plans, {max(workers, 1)} at a time")
         _collect(pool, jobs, compiled, extras, say)
@@ -166,7 +168,26 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
             "extra": extras, "wall_s": time.perf_counter() - t0}
 
 
-def _collect(pool: Fanout, jobs: list, compiled: dict, extras: dict, say: Progress) -> None:
+class _Said:
+    """The search's progress as counted steps: compiles done of those planned, one row each."""
+
+    def __init__(self, say: Progress) -> None:
+        self.say, self.t0, self.rows, self.planned = say, time.time(), [], 0
+
+    def __call__(self, text: str, row: dict | None = None) -> None:
+        if row is not None:
+            self.rows.append(row)
+        now = time.time()
+        done = len(self.rows)
+        left = (now - self.t0) / done * (self.planned - done) if done and self.planned > done else None
+        self.say(Step(text, phase="compiling", done=done, planned=self.planned or None,
+                      unit="compiles", item="compile", at_most=True, elapsed_s=now - self.t0,
+                      phase_s=now - self.t0, left_s=left, left_why="from the pace so far; the "
+                      "compiles that check the best plans may end the search sooner",
+                      rows=tuple(self.rows), at=now))
+
+
+def _collect(pool: Fanout, jobs: list, compiled: dict, extras: dict, say: _Said) -> None:
     for key, out in pool.run(jobs):
         if isinstance(out, Exception):
             text = str(out).strip()
@@ -175,9 +196,12 @@ def _collect(pool: Fanout, jobs: list, compiled: dict, extras: dict, say: Progre
             extras[key[1]] = out
         else:
             compiled[key] = out
-        say(f"compiled {_key_text(key)}: "
-            + (out.get("error") or ("refused (over HBM)" if out["refused"] else
-                                    f"peak {out['peak_bytes'] / 2**30:.2f} GiB")))
+        said = out.get("error") or ("refused (over HBM)" if out["refused"] else
+                                    f"peak {out['peak_bytes'] / 2**30:.2f} GiB")
+        say(f"compiled {_key_text(key)}: {said}",
+            {"what": _key_text(key), "peak_bytes": None if out.get("error") or out["refused"]
+             else out["peak_bytes"], "predicted_s": out.get("predicted_s"), "took_s": out.get("compile_s"),
+             "error": said if out.get("error") or out["refused"] else None})
 
 
 def _key_text(key: tuple) -> str:
@@ -188,7 +212,7 @@ def _key_text(key: tuple) -> str:
 
 
 def _verify(space: Space, pool: Fanout, candidates: list[dict], compiled: dict, extras: dict,
-            top: int, width: int, say: Progress) -> None:
+            top: int, width: int, say: _Said) -> None:
     """Compile candidates best first (``width`` at a time) until ``top`` compiled ones fit, one
     candidate the fit did not compile is among them (the model's error is measured on it), or none
     is left that the model says may fit."""
