@@ -127,3 +127,15 @@ def test_cli_refuses_a_batch_that_is_not_whole_sequences(capsys):
                    "8", "--global-batch-tokens", "100"])
     err = capsys.readouterr().err
     assert status == 2 and "not whole sequences of 64" in err and "Traceback" not in err
+
+
+def test_also_reads_a_target_its_devices_and_price():
+    import argparse
+
+    from remat_lab.cli.plan import _also_arg
+
+    assert _also_arg("h100:64") == ("h100", 64, None)
+    assert _also_arg("tpu-v5p:128:4.2") == ("tpu-v5p", 128, 4.2)
+    for bad in ("h100", "local:8", "h100:0", "h100:8:-1", "h100:8:1:2", "gpu9:8"):
+        with pytest.raises(argparse.ArgumentTypeError, match="TARGET:DEVICES|a target of"):
+            _also_arg(bad)

@@ -49,6 +49,24 @@ def _tokens_arg(text: str) -> int:
     return value
 
 
+def _also_arg(text: str) -> tuple[str, int, float | None]:
+    """``h100:64`` or ``tpu-v5p:128:4.2``: an accelerator, its devices and optionally its price."""
+    parts = text.split(":")
+    try:
+        target, devices = parts[0], int(parts[1])
+        price = float(parts[2]) if len(parts) > 2 else None
+    except (IndexError, ValueError):
+        raise argparse.ArgumentTypeError(f"--also takes TARGET:DEVICES[:PRICE], e.g. h100:64 or "
+                                         f"tpu-v5p:128:4.2; not {text[:40]!r}") from None
+    named = [t for t in TARGET_NAMES if t != "local"]
+    if (target not in named or not 1 <= devices <= MAX_TARGET_DEVICES or len(parts) > 3
+            or (price is not None and not price > 0)):
+        raise argparse.ArgumentTypeError(f"--also: a target of {', '.join(named)}, 1 to "
+                                         f"{MAX_TARGET_DEVICES} devices and a positive price; "
+                                         f"not {text[:40]!r}")
+    return target, devices, price
+
+
 def add_parsers(sub) -> None:
     """``plan`` under the subcommands ``sub``."""
     p = sub.add_parser("plan", help="the whole run planned: mesh, remat plan, per-device batch, "
@@ -76,6 +94,9 @@ def add_parsers(sub) -> None:
                    help="compiles side by side in worker processes (default: cores, memory allowing)")
     p.add_argument("--price-per-device-hour", type=float, default=None, metavar="USD",
                    help="with it, each plan's cost per million tokens")
+    p.add_argument("--also", type=_also_arg, action="append", default=[], metavar="TARGET:N[:USD]",
+                   help="plan the same model and global batch on another accelerator too, side by "
+                        "side (N devices; USD: its price per device-hour); repeatable")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
 
@@ -93,16 +114,44 @@ def main(args: argparse.Namespace) -> int:
         config = config_from(args)
         if args.price_per_device_hour is not None and not args.price_per_device_hour > 0:
             raise ConfigError("--price-per-device-hour must be a positive number of dollars.")
-        doc = plan(config, global_batch_tokens=args.global_batch_tokens, slices=args.slices,
-                   tensor=tuple(args.tensor or DEFAULT_TENSOR), plans=args.plans or DEFAULT_PLANS,
-                   offload=not args.no_optimizer_offload, top=args.top, workers=args.workers,
-                   cache=not args.no_cache, progress=progress_lines())
-    price = args.price_per_device_hour
+        say = progress_lines()
+        question = dict(global_batch_tokens=args.global_batch_tokens,
+                        tensor=tuple(args.tensor or DEFAULT_TENSOR), plans=args.plans or DEFAULT_PLANS,
+                        offload=not args.no_optimizer_offload,
+                        top=args.top, workers=args.workers, cache=not args.no_cache, progress=say)
+        doc = plan(config, slices=args.slices, **question)
+        _costs(doc, args.price_per_device_hour)
+        across = [(config.target, config.target_devices, args.price_per_device_hour, doc)]
+        for target, devices, price in args.also:
+            say(f"the same question on {devices} x {target}")
+            other = config.replace(target=target, target_devices=devices, mesh=f"fsdp={devices}",
+                                   batch=devices)
+            found = plan(other, **question)
+            _costs(found, price)
+            across.append((target, devices, price, found))
+        if args.also:
+            doc["across"] = [_across_row(*a) for a in across]
+    print(json.dumps(doc, indent=2) if args.json else format_plan(doc))
+    return 0
+
+
+def _costs(doc: dict, price: float | None) -> None:
+    """Each plan's cost per million tokens at ``price`` dollars per device-hour (None without)."""
     for row in doc["plans"] + [r for r in doc["published_rows"] if "error" not in r]:
         tps = row.get("predicted_tokens_per_s_per_device")
         row["cost_per_million_tokens"] = price / 3600 / tps * 1e6 if price and tps else None
-    print(json.dumps(doc, indent=2) if args.json else format_plan(doc))
-    return 0
+
+
+def _across_row(target: str, devices: int, price: float | None, doc: dict) -> dict:
+    """One accelerator's best plan, for the side-by-side table."""
+    best = doc["plans"][0] if doc["plans"] else None
+    tps = best and best["predicted_tokens_per_s_per_device"]
+    return {"target": target, "devices": devices, "price_per_device_hour": price,
+            "best": best and {k: best[k] for k in ("mesh", "plan_text", "per_device_batch", "microbatches",
+                                                   "optimizer_offload", "peak_bytes", "predicted_s",
+                                                   "predicted_mfu", "cost_per_million_tokens")},
+            "predicted_tokens_per_s_per_device": tps,
+            "predicted_tokens_per_s": tps * devices if tps else None, "wall_s": doc["wall_s"]}
 
 
 def _row(r: dict) -> str:
@@ -140,4 +189,14 @@ def format_plan(doc: dict) -> str:
                   "The lab's compile of it:", doc["plans"][0]["run_command"]]
     if doc["left_out"]:
         lines += ["", "left out: " + "; ".join(doc["left_out"])]
+    if doc.get("across"):
+        lines += ["", "Side by side (each accelerator's best plan):"]
+        for a in doc["across"]:
+            b = a["best"]
+            lines.append(f"  {a['devices']} x {a['target']}: " + ("no plan fits" if b is None else (
+                f"{b['mesh']} {b['plan_text']} b{b['per_device_batch']:g}x{b['microbatches']}, step "
+                f"{human_seconds(b['predicted_s'] or 0)}, {a['predicted_tokens_per_s_per_device']:,.0f} "
+                f"tokens/s/device, {a['predicted_tokens_per_s']:,.0f} tokens/s in all"
+                + (f", ${b['cost_per_million_tokens']:.3f} per million tokens"
+                   if b.get("cost_per_million_tokens") else ""))))
     return "\n".join(lines)
