@@ -119,6 +119,7 @@ def main(args: argparse.Namespace) -> int:
                         tensor=tuple(args.tensor or DEFAULT_TENSOR), plans=args.plans or DEFAULT_PLANS,
                         offload=not args.no_optimizer_offload,
                         top=args.top, workers=args.workers, cache=not args.no_cache, progress=say)
+        question["block_from_published"] = "attention_block" not in given(args)
         doc = plan(config, slices=args.slices, **question)
         _costs(doc, args.price_per_device_hour)
         across = [(config.target, config.target_devices, args.price_per_device_hour, doc)]
