@@ -84,10 +84,12 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
         predicted = by_key.get(key)
         row = plan_row(space, fam.apply(space.config, b, m), found, {**(predicted or {}), "plan": fam.plan})
         row["held_out"] = bool(predicted and predicted.get("held_out"))
+        # a compile at a batch only the model needed (not a split of the global batch) is no answer
+        row["answers"] = predicted is not None
         rows.append(row)
         if row["held_out"] and not found["refused"]:
             errors.append(relative_error(predicted["predicted_peak_bytes"], found["peak_bytes"]))
-    fitting = sorted((r for r in rows if r["fits"]),
+    fitting = sorted((r for r in rows if r["fits"] and r["answers"]),
                      key=lambda r: -(r["predicted_tokens_per_s_per_device"] or 0))
     pubs = []
     for name, cfg in published.items():
