@@ -27,7 +27,7 @@ from remat_lab.analysis.predict import kernels_seconds
 from remat_lab.config import get_target
 from remat_lab.config import published as pub
 from remat_lab.program.backend import enable_compilation_cache
-from remat_lab.studies.advisor_search import probe
+from remat_lab.studies.advisor.search import probe
 from remat_lab.studies.published import config_for
 
 OUT = Path(__file__).parent / "tpu_step_model"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from remat_lab.config import RunConfig
 from remat_lab.present.advisor_tables import advice_display_frame
 from remat_lab.studies import advisor
-from remat_lab.studies.batch_search import largest_batch
+from remat_lab.studies.advisor.batch_search import largest_batch
 
 
 def _curve(per_example: int, base: int):
@@ -41,7 +41,7 @@ def test_equal_estimates_on_a_target_recommend_the_smallest_peak():
 
 
 def test_the_timing_race_drops_a_clearly_slower_program_and_keeps_its_time_budget(monkeypatch):
-    from remat_lab.studies import advisor_timing
+    from remat_lab.studies.advisor import timing as advisor_timing
 
     now = [0.0]  # a clock of our own: each call of a synthetic "executable" advances it by its step
 
@@ -74,7 +74,7 @@ def test_the_timing_race_drops_a_clearly_slower_program_and_keeps_its_time_budge
 
 def test_a_probe_a_tpu_refuses_for_its_hbm_is_a_batch_that_does_not_fit():
     from remat_lab.program.backend import needed_bytes
-    from remat_lab.studies import advisor_search
+    from remat_lab.studies.advisor import search as advisor_search
 
     err = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for "
                        "HLO temporaries (32.00G) exceeds available HBM (15.75G).")
@@ -145,7 +145,7 @@ def test_where_xla_decides_batches_above_the_first_refusal_are_compiled_and_the_
     assert "2.2 % under the budget" in found["reason"]
     plain = largest_batch(cfg, budget=225, max_batch=64, measure=_xla_decides(False))
     assert plain["max_batch"] == 11 and plain["checked_above"] == [] and not plain["xla_decided"]
-    from remat_lab.studies.advisor_decision import decide
+    from remat_lab.studies.advisor.decision import decide
     doc = {"rows": [{"policy": "no_remat", **found}], "budget_bytes": 225,
            "recommended": "no_remat", "reason": ""}
     decision = decide(doc, [])

@@ -14,7 +14,9 @@ from remat_lab.analysis.costs import cost_of, memory_report, step_flops
 from remat_lab.cli import main
 from remat_lab.config import ConfigError, RunConfig
 from remat_lab.program.step import build_problem, make_step
-from remat_lab.studies import advisor, advisor_search, advisor_sizing
+from remat_lab.studies import advisor
+from remat_lab.studies.advisor import search as advisor_search
+from remat_lab.studies.advisor import sizing as advisor_sizing
 
 SMALL = RunConfig(model="mlp", width=64, depth=4, stack="scan", batch=1, repeats=3, warmup=1)
 BUDGET = 2 << 20  # lands the largest batch of SMALL between about 100 and 400

@@ -8,8 +8,9 @@ import pytest
 from remat_lab.cli import main
 from remat_lab.config import RunConfig, estimate_bytes
 from remat_lab.present import advisor_tables
-from remat_lab.studies import advisor, advisor_timing
-from remat_lab.studies.advisor_decision import decide, ms, sig
+from remat_lab.studies import advisor
+from remat_lab.studies.advisor import timing as advisor_timing
+from remat_lab.studies.advisor.decision import decide, ms, sig
 
 SMALL = RunConfig(model="mlp", width=64, depth=4, stack="scan", batch=1, repeats=3, warmup=1)
 

@@ -21,7 +21,7 @@ from remat_lab.analysis import hlo
 from remat_lab.analysis.costs import memory_report, program_flops
 from remat_lab.config import RunConfig
 from remat_lab.program.analysis_compile import ANALYSIS_ONLY, compile_for_analysis
-from remat_lab.studies import advisor_search
+from remat_lab.studies.advisor import search as advisor_search
 
 CASES = [
     RunConfig(model="transformer", width=64, seq=32, heads=4, depth=3, stack="scan", batch=4,

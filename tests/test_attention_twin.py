@@ -214,7 +214,7 @@ def plain_peak(config: RunConfig, kernel=None) -> int:
 
 
 def lab_peak(config: RunConfig) -> int:
-    from remat_lab.studies.advisor_search import probe
+    from remat_lab.studies.advisor.search import probe
 
     return probe(config)["peak_bytes"]
 

@@ -62,8 +62,8 @@ SYNTH = [
 @pytest.mark.parametrize("cfg", SYNTH, ids=lambda c: c.preset or c.model)
 def test_synthesize_and_plan_commands_are_the_configuration(cfg):
     """The Synthesize answer's two commands parse back to the configuration it synthesized for."""
-    from remat_lab.studies.synthesize_solve import Plan
-    from remat_lab.studies.synthesize_text import command, run_command
+    from remat_lab.studies.synthesize.solve import Plan
+    from remat_lab.studies.synthesize.text import command, run_command
 
     args = _args(command(cfg, 1 << 30, "max-batch", None, ["nothing_saveable"]))
     assert args.command == "synthesize" and args.policies == ["nothing_saveable"]

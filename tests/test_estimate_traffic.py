@@ -17,7 +17,7 @@ from remat_lab.analysis.estimate import estimate_step, rate_class
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.config import RunConfig, get_target
 from remat_lab.program import targets
-from remat_lab.studies import advisor_search
+from remat_lab.studies.advisor import search as advisor_search
 from remat_lab.studies.experiment import run_experiment
 
 OFFLOADS = dict(model="mlp", stack="scan", width=1024, batch=4096, depth=8, dtype="bfloat16")

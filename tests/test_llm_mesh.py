@@ -61,8 +61,8 @@ from remat_lab.analysis.costs import memory_report
 from remat_lab.config import RunConfig
 from remat_lab.program.step import (abstract_problem, build_problem, device_model_report,
                                     jit_program, jit_step, model_report, program_args)
-from remat_lab.studies.advisor_search import device_fields, probe
-from remat_lab.studies.batch_search import largest_batch
+from remat_lab.studies.advisor.search import device_fields, probe
+from remat_lab.studies.advisor.batch_search import largest_batch
 
 assert jax.device_count() == 4, jax.devices()
 tiny = json.loads(%r)

@@ -17,7 +17,8 @@ from remat_lab.program.backend import ExecutionError, xla_error
 from remat_lab.program.footprint import fit
 from remat_lab.program.step import abstract_problem, jit_step
 from remat_lab.store.results import classify
-from remat_lab.studies import advisor, advisor_search
+from remat_lab.studies import advisor
+from remat_lab.studies.advisor import search as advisor_search
 
 GIB = 1 << 30
 

@@ -102,7 +102,7 @@ def test_a_plans_peak_is_its_own_compile(tiny_plan):
     """The answer is a compiled program's figure: compiled again apart from the search, the top
     plan's configuration has the same per-device peak."""
     from remat_lab.analysis.costs import memory_report
-    from remat_lab.studies.advisor_search import compile_abstract
+    from remat_lab.studies.advisor.search import compile_abstract
     from remat_lab.studies.plan.space import Family
 
     doc, _ = tiny_plan

@@ -34,7 +34,7 @@ from remat_lab.program.step import (
     optimizer,
     program_args,
 )
-from remat_lab.studies.advisor_decision import decide
+from remat_lab.studies.advisor.decision import decide
 
 SMALL = dict(model="llm", vocab=512, width=128, depth=2, heads=4, kv_heads=2, seq=32, batch=4,
              policy="minimal", step="train")

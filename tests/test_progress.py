@@ -176,7 +176,7 @@ def test_an_advice_stopped_at_its_deadline_keeps_the_sized_policies_and_says_why
 
     from remat_lab.serve import quotas, worker
     from remat_lab.studies import advisor
-    from remat_lab.studies.advisor_timing import tracker
+    from remat_lab.studies.advisor.timing import tracker
 
     monkeypatch.setenv(quotas.PUBLIC_ENV, "1" if public else "0")
     monkeypatch.setenv(quotas.DEADLINE_ENV, "120")

@@ -12,7 +12,7 @@ from remat_lab.analysis.costs import program_flops
 from remat_lab.config import RunConfig
 from remat_lab.model.models import build_model
 from remat_lab.studies.synthesize import synthesize
-from remat_lab.studies.synthesize_refine import refine_note
+from remat_lab.studies.synthesize.refine import refine_note
 
 # XLA's analysis-only options (LLVM's optimisation off; HLO passes, and so memory, unchanged)
 OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}

@@ -13,7 +13,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from remat_lab.config import RunConfig
-from remat_lab.studies.advisor_search import probe
+from remat_lab.studies.advisor.search import probe
 
 SAVED = Path(__file__).parent / "load" / "synthesize-llama3-8b-2026-12-04-refined.json"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from remat_lab.studies.synthesize_refine import (
+from remat_lab.studies.synthesize.refine import (
     keeps_at_least,
     moves,
     named_plan,
@@ -17,7 +17,7 @@ from remat_lab.studies.synthesize_refine import (
     refine_note,
     start_from,
 )
-from remat_lab.studies.synthesize_solve import Model, Plan
+from remat_lab.studies.synthesize.solve import Model, Plan
 
 LLM_NAMES = ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from remat_lab.studies.synthesize_solve import MAX_NAMES, Model, Plan, best_under, brute_force, solve
+from remat_lab.studies.synthesize.solve import MAX_NAMES, Model, Plan, best_under, brute_force, solve
 
 
 def _model(seed: int, k: int, layers: int = 4, offload: bool = True) -> Model:
@@ -57,7 +57,7 @@ def test_max_batch_is_the_largest_any_plan_fits_then_the_fewest_recomputed(seed)
     solved = solve(model, budget, "max-batch")
     import itertools
 
-    from remat_lab.studies.synthesize_solve import _plan
+    from remat_lab.studies.synthesize.solve import _plan
     largest = 0
     for r in model.layer_counts:
         for picks in itertools.product(model.choices(), repeat=len(model.names)):
@@ -138,7 +138,7 @@ def test_the_model_is_exact_at_the_batch_it_measured_and_offloaded_bytes_are_on_
     moving, added up across names. Now the lines go through the compiled peaks at 2 and at the
     batch the names are probed at, and an offloaded name has no device bytes per example."""
     from remat_lab.config import RunConfig
-    from remat_lab.studies.synthesize_costs import measure
+    from remat_lab.studies.synthesize.costs import measure
 
     meter = _Programs()
     meter.base = RunConfig(model="mlp", width=64, depth=4, batch=1)

@@ -12,10 +12,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from remat_lab.config import ConfigError, RunConfig
-from remat_lab.studies.synthesize_costs import Meter, measure
-from remat_lab.studies.synthesize_doc import at_named_batch
-from remat_lab.studies.synthesize_refine import objective
-from remat_lab.studies.synthesize_solve import Plan
+from remat_lab.studies.synthesize.costs import Meter, measure
+from remat_lab.studies.synthesize.doc import at_named_batch
+from remat_lab.studies.synthesize.refine import objective
+from remat_lab.studies.synthesize.solve import Plan
 
 SAVED = Path(__file__).parent / "load" / "synthesize-seq_mixer-tpu-v5e-2026-12-02.json"
 GIB = 2**30
@@ -196,7 +196,7 @@ def test_the_saved_tpu_answer_compiles_again_as_plain_jax_checkpoint():
 
 
 def test_the_note_claims_a_named_baseline_only_where_a_plan_was_compared_at_that_batch():
-    from remat_lab.studies.synthesize_doc import _baseline_note
+    from remat_lab.studies.synthesize.doc import _baseline_note
 
     answer = {"recomputed_flops": None, "flops": 5.0}
     alone = _baseline_note(answer, {}, V5E)

@@ -165,7 +165,7 @@ def test_v5e_one_chip_peak_is_hbm_and_xla_peak_counts_vmem(tmp_path):
     peak is above the HBM by most of the VMEM; libtpu's own check fits the program in the probe's
     peak plus 5 %. Capped there it compiles the program with 16 MiB less temp (93.2 MiB), and the
     check refuses that one just below what the lab reads of it."""
-    from remat_lab.studies.advisor_search import probe
+    from remat_lab.studies.advisor.search import probe
 
     shape = dict(width=1024, batch=4096, depth=8)
     found = probe(RunConfig(target="tpu-v5e", policy="nothing_saveable", model="mlp", stack="scan",

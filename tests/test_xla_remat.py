@@ -10,8 +10,9 @@ from remat_lab.analysis.xla_remat import rematerialized, report, sentence
 from remat_lab.config import RunConfig
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
 from remat_lab.program.targets import target_devices
-from remat_lab.studies import advisor, advisor_search
-from remat_lab.studies.advisor_sizing import xla_free
+from remat_lab.studies import advisor
+from remat_lab.studies.advisor import search as advisor_search
+from remat_lab.studies.advisor.sizing import xla_free
 
 # An 8-block scanned MLP at width 16384 and batch 65536 in bfloat16: no_remat needs ~139 GiB on
 # one H100 (80 GB), so XLA's pass rewrites it; nothing_saveable needs far less.
@@ -108,7 +109,7 @@ def test_the_pass_is_described_as_what_it_did(to, failed, words):
 def test_advice_recompute_overhead_is_the_policys_own_when_no_remat_is_rewritten():
     """An advice row at batch 65536: nothing_saveable fits there, no_remat (its model flops) is over
     the H100 and rewritten by XLA; the row's overhead is read from the program as written."""
-    from remat_lab.studies.advisor_sizing import model_flops_at
+    from remat_lab.studies.advisor.sizing import model_flops_at
 
     advisor_search.clear_cache()
     base = RunConfig(**BIG, batch=65536, policy="no_remat")
@@ -130,7 +131,7 @@ def test_model_flops_past_every_probe_when_the_largest_end_is_rewritten():
     """Issue 45 (6): a batch above every probe no_remat's pass left alone, below an end XLA's pass
     rewrote (over the H100), was looked up between two counts of which one was missing:
     ``min() arg is an empty sequence``. It is read on the line to the end's lifted count."""
-    from remat_lab.studies.advisor_sizing import model_flops_at
+    from remat_lab.studies.advisor.sizing import model_flops_at
 
     advisor_search.clear_cache()
     base = RunConfig(**BIG, batch=1, policy="no_remat")
@@ -160,7 +161,7 @@ def test_a_lifted_compile_the_chip_refuses_is_a_finding_not_an_error(monkeypatch
     advise met it after 38 minutes): the Advisor's row keeps XLA's rewrite and says its flops as
     written are unknown, rather than the whole answer ending in that error."""
     from remat_lab.program.backend import xla_error
-    from remat_lab.studies import advisor_sizing
+    from remat_lab.studies.advisor import sizing as advisor_sizing
 
     cfg = RunConfig(model="mlp", width=64, depth=2, batch=8, target="tpu-v5e")
     monkeypatch.setattr(advisor_sizing, "probe", lambda c: {

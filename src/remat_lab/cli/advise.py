@@ -20,7 +20,7 @@ from remat_lab.cli.format import format_table
 from remat_lab.cli.progress import stderr_progress
 from remat_lab.config import LIMITS, batch_rows, human_bytes, mesh_devices, parse_mesh
 from remat_lab.model.models import SEQ_MODELS
-from remat_lab.studies.advisor_decision import STOPPED, precision_sentence, sig
+from remat_lab.studies.advisor.decision import STOPPED, precision_sentence, sig
 
 TIME_BUDGET_S = 60.0  # the CLI's default --time-budget
 MAX_TIME_BUDGET_S = 24 * 3600.0

@@ -229,3 +229,15 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def sig(x: float | None, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant figures with thousands separators; ``""`` for none/NaN."""
+    if x is None or isinstance(x, bool) or not isinstance(x, int | float) or math.isnan(x):
+        return ""
+    if x == 0 or math.isinf(x):
+        return f"{x:g}"
+    v = float(f"{x:.{digits}g}")
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
+    return f"{v:,.{decimals}f}"
+

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from remat_lab.config import human_bytes
-from remat_lab.studies.advisor_decision import batch_words, ms, sig
+from remat_lab.studies.advisor.decision import batch_words, ms, sig
 
 MIB = float(1 << 20)
 

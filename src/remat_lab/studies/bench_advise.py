@@ -32,7 +32,7 @@ def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADV
     from contextlib import nullcontext
 
     from remat_lab.studies import advisor
-    from remat_lab.studies.advisor_sizing import WORKERS
+    from remat_lab.studies.advisor.sizing import WORKERS
 
     out = {"config": config.as_dict(), "budget_bytes": budget, "policies": list(policies),
            "workers": WORKERS}

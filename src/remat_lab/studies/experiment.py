@@ -27,6 +27,7 @@ from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized, sentence
 from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, resolve_budget
+from remat_lab.config.budget import sig
 from remat_lab.model.models import block_names
 from remat_lab.program.analysis_compile import compile_unlimited
 from remat_lab.program.backend import (  # noqa: F401  (ExecutionError: the studies' error type)
@@ -58,7 +59,6 @@ from remat_lab.program.timing import (
     timing_slot,
 )
 from remat_lab.program.tracing import TRACING, trace_and_lower
-from remat_lab.studies.advisor_decision import sig
 from remat_lab.studies.witness_compiles import Witnesses, baseline_program  # noqa: F401 (re-exported)
 
 # The no_remat witness and its cache live in ``witness_compiles`` (beside the main compile).

@@ -39,7 +39,7 @@ def compile_one(fields: dict) -> dict:
     from remat_lab.analysis.estimate import estimate_step
     from remat_lab.analysis.predict import predict_step
     from remat_lab.config import get_target
-    from remat_lab.studies.advisor_search import probe
+    from remat_lab.studies.advisor.search import probe
 
     config = RunConfig(**fields)
     found = probe(config)

@@ -10,9 +10,7 @@ separate, and what this backend cannot show. On a mesh a batch is said per devic
 
 from __future__ import annotations
 
-import math
-
-from remat_lab.config import human_bytes
+from remat_lab.config.budget import human_bytes, sig  # noqa: F401 (sig re-exported)
 from remat_lab.config.catalog import RECIPE
 
 STOPPED = {
@@ -24,17 +22,6 @@ STOPPED = {
     "one program": "only one program was timed",
     "nothing fits for timing": "no policy fit this process's memory for timing",
 }
-
-
-def sig(x: float | None, digits: int = 3) -> str:
-    """``x`` to ``digits`` significant figures with thousands separators; ``""`` for none/NaN."""
-    if x is None or isinstance(x, bool) or not isinstance(x, int | float) or math.isnan(x):
-        return ""
-    if x == 0 or math.isinf(x):
-        return f"{x:g}"
-    v = float(f"{x:.{digits}g}")
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
-    return f"{v:,.{decimals}f}"
 
 
 def ms(seconds: float | None) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.predict import basis, predict_step
 from remat_lab.config import RunConfig, Target, get_target
-from remat_lab.studies.advisor_decision import batch_words, sig
+from remat_lab.studies.advisor.decision import batch_words, sig
 
 
 def estimate_rows(rows: list[dict], configs: dict[str, RunConfig], target: str,

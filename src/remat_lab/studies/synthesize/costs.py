@@ -32,9 +32,9 @@ import jax
 from remat_lab.config import LOCAL, ConfigError, RunConfig, get_target
 from remat_lab.model.models import block_names
 from remat_lab.program.backend import ExecutionError, out_of_memory
-from remat_lab.studies.advisor_search import batch_unit, probe
-from remat_lab.studies.advisor_sizing import xla_free
-from remat_lab.studies.synthesize_solve import MAX_NAMES, Model, Plan
+from remat_lab.studies.advisor.search import batch_unit, probe
+from remat_lab.studies.advisor.sizing import xla_free
+from remat_lab.studies.synthesize.solve import MAX_NAMES, Model, Plan
 
 # The llm's names outside the per-block remat (the embedding, the vocabulary projection): a policy
 # cannot move them, so they are not choices.

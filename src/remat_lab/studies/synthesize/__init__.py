@@ -17,10 +17,10 @@ from remat_lab.model.policies import POLICIES, get_policy
 from remat_lab.program.backend import ExecutionError, out_of_memory
 from remat_lab.program.footprint import fit
 from remat_lab.studies.advisor import advice_budget
-from remat_lab.studies.advisor_search import MAX_BATCH, batch_unit, probe, probed_flops
-from remat_lab.studies.advisor_sizing import model_flops_at, size_policies
-from remat_lab.studies.batch_search import largest_batch
-from remat_lab.studies.synthesize_costs import (
+from remat_lab.studies.advisor.batch_search import largest_batch
+from remat_lab.studies.advisor.search import MAX_BATCH, batch_unit, probe, probed_flops
+from remat_lab.studies.advisor.sizing import model_flops_at, size_policies
+from remat_lab.studies.synthesize.costs import (
     Meter,
     Stopped,
     choice_names,
@@ -29,10 +29,10 @@ from remat_lab.studies.synthesize_costs import (
     plan_config,
     planned_compiles,
 )
-from remat_lab.studies.synthesize_doc import document
-from remat_lab.studies.synthesize_refine import refine, refine_note, start_from
-from remat_lab.studies.synthesize_solve import Model, Plan, min_recompute, solve
-from remat_lab.studies.synthesize_text import custom_flags
+from remat_lab.studies.synthesize.doc import document
+from remat_lab.studies.synthesize.refine import refine, refine_note, start_from
+from remat_lab.studies.synthesize.solve import Model, Plan, min_recompute, solve
+from remat_lab.studies.synthesize.text import custom_flags
 
 GOALS = ("max-batch", "min-recompute")
 ROUNDS = 2  # solve, compile; once more with the budget moved by the model's error

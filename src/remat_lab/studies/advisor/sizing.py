@@ -23,7 +23,8 @@ from remat_lab.analysis.xla_remat import rematerialized
 from remat_lab.analysis.xla_remat import report as xla_remat_report
 from remat_lab.config import LOCAL, RunConfig, get_target
 from remat_lab.program.backend import ExecutionError, out_of_memory
-from remat_lab.studies.advisor_search import (
+from remat_lab.studies.advisor.batch_search import intercept, largest_batch
+from remat_lab.studies.advisor.search import (
     MAX_BATCH,
     Progress,
     batch_unit,
@@ -32,7 +33,6 @@ from remat_lab.studies.advisor_search import (
     probed_flops,
     program_key,
 )
-from remat_lab.studies.batch_search import intercept, largest_batch
 from remat_lab.studies.probe_cache import ProbeCache
 from remat_lab.studies.progress import Tracker
 

@@ -38,7 +38,7 @@ from remat_lab.config.budget import COMPILE_WORKSPACE
 from remat_lab.program.backend import device_memory_limit, xla_error
 from remat_lab.program.step import abstract_problem, build_problem, make_step
 from remat_lab.program.timing import MIN_WARMUP_S, time_executable, timing_slot
-from remat_lab.studies.advisor_search import Progress
+from remat_lab.studies.advisor.search import Progress
 from remat_lab.studies.compare import median_interval
 from remat_lab.studies.progress import Step, Tracker
 

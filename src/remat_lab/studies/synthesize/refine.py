@@ -18,8 +18,8 @@ named policy: its batch, and no more recomputed flops, each figure a compiled pr
 from __future__ import annotations
 
 from remat_lab.model.policies import get_policy
-from remat_lab.studies.synthesize_costs import Stopped
-from remat_lab.studies.synthesize_solve import Model, Plan
+from remat_lab.studies.synthesize.costs import Stopped
+from remat_lab.studies.synthesize.solve import Model, Plan
 
 RANK = {"recompute": 0, "offload": 1, "save": 2}  # what a name keeps on the device, least first
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from remat_lab.config import RunConfig
 from remat_lab.config.cli_flags import shape_flags, target_flags
 from remat_lab.model.policies import POLICIES
-from remat_lab.studies.synthesize_solve import Plan
+from remat_lab.studies.synthesize.solve import Plan
 
 
 def _quoted(names) -> str:

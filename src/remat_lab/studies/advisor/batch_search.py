@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from remat_lab.config import ConfigError, RunConfig, human_bytes
-from remat_lab.studies.advisor_search import MAX_BATCH, Progress, batch_unit, probe
+from remat_lab.studies.advisor.search import MAX_BATCH, Progress, batch_unit, probe
 
 
 def _interpolate(lo: int, p_lo: int, hi: int, p_hi: int, budget: int) -> int:

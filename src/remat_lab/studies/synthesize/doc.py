@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from remat_lab.config import LOCAL, RunConfig, get_target
 from remat_lab.program.backend import environment
-from remat_lab.studies.synthesize_refine import objective as _key
-from remat_lab.studies.synthesize_solve import Model, Plan
-from remat_lab.studies.synthesize_text import (
+from remat_lab.studies.synthesize.refine import objective as _key
+from remat_lab.studies.synthesize.solve import Model, Plan
+from remat_lab.studies.synthesize.text import (
     METHOD,
     command,
     custom_flags,

@@ -34,9 +34,10 @@ from remat_lab.program.backend import ExecutionError, device_memory_limit, envir
 from remat_lab.program.footprint import crowded_sentence, fit, no_fit_sentence
 from remat_lab.program.native_log import logged
 from remat_lab.program.optimizer import precision
-from remat_lab.studies.advisor_decision import decide, sig
-from remat_lab.studies.advisor_estimates import estimate_rows, prediction_basis, recommend_by_estimate
-from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the advisor's public names
+from remat_lab.studies.advisor.batch_search import largest_batch  # noqa: F401 - re-exported
+from remat_lab.studies.advisor.decision import decide, sig
+from remat_lab.studies.advisor.estimates import estimate_rows, prediction_basis, recommend_by_estimate
+from remat_lab.studies.advisor.search import (  # noqa: F401 - re-exported: the advisor's public names
     MAX_BATCH,
     PROBE_CACHE_ENTRIES,
     Progress,
@@ -47,8 +48,8 @@ from remat_lab.studies.advisor_search import (  # noqa: F401 - re-exported: the 
     probe,
     probe_seconds,
 )
-from remat_lab.studies.advisor_sizing import FLOPS_RTOL, WORKERS, model_flops_at, size_policies, xla_free
-from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
+from remat_lab.studies.advisor.sizing import FLOPS_RTOL, WORKERS, model_flops_at, size_policies, xla_free
+from remat_lab.studies.advisor.timing import (  # noqa: F401 - re-exported too
     CALLS_PER_ROUND,
     MAX_ROUNDS,
     MIN_ROUNDS,
@@ -57,7 +58,6 @@ from remat_lab.studies.advisor_timing import (  # noqa: F401 - re-exported too
     time_rows,
     tracker,
 )
-from remat_lab.studies.batch_search import largest_batch  # noqa: F401 - re-exported
 
 
 def advice_budget(budget: str | int | None = None, device_limit: int | None = None, *,
