@@ -152,3 +152,24 @@ def test_where_xla_decides_batches_above_the_first_refusal_are_compiled_and_the_
     assert decision["xla_decided"] and decision["headroom_bytes"] == 5
     assert "XLA's own rematerialization pass decided that batch" in decision["why"]
     assert "batches 13, 14 above the first refusal" in decision["why"]
+
+
+def test_a_refusal_for_pinned_host_memory_is_said_as_the_hosts():
+    """Offloaded activations fill pinned host memory: libtpu's refusal of batch 2 names the host
+    (Mixtral 8x7B on v6e-256 with minimal_offloaded: 11.2 GiB at batch 1, 'would need 133 GiB' at
+    2 was the host's memory, not the chip's)."""
+    from remat_lab.program.backend import refused_memory
+
+    host = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space host. Used 133.00G of 64.00G")
+    hbm = RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 40.00G of 31.25G hbm")
+    assert refused_memory(host) == "host" and refused_memory(hbm) == "hbm"
+
+    def curve(cfg):
+        if cfg.batch == 1:
+            return {"peak_bytes": 12 << 30, "cached": False}
+        return {"peak_bytes": 133 << 30, "cached": False, "refused_memory": "host"}
+
+    found = largest_batch(RunConfig(model="mlp", width=64, batch=1), budget=30 << 30, max_batch=64,
+                          measure=curve)
+    assert found["max_batch"] == 1 and "refuses batch 2 for pinned host memory" in found["reason"]
+    assert "would need" not in found["reason"]

@@ -177,6 +177,13 @@ def needed_bytes(err: BaseException) -> int | None:
     return int(float(m.group(1) or m.group(3)) * 1024 ** " KMGT".index(m.group(2) or m.group(4)))
 
 
+def refused_memory(err: Exception) -> str:
+    """Which memory libtpu's refusal names: ``"host"`` (pinned host memory, as optimizer offload
+    fills it) or ``"hbm"`` (the device's)."""
+    line = str(err).strip().splitlines()[0].lower() if str(err).strip() else ""
+    return "host" if re.search(r"\bhost\b", line) and "hbm" not in line else "hbm"
+
+
 def _preset_hint(config: RunConfig) -> str:
     """Out of memory with a published shape (a preset): what holds it, never a smaller model. The
     static bytes per device against the device's memory (a target's usable share, else the local

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 from remat_lab.config import RunConfig, get_target
 from remat_lab.config import published as pub
-from remat_lab.program.backend import ExecutionError, needed_bytes, out_of_memory
+from remat_lab.program.backend import ExecutionError, needed_bytes, out_of_memory, refused_memory
 from remat_lab.program.timing import Progress
 from remat_lab.studies.experiment import run_experiment
 
@@ -32,13 +30,6 @@ def check(name: str, progress: Progress | None = None) -> dict:
         if not out_of_memory(err):
             raise
         return judge(name, None, refused=err)
-
-
-def refused_memory(err: Exception) -> str:
-    """Which memory libtpu's refusal names: ``"host"`` (pinned host memory, as optimizer offload
-    fills it) or ``"hbm"`` (the device's)."""
-    line = str(err).strip().splitlines()[0].lower() if str(err).strip() else ""
-    return "host" if re.search(r"\bhost\b", line) and "hbm" not in line else "hbm"
 
 
 def judge(name: str, result: dict | None, refused: Exception | None = None) -> dict:

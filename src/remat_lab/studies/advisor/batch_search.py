@@ -161,12 +161,19 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
              "peak_bytes": v["peak_bytes"], "fits": v["peak_bytes"] <= budget}
             for k, v in sorted(probes.items())]
     per = " per device" if rows_per_device > 1 else ""
-    if lo == 0:
+    if lo == 0 and probes[1].get("refused_memory") == "host":
+        reason = (f"does not fit even batch 1{per}: libtpu refuses it for pinned host memory (its "
+                  f"offloaded tensors: {human_bytes(probes[1]['peak_bytes'])} a device)")
+    elif lo == 0:
         reason = (f"does not fit even batch 1{per}: its compiled peak is "
                   f"{human_bytes(probes[1]['peak_bytes'])}, over the budget of {human_bytes(budget)}")
     elif hi is None:
         reason = (f"fits ≥ {max_batch * unit}, the search's limit (the lab searches no larger "
                   "batch): the budget was not reached")
+    elif probes[hi].get("refused_memory") == "host":
+        reason = (f"batch {lo * unit} peaks at {human_bytes(probes[lo]['peak_bytes'])}{per}; libtpu "
+                  f"refuses batch {hi * unit} for pinned host memory (its offloaded tensors: "
+                  f"{human_bytes(probes[hi]['peak_bytes'])} a device), not the device's")
     else:
         reason = (f"batch {lo * unit} peaks at {human_bytes(probes[lo]['peak_bytes'])}{per}; batch "
                   f"{hi * unit} would need {human_bytes(probes[hi]['peak_bytes'])}")

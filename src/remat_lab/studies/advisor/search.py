@@ -42,7 +42,7 @@ from remat_lab.config import (
 )
 from remat_lab.model.models import block_names
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
-from remat_lab.program.backend import needed_bytes, out_of_memory, xla_error
+from remat_lab.program.backend import needed_bytes, out_of_memory, refused_memory, xla_error
 from remat_lab.program.mesh import granules
 from remat_lab.program.step import (
     abstract_problem,
@@ -166,7 +166,8 @@ def _over_the_device(err: Exception) -> dict:
     need = needed_bytes(err) or 1 << 60
     parts = dict.fromkeys(("argument_bytes", "output_bytes", "alias_bytes", "generated_code_bytes"), 0)
     return {"peak_bytes": need, "memory": {"peak_bytes": need, "temp_bytes": need, **parts},
-            "flops": None, "bytes_accessed": None, "fingerprint": f"over the device: {err}"[:240],
+            "refused_memory": refused_memory(err), "flops": None, "bytes_accessed": None,
+            "fingerprint": f"over the device: {err}"[:240],
             "xla_remat": {"applied": False, "instructions": 0}, "traffic": None, "kernels": None,
             "buffers": None}
 
