@@ -189,7 +189,7 @@ def add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
                    help="attention heads (transformer, llm; must divide width unless --head-dim)")
     p.add_argument("--depth", type=int_arg("depth"), default=d.depth, action=Given,
                    help="remat'd blocks (1..16; llm 1..128)")
-    p.add_argument("--stack", choices=STACKS, default=d.stack,
+    p.add_argument("--stack", choices=STACKS, default=d.stack, action=Given,
                    help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
     p.add_argument("--dtype", choices=DTYPES, default=d.dtype, action=Given,
                    help="the compute dtype (an llm preset or llm --step train without dtype flags: "

@@ -104,7 +104,7 @@ def add_parsers(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     """Plan the run ``args`` describe; print it (or the JSON)."""
     from remat_lab.cli.common import given
-    from remat_lab.studies.plan import DEFAULT_PLANS, DEFAULT_TENSOR, plan
+    from remat_lab.studies.plan import DEFAULT_PLANS, DEFAULT_TENSOR, KNOBS, plan
 
     with engine_errors():
         if "attention" not in given(args):
@@ -119,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
                         tensor=tuple(args.tensor or DEFAULT_TENSOR), plans=args.plans or DEFAULT_PLANS,
                         offload=not args.no_optimizer_offload,
                         top=args.top, workers=args.workers, cache=not args.no_cache, progress=say)
-        question["block_from_published"] = "attention_block" not in given(args)
+        question["knobs_from_published"] = tuple(k for k in KNOBS if k not in given(args))
         doc = plan(config, slices=args.slices, **question)
         _costs(doc, args.price_per_device_hour)
         across = [(config.target, config.target_devices, args.price_per_device_hour, doc)]

@@ -83,7 +83,7 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
                     slices=int(payload["slices"]) if payload.get("slices") else None,
                     tensor=tuple(int(t) for t in payload["tensor"]), plans=tuple(payload["plans"]),
                     offload=bool(payload["offload"]), top=int(payload["top"]), workers=0,
-                    block_from_published=True,
+                    knobs_from_published=("attention_block", "stack", "loss_chunks"),
                     progress=progress)
     raise ValueError(f"unknown job kind {kind!r}")
 

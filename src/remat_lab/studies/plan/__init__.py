@@ -7,27 +7,37 @@ from remat_lab.studies.plan.doc import document, published_rows
 from remat_lab.studies.plan.search import Progress, search
 from remat_lab.studies.plan.space import DEFAULT_PLANS, DEFAULT_TENSOR
 
+# What the search takes from a published run of the same question when the command gives none.
+KNOBS = ("attention_block", "stack", "loss_chunks")
+
 
 def plan(config: RunConfig, *, global_batch_tokens: int | None = None, slices: int | None = None,
          tensor: tuple[int, ...] = DEFAULT_TENSOR, plans: tuple[str, ...] = DEFAULT_PLANS,
          offload: bool = True, top: int = 3, workers: int | None = None, cache: bool = True,
-         published: bool = True, block_from_published: bool = False,
+         published: bool = True, knobs_from_published: tuple[str, ...] = (),
          progress: Progress | None = None) -> dict:
     """The whole run planned for ``config``'s model, target and devices (``plan --json``; see
     ``doc.document``): a global batch of ``global_batch_tokens`` (None: as large as fits), the
-    published configuration of the same question compiled beside it when ``published``, and with
-    ``block_from_published`` the attention kernel's block size taken from it (MaxText tunes it per
-    run: 2048 for the v6e's 8k-token runs; the lab's default is 512)."""
+    published configuration of the same question compiled beside it when ``published``, and the
+    fields ``knobs_from_published`` names (of ``KNOBS``: the knobs the search does not range over)
+    taken from it: MaxText tunes them per run (the attention blocks, 2048 for the v6e's 8k-token
+    runs against the lab's 512; its GPU runs' layers unrolled, ``scan_layers: false``; its vocabulary
+    loss whole, ``num_vocab_tiling: 1``, where a preset's is in 8 chunks)."""
     from remat_lab.studies.published import config_for
 
     sequences = None if global_batch_tokens is None else global_batch_tokens // config.seq
     pubs = {name: config_for(name)[0] for name in published_rows(config, sequences)} if published else {}
-    if block_from_published and pubs:
-        config = config.replace(attention_block=next(iter(pubs.values())).attention_block)
+    taken = {}
+    if pubs and knobs_from_published:
+        first = next(iter(pubs.values()))
+        taken = {k: getattr(first, k) for k in knobs_from_published if k in KNOBS}
+        config = config.replace(**taken)
     result = search(config, tokens=global_batch_tokens, slices=slices, tensor=tensor, plans=plans,
                     offload=offload, top=top, workers=workers, cache=cache,
                     extra=list(pubs.items()), progress=progress)
-    return document(result["space"], result, pubs, top)
+    doc = document(result["space"], result, pubs, top)
+    doc["knobs_from_published"] = taken
+    return doc
 
 
-__all__ = ["DEFAULT_PLANS", "DEFAULT_TENSOR", "plan"]
+__all__ = ["DEFAULT_PLANS", "DEFAULT_TENSOR", "KNOBS", "plan"]
