@@ -10,7 +10,8 @@ from remat_lab.studies.plan.space import plan_label
 from remat_lab.studies.plan.texts import maxtext_flags, maxtext_yaml, run_command
 
 METHOD = ("Each mesh's first plan is compiled at two per-device batches of one step and every other "
-          "plan at the largest (the mesh's batch-independent bytes shared): the compiled peak and the "
+          "plan at the largest (the mesh's batch-independent bytes shared; a plan the compiler refuses there "
+          "at the smallest too): the compiled peak and the "
           "predicted step (analysis/predict.py) are lines in the per-device batch. Every split of the "
           "global batch into per-device batch x accumulation steps, with and without the optimizer's "
           "state on the host (its bytes off the device, its transfer over the host link), is predicted "

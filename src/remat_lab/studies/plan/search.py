@@ -90,6 +90,18 @@ def fit_points(space: Space) -> list[tuple[Family, int]]:
     return jobs
 
 
+def second_points(space: Space, compiled: dict) -> list[tuple[tuple, RunConfig]]:
+    """A plan the compiler refused at its largest per-device batch compiled at the smallest too:
+    the line through a refusal (libtpu's temporaries after XLA's own rematerialization tried to fit
+    them) is not the plan's, and its splits with accumulation run at the small batches."""
+    out = []
+    for fam in (f for f in space.families if not f.optimizer_offload):
+        pts = {b: c for (f, b, m), c in compiled.items() if f == fam and m == 1 and not c.get("error")}
+        if pts and all(c["refused"] for c in pts.values()) and 1 not in pts:
+            out.append(((fam, 1, 1), fam.apply(space.config, 1, 1)))
+    return out
+
+
 def fit(space: Space, compiled: dict) -> dict[Family, dict]:
     """Each family's peak and step lines from the compiled points (``compiled[(family, b, 1)]``)."""
     lines: dict[Family, dict] = {}
@@ -99,6 +111,10 @@ def fit(space: Space, compiled: dict) -> dict[Family, dict]:
         for fam in fams:
             pts = [(b, c) for (f, b, m), c in compiled.items()
                    if f == fam and m == 1 and c and not c.get("error")]
+            # a refusal's bytes are libtpu's HLO temporaries after XLA's own rematerialization tried
+            # to fit them: a line through compiled points where the family has two
+            ok = [(b, c) for b, c in pts if not c["refused"]]
+            pts = ok if len(ok) >= 2 or (ok and base is not None) else pts
             peak = peak_line([(b, c["peak_bytes"]) for b, c in pts], base and base["peak"].a)
             step = step_line([(b, c["predicted_s"]) for b, c in pts if c.get("predicted_s")],
                              base and base["step"])
@@ -156,6 +172,11 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
         say(f"fitting the model: {len(jobs)} compiles over {len(space.rows)} meshes and "
             f"{len(plans)} plans, {max(workers, 1)} at a time")
         _collect(pool, jobs, compiled, extras, say)
+        again = second_points(space, compiled)
+        if again:
+            say.planned += len(again)
+            say(f"{len(again)} plans refused at their largest batch: each compiled at its smallest too")
+            _collect(pool, again, compiled, extras, say)
         lines = fit(space, compiled)
         candidates = predict(space, lines)
         say("estimate (the model, not yet compiled): " + "; ".join(
