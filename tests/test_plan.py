@@ -81,7 +81,7 @@ def tiny_plan():
     from remat_lab.studies.plan import plan
 
     lines = []
-    doc = plan(RunConfig(**TINY), global_batch_tokens=64 * 8 * 2, tensor=(1,), plans=("full",),
+    doc = plan(RunConfig(**TINY), global_batch_tokens=64 * 8 * 4, tensor=(1,), plans=("full",),
                offload=False, top=2, workers=0, cache=False, progress=lines.append)
     return doc, lines
 

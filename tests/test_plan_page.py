@@ -19,7 +19,7 @@ TINY = dict(model="llm", width=64, heads=4, depth=1, seq=64, vocab=256, mlp_dim=
 def tiny_doc():
     """A plan from the app's worker job (``in_worker.execute``), as the page would get it."""
     lines = []
-    doc = execute("plan", {"config": TINY, "global_batch_tokens": 64 * 8 * 2, "slices": None,
+    doc = execute("plan", {"config": TINY, "global_batch_tokens": 64 * 8 * 4, "slices": None,
                            "tensor": [1], "plans": ["full"], "offload": False, "top": 2}, lines.append)
     assert lines and doc["plans"]
     return doc

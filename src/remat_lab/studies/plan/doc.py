@@ -11,7 +11,8 @@ from remat_lab.studies.plan.texts import maxtext_flags, maxtext_yaml, run_comman
 
 METHOD = ("Each mesh's first plan is compiled at two per-device batches of one step and every other "
           "plan at the largest (the mesh's batch-independent bytes shared; a plan the compiler refuses there "
-          "at the smallest too): the compiled peak and the "
+          "at the smallest too; the first with accumulation steps, what accumulating adds on that mesh): the "
+          "compiled peak and the "
           "predicted step (analysis/predict.py) are lines in the per-device batch. Every split of the "
           "global batch into per-device batch x accumulation steps, with and without the optimizer's "
           "state on the host (its bytes off the device, its transfer over the host link), is predicted "

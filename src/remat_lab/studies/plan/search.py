@@ -75,18 +75,23 @@ class Space:
         return b * m * rows * self.config.seq / self.devices
 
 
-def fit_points(space: Space) -> list[tuple[Family, int]]:
-    """The compiles that fit the model: per mesh the first plan at the largest and smallest
-    per-device batch of one step (the mesh's intercept), every other plan at the largest; optimizer
-    offload is predicted from the plan without it (the moments' bytes off the device)."""
+def fit_points(space: Space) -> list[tuple[Family, int, int]]:
+    """The compiles that fit the model, ``(family, per-device batch, microbatches)``: per mesh the
+    first plan at the largest and smallest per-device batch of one step (the mesh's intercept) and
+    at the first split with accumulation (what accumulating adds: f32 gradient sums, and the
+    gathered weights XLA may keep across the microbatches), every other plan at the largest;
+    optimizer offload is predicted from the plan without it (the moments' bytes off the device)."""
     jobs = []
     for mesh, per_row in space.rows.items():
         hi = per_row if per_row is not None else 2
         lo = 1
+        accumulated = [(b, m) for b, m in space.splits(mesh, hi) if m > 1]
         for i, fam in enumerate(f for f in space.families if f.mesh == mesh and not f.optimizer_offload):
-            jobs.append((fam, hi))
+            jobs.append((fam, hi, 1))
             if i == 0 and lo != hi:
-                jobs.append((fam, lo))
+                jobs.append((fam, lo, 1))
+            if i == 0 and accumulated:
+                jobs.append((fam, *accumulated[0]))
     return jobs
 
 
@@ -122,13 +127,20 @@ def fit(space: Space, compiled: dict) -> dict[Family, dict]:
             lines[fam] = entry
             if base is None and peak is not None:
                 base = entry
+                acc = [(b, c["peak_bytes"]) for (f, b, m), c in compiled.items() if f == fam and m > 1
+                       and not c.get("error") and not c["refused"]]
+                base["accumulation"] = acc[0][1] - peak.at(acc[0][0]) if acc else None
+        for fam in fams:
+            if base is not None:
+                lines[fam]["accumulation"] = base["accumulation"]
         for fam in fams:
             on = Family(fam.mesh, fam.plan, True)
             if on in space.families and lines[fam]["peak"] is not None:
                 drop = space.state_per_device(on)
                 p, s = lines[fam]["peak"], lines[fam]["step"]
                 lines[on] = {"peak": Line(p.a - drop, p.slope),
-                             "step": s and Line(s.a + space.offload_s(on), s.slope), "refused": False}
+                             "step": s and Line(s.a + space.offload_s(on), s.slope), "refused": False,
+                             "accumulation": lines[fam].get("accumulation")}
     return lines
 
 
@@ -142,7 +154,10 @@ def predict(space: Space, lines: dict[Family, dict]) -> list[dict]:
             continue
         most = int((space.hbm - peak.a) // peak.slope) if peak.slope > 0 else 1
         for b, m in space.splits(fam.mesh, most):
-            p = peak.at(b) + (space.state_per_device(fam) / 2 if m > 1 else 0)  # f32 gradient sums
+            # accumulating adds what the mesh's compile with microbatches measured, else the f32
+            # gradient sums' bytes
+            acc = line.get("accumulation")
+            p = peak.at(b) + ((space.state_per_device(fam) / 2 if acc is None else acc) if m > 1 else 0)
             s = accumulated_step(step, b, m) if step else None
             tok = space.tokens_per_device(fam, b, m)
             rows.append({"family": fam, "per_device_batch": b, "microbatches": m,
@@ -166,7 +181,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     compiled: dict[tuple, dict] = {}
     extras: dict[str, dict] = {}
     try:
-        jobs = [((fam, b, 1), fam.apply(space.config, b, 1)) for fam, b in fit_points(space)]
+        jobs = [((fam, b, m), fam.apply(space.config, b, m)) for fam, b, m in fit_points(space)]
         jobs += [(("extra", name), c) for name, c in (extra or [])]
         say.planned = len(jobs) + top + 1
         say(f"fitting the model: {len(jobs)} compiles over {len(space.rows)} meshes and "
