@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from .catalog import SEQ_MODELS, USER_MODEL
+from .mesh_text import mesh_devices
 from .run import NAME_FIELDS, RunConfig
 
 
@@ -58,3 +59,16 @@ def target_flags(cfg: RunConfig) -> list[str]:
         return []
     return [f"--target {cfg.target}"] + ([f"--target-devices {cfg.target_devices}"]
                                           if cfg.target_devices > 1 else [])
+
+
+def run_command(cfg: RunConfig) -> str:
+    """The ``python -m remat_lab run ... --json`` call that gives ``cfg``'s numbers (the app's and
+    the planner's plans reproduced from a terminal)."""
+    parts = ["python -m remat_lab run", *shape_flags(cfg), f"--policy {cfg.policy}", *name_flags(cfg),
+             f"--objective {cfg.objective}", f"--repeats {cfg.repeats}"]
+    parts += target_flags(cfg)
+    if cfg.mesh and cfg.target == "local":  # emulated CPU devices where there are no accelerators
+        parts += [f"--mesh {cfg.mesh}", f"--host-devices {mesh_devices(cfg.mesh)}"]
+    elif cfg.mesh:  # a named target's devices: compiled for, no host devices needed
+        parts += [f"--mesh {cfg.mesh}"]
+    return " ".join(parts + ["--json"])

@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import inspect
 
-from remat_lab.config import ConfigError, RunConfig, mesh_devices
-from remat_lab.config.cli_flags import name_flags, shape_flags, target_flags
+from remat_lab.config import ConfigError, RunConfig
+from remat_lab.config.cli_flags import name_flags, run_command, shape_flags, target_flags
 from remat_lab.model import models
 from remat_lab.model.models import USER_MODEL
 from remat_lab.model.policies import policy_code
@@ -19,14 +19,7 @@ from remat_lab.model.policies import policy_code
 
 def cli_command(cfg: RunConfig) -> str:
     """The ``python -m remat_lab run ... --json`` call that gives the same numbers as the app."""
-    parts = ["python -m remat_lab run", *shape_flags(cfg), f"--policy {cfg.policy}", *name_flags(cfg),
-             f"--objective {cfg.objective}", f"--repeats {cfg.repeats}"]
-    parts += target_flags(cfg)
-    if cfg.mesh and cfg.target == "local":  # emulated CPU devices where there are no accelerators
-        parts += [f"--mesh {cfg.mesh}", f"--host-devices {mesh_devices(cfg.mesh)}"]
-    elif cfg.mesh:  # a named target's devices: compiled for, no host devices needed
-        parts += [f"--mesh {cfg.mesh}"]
-    return " ".join(parts + ["--json"])
+    return run_command(cfg)
 
 
 def advise_command(cfg: RunConfig, budget: str, policies: list[str], timing: bool = True,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from remat_lab.analysis.predict import rates
 from remat_lab.config import RunConfig, batch_rows, get_target, llm_model_flops, parse_mesh
 from remat_lab.config import published as pub
+from remat_lab.config.cli_flags import run_command
 from remat_lab.studies.plan.fit import relative_error
 from remat_lab.studies.plan.search import Space
 from remat_lab.studies.plan.space import plan_label
-from remat_lab.studies.plan.texts import maxtext_flags, maxtext_yaml, run_command
+from remat_lab.studies.plan.texts import maxtext_flags, maxtext_yaml
 
 METHOD = ("Each mesh's first plan is compiled at two per-device batches of one step and every other "
           "plan at the largest (the mesh's batch-independent bytes shared; a plan the compiler refuses there "
@@ -20,21 +22,18 @@ METHOD = ("Each mesh's first plan is compiled at two per-device batches of one s
           "and one the fit did not compile was among them. Every figure of a plan is its compile's.")
 
 
-def _rates(space: Space, config: RunConfig, step_s: float | None) -> tuple[float | None, float | None]:
-    """Predicted tokens/s per device and MFU (MaxText's model flops at the bf16 peak) at ``step_s``."""
-    if not step_s:
-        return None, None
-    target = get_target(config.target)
-    tokens = config.batch * config.seq / config.target_devices
-    peak = target.peak_flops.get("bfloat16")
-    mfu = llm_model_flops(config) / config.target_devices / (step_s * peak) if peak else None
-    return tokens / step_s, mfu
+def _rates(config: RunConfig, step_s: float | None) -> tuple[float | None, float | None]:
+    """Predicted tokens/s per device and MFU (MaxText's model flops, ``config.budget``, at the bf16
+    peak) at ``step_s`` (``analysis/predict.rates``)."""
+    found = rates(step_s, model_flops=llm_model_flops(config) / config.target_devices,
+                  tokens=config.batch * config.seq / config.target_devices, target=get_target(config.target))
+    return found["predicted_tokens_per_s_per_device"], found["predicted_mfu"]
 
 
 def plan_row(space: Space, config: RunConfig, found: dict, predicted: dict | None) -> dict:
     """One compiled plan as the document gives it."""
     step = found.get("predicted_s") or found.get("bound_s")
-    tps, mfu = _rates(space, config, step)
+    tps, mfu = _rates(config, step)
     return {"mesh": config.mesh, "plan": (predicted or {}).get("plan") or _plan_of(config),
             "plan_text": plan_label((predicted or {}).get("plan") or _plan_of(config)),
             "policy": config.policy, "save_names": list(config.save_names),

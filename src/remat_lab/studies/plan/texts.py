@@ -1,12 +1,9 @@
-"""A plan as MaxText's knobs (YAML and command-line flags) and as the lab's own `run` command."""
+"""A plan as MaxText's knobs: its YAML and its command-line flags (the lab's `run`: config.cli_flags)."""
 
 from __future__ import annotations
 
-import shlex
-
 from remat_lab.config import RunConfig, mesh_parts
 from remat_lab.config.catalog import NAMES
-from remat_lab.config.cli_flags import name_flags, shape_flags, target_flags
 
 
 def maxtext_knobs(config: RunConfig) -> dict:
@@ -48,12 +45,3 @@ def _yaml_value(v: object) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     return f"'{v}'" if isinstance(v, str) else str(v)
-
-
-def run_command(config: RunConfig) -> str:
-    """The lab's ``run`` command that compiles ``config`` (its figures reproduced)."""
-    parts = ["python -m remat_lab run", *shape_flags(config), f"--policy {config.policy}",
-             *name_flags(config), *target_flags(config)]
-    if config.mesh:
-        parts.append(f"--mesh {shlex.quote(config.mesh)}")
-    return " ".join(parts)
