@@ -163,3 +163,34 @@ def test_a_plans_run_command_gives_its_configuration_and_its_figures(tiny_plan):
     assert cfg.replace(repeats=planned.repeats, warmup=planned.warmup, objective=planned.objective) == planned
     result = run_experiment(cfg, timing=False)
     assert result["memory"]["peak_bytes"] == top["peak_bytes"]
+
+
+def test_the_best_families_are_measured_on_their_own():
+    """A family whose line borrowed the mesh's intercept and whose candidates accumulate gets its
+    own second batch and its own compile with accumulation steps; the refit then uses them (what
+    accumulating adds is the family's own, not the mesh's first plan's)."""
+    from remat_lab.studies.plan.search import Space, fit, predict, refine_points
+
+    space = Space(RunConfig(**TINY), 64 * 8 * 4, None, (1,), ("full", "minimal_with_context"), False)
+    full, mwc = (Family("fsdp=8", p) for p in ("full", "minimal_with_context"))
+
+    def point(peak, step):
+        return {"peak_bytes": peak, "predicted_s": step, "refused": False}
+
+    compiled = {(full, 4, 1): point(400, 4.0), (full, 1, 1): point(100, 1.0),
+                (full, 2, 2): point(300, 4.0), (mwc, 4, 1): point(500, 2.0)}
+    lines = fit(space, compiled)
+    assert lines[full]["accumulation"] == pytest.approx(100)
+    assert lines[mwc]["accumulation"] == pytest.approx(100)  # borrowed from the mesh's first plan
+    assert lines[mwc]["peak"].a == pytest.approx(lines[full]["peak"].a)  # and its intercept
+    candidates = predict(space, lines)
+    assert candidates[0]["family"] == mwc  # the faster plan first
+    again = refine_points(space, compiled, candidates, top=1)
+    assert [key for key, _ in again] == [(mwc, 1, 1), (mwc, 2, 2)]
+    assert again[1][1].microbatches == 2 and again[1][1].policy == "minimal_with_context"
+    compiled.update({(mwc, 1, 1): point(150, 0.5), (mwc, 2, 2): point(600, 2.0)})
+    lines = fit(space, compiled)
+    own = lines[mwc]["peak"]
+    assert own.at(1) == pytest.approx(150) and own.at(4) == pytest.approx(500)
+    assert lines[mwc]["accumulation"] == pytest.approx(600 - own.at(2))
+    assert refine_points(space, compiled, predict(space, lines), top=1) == []

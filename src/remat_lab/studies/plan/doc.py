@@ -18,7 +18,10 @@ METHOD = ("Each mesh's first plan is compiled at two per-device batches of one s
           "predicted step (analysis/predict.py) are lines in the per-device batch. Every split of the "
           "global batch into per-device batch x accumulation steps, with and without the optimizer's "
           "state on the host (its bytes off the device, its transfer over the host link), is predicted "
-          "from them; the best are compiled at full size, best first, until the top ones compiled fit "
+          "from them; the families of the best candidates are then measured on their own (a second "
+          "batch where their line had one point, their own compile with accumulation steps where "
+          "they accumulate) and every candidate predicted again; the best are compiled at full size, "
+          "best first, until the top ones compiled fit "
           "and one the fit did not compile was among them. Every figure of a plan is its compile's.")
 
 

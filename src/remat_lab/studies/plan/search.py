@@ -123,15 +123,14 @@ def fit(space: Space, compiled: dict) -> dict[Family, dict]:
             peak = peak_line([(b, c["peak_bytes"]) for b, c in pts], base and base["peak"].a)
             step = step_line([(b, c["predicted_s"]) for b, c in pts if c.get("predicted_s")],
                              base and base["step"])
-            entry = {"peak": peak, "step": step, "refused": any(c["refused"] for _, c in pts)}
+            entry = {"peak": peak, "step": step, "refused": any(c["refused"] for _, c in pts),
+                     "accumulation": _accumulation(fam, peak, compiled)}
             lines[fam] = entry
             if base is None and peak is not None:
                 base = entry
-                acc = [(b, c["peak_bytes"]) for (f, b, m), c in compiled.items() if f == fam and m > 1
-                       and not c.get("error") and not c["refused"]]
-                base["accumulation"] = acc[0][1] - peak.at(acc[0][0]) if acc else None
         for fam in fams:
-            if base is not None:
+            # a family whose own compile with accumulation steps was not made borrows the mesh's
+            if base is not None and lines[fam]["accumulation"] is None:
                 lines[fam]["accumulation"] = base["accumulation"]
         for fam in fams:
             on = Family(fam.mesh, fam.plan, True)
@@ -142,6 +141,51 @@ def fit(space: Space, compiled: dict) -> dict[Family, dict]:
                              "step": s and Line(s.a + space.offload_s(on), s.slope), "refused": False,
                              "accumulation": lines[fam].get("accumulation")}
     return lines
+
+
+def _accumulation(fam: Family, peak: Line | None, compiled: dict) -> float | None:
+    """What accumulation steps add to ``fam``'s peak, from its own compile with them (the f32
+    gradient sums, and the gathered weights XLA may keep across microbatches); None without one."""
+    acc = [(b, c["peak_bytes"]) for (f, b, m), c in compiled.items() if f == fam and m > 1
+           and not c.get("error") and not c["refused"]]
+    return acc[0][1] - peak.at(acc[0][0]) if acc and peak is not None else None
+
+
+def refine_points(space: Space, compiled: dict, candidates: list[dict], top: int
+                  ) -> list[tuple[tuple, RunConfig]]:
+    """The families of the best predicted candidates measured on their own before any is checked:
+    a second batch where a family's line has one compiled point (it borrowed the mesh's
+    batch-independent bytes) and its own compile with accumulation steps where its candidates
+    accumulate (what that adds depends on the plan). The families of the first ``2 * top``
+    candidates predicted to fit, at most ``top + 1`` of them."""
+    best: list[Family] = []
+    accumulating: set[Family] = set()
+    for c in [c for c in candidates if c["predicted_fits"]][:2 * top]:
+        fam = Family(c["family"].mesh, c["family"].plan, False)
+        if fam not in best and len(best) <= top:
+            best.append(fam)
+        if c["microbatches"] > 1:
+            accumulating.add(fam)
+    out = []
+    for fam in best:
+        own = {b: c for (f, b, m), c in compiled.items() if f == fam and m == 1 and not c.get("error")}
+        ok = [b for b, c in own.items() if not c["refused"]]
+        if len(ok) < 2:
+            batch = 1 if 1 not in own else next(
+                (b for b in sorted({c["per_device_batch"] for c in candidates if c["predicted_fits"]
+                                    and (c["family"].mesh, c["family"].plan) == (fam.mesh, fam.plan)},
+                                   reverse=True)
+                 if b not in own and b > 1), None)
+            if batch is not None:
+                out.append(((fam, batch, 1), fam.apply(space.config, batch, 1)))
+        has_acc = any(f == fam and m > 1 and not c.get("error") and not c["refused"]
+                      for (f, b, m), c in compiled.items())
+        if fam in accumulating and not has_acc:
+            # the family's accumulating split with the largest per-device batch (the others keep
+            # their own compile for the check)
+            b, m = next((b, m) for b, m in space.splits(fam.mesh, None) if m > 1)
+            out.append(((fam, b, m), fam.apply(space.config, b, m)))
+    return [job for job in out if job[0] not in compiled]
 
 
 def predict(space: Space, lines: dict[Family, dict]) -> list[dict]:
@@ -194,6 +238,16 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
             _collect(pool, again, compiled, extras, say)
         lines = fit(space, compiled)
         candidates = predict(space, lines)
+        for _ in range(2):  # the best families measured on their own, then predicted again
+            again = refine_points(space, compiled, candidates, top)
+            if not again:
+                break
+            say.planned += len(again)
+            say(f"the best families measured on their own: {len(again)} compiles (a second batch, "
+                "their own accumulation steps)")
+            _collect(pool, again, compiled, extras, say)
+            lines = fit(space, compiled)
+            candidates = predict(space, lines)
         say("estimate (the model, not yet compiled): " + "; ".join(
             f"{c['family'].mesh} {c['family'].plan} b{c['per_device_batch']}x{c['microbatches']}"
             for c in candidates[:3] if c["predicted_fits"]))
