@@ -173,7 +173,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     result["residuals"] = dis.residuals
     result["dots"] = dis.dots
     result["totals"] = dis.totals
-    result["notes"] = dis.notes
+    result["notes"] = [n for n in (_retried(witnesses),) if n] + dis.notes
     result["texts"] = dis.texts
     return _with_program(config, result, problem)
 
@@ -373,7 +373,16 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         result["target"] = target.as_dict()
     if "sharding" in sec:
         result["sharding"] = sec["sharding"]
-    notes = [sec["witness_left_out"], *dis.notes] if sec["witness_left_out"] else dis.notes
+    notes = [n for n in (sec["witness_left_out"], _retried(witnesses)) if n] + dis.notes
     result.update(residuals=dis.residuals, dots=dis.dots, totals=dis.totals, notes=notes,
                   texts=dis.texts)
     return _with_program(config, result, problem)
+
+
+def _retried(witnesses: Witnesses) -> str | None:
+    """The note for a witness traced again alone after JAX's tracing store was found occupied."""
+    if not getattr(witnesses, "retried", False):
+        return None
+    return ("The no_remat witness, traced in a thread beside this program, met JAX's tracing store "
+            "already written (StoreException: Store occupied); it was traced again alone, after "
+            "the main program, and its figures are that second trace's.")

@@ -68,6 +68,7 @@ class Witnesses:
     def __init__(self, config: RunConfig, problem: Problem, *, reference: bool = True,
                  parallel: bool = True):
         self.config = config
+        self.retried = False
         self._base: Future | None = None
         self._reference: Future | None = None
         if parallel:
@@ -80,7 +81,16 @@ class Witnesses:
         wait([f for f in (self._base, self._reference) if f is not None])
 
     def baseline(self) -> dict:
-        """No_remat's program: from the thread, else (not started in parallel) compiled now."""
+        """No_remat's program: from the thread, else (not started in parallel) compiled now. A
+        thread's trace that met JAX's tracing store already written (``StoreException: Store
+        occupied``, issue 46; ``program/tracing`` should prevent it) is traced again here, alone,
+        and ``retried`` says so."""
         if self._base is None:
             return baseline_program(self.config)
-        return self._base.result()
+        try:
+            return self._base.result()
+        except Exception as err:
+            if type(err).__name__ != "StoreException":
+                raise
+            self.retried = True
+            return baseline_program(self.config)
