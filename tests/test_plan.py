@@ -194,3 +194,26 @@ def test_the_best_families_are_measured_on_their_own():
     assert own.at(1) == pytest.approx(150) and own.at(4) == pytest.approx(500)
     assert lines[mwc]["accumulation"] == pytest.approx(600 - own.at(2))
     assert refine_points(space, compiled, predict(space, lines), top=1) == []
+
+
+def test_an_optimizer_offload_family_goes_through_its_own_compiles():
+    """With no compile of its own, the plan's line less the moments' bytes; through one compile,
+    the plan's line moved to it; through two, its own line (the compiler may keep the moments on
+    the chip around the update, so the drop is not the moments' bytes)."""
+    from remat_lab.studies.plan.search import Space, fit
+
+    space = Space(RunConfig(**TINY), 64 * 8 * 4, None, (1,), ("full",), True)
+    full, on = Family("fsdp=8", "full"), Family("fsdp=8", "full", True)
+    assert on in space.families
+
+    def point(peak):
+        return {"peak_bytes": peak, "predicted_s": 1.0, "refused": False}
+
+    compiled = {(full, 4, 1): point(4000), (full, 1, 1): point(1000)}
+    drop = space.state_per_device(on)
+    assert fit(space, compiled)[on]["peak"].at(2) == pytest.approx(2000 - drop)
+    compiled[(on, 4, 1)] = point(4100)
+    assert fit(space, compiled)[on]["peak"].at(2) == pytest.approx(2100)
+    compiled[(on, 1, 1)] = point(900)
+    line = fit(space, compiled)[on]["peak"]
+    assert line.at(1) == pytest.approx(900) and line.at(4) == pytest.approx(4100)
