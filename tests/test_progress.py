@@ -88,6 +88,12 @@ def test_the_advice_reports_each_policy_s_row_as_it_is_sized():
         assert row["max_batch"] == by_policy[row["policy"]]["max_batch"]
         assert row["peak_bytes"] == by_policy[row["policy"]]["peak_bytes"]
         assert "probes" not in row
+    # after the sizing, every phase to the last is a counted step (issue 46: minutes were silent)
+    phases = [s.phase for s in got if isinstance(s, Step)]
+    assert phases[-1] == "answers" and phases.index("model flops") > phases.index("sizing")
+    for name, planned in (("model flops", len({r["max_batch"] for r in doc["rows"]})), ("answers", 2)):
+        last = [s for s in got if isinstance(s, Step) and s.phase == name][-1]
+        assert last.done == last.planned == planned and last.elapsed_s is not None
 
 
 def test_a_stop_that_names_a_reason_is_recorded_as_that_reason():

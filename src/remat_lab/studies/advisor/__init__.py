@@ -220,7 +220,13 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         raise xla_error("compiling", err.__cause__ or err, base_cfg) from err
     rows = [{"policy": p, **sized[p], **device_fields(configs[p], sized[p])} for p in chosen]
     # Model FLOPs: the no_remat program's count at each policy's largest batch.
-    model_flops, on_line = model_flops_at(base_cfg, {r["max_batch"] for r in rows if r["max_batch"]})
+    answers = {r["max_batch"] for r in rows if r["max_batch"]}
+    say.phase("model flops", planned=len(answers), unit="batches counted", item="batch",
+              after="then each answer's program read")
+    model_flops, on_line = model_flops_at(
+        base_cfg, answers, lambda b: say.finished(None, f"model flops: no_remat's program at batch {b}"))
+    say.phase("answers", planned=sum(1 for r in rows if r["max_batch"]), unit="answers read",
+              item="policy", after="then the timing" if timing else "")
     for r in rows:
         r.update(step_time_s=None, step_time_ci_s=None, examples_per_s=None, examples_per_s_ci=None,
                  model_flops=None, hardware_flops=None, model_flops_per_s=None,
@@ -234,9 +240,10 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
         r["model_flops"] = model_flops[r["max_batch"]]
         r["fingerprint"] = probe(at)["fingerprint"]
         _overheads(r, xla_free(at))
-        if r["xla_remat"]["applied"]:
-            say(f"{r['policy']}: XLA's own rematerialization rewrote the program at batch "
-                f"{r['max_batch']}")
+        said = (f"XLA's own rematerialization rewrote the program at batch {r['max_batch']} "
+                "(compiled again with its limit lifted)" if r["xla_remat"]["applied"]
+                else f"its program at batch {r['max_batch']} read")
+        say.finished(None, f"{r['policy']}: {said}")
     search_s = time.perf_counter() - t0
 
     timing_doc = (time_rows(rows, configs, server_budget, time_budget_s, seed, say, should_stop)

@@ -100,8 +100,6 @@ def size_policies(configs: dict[str, RunConfig], budget: int, *, max_batch: int 
                 for f in futures.values():
                     f.cancel()
                 raise
-    if isinstance(say, Tracker):
-        say.phase("model flops")
     return out
 
 
@@ -150,7 +148,8 @@ def xla_free(config: RunConfig) -> dict:
 FLOPS_RTOL = 1e-5
 
 
-def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, float | None], int]:
+def model_flops_at(config: RunConfig, batches: set[int], done: Callable[[int], None] | None = None
+                   ) -> tuple[dict[int, float | None], int]:
     """``({batch: flops}, interpolated)``: ``config``'s (no_remat's) flops at each batch, and how
     many of them were read on a line rather than compiled.
 
@@ -162,16 +161,20 @@ def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, floa
     each, it is read on the segment between its neighbours, else compiled, and so is a batch with
     no count on one side (an end whose lifted compile still recomputed: ``flops`` None)
     (``tests/test_advisor.py`` compares both with compiles of their own;
-    ``tests/test_xla_remat.py`` a batch past the probes with the largest end rewritten)."""
+    ``tests/test_xla_remat.py`` a batch past the probes with the largest end rewritten).
+    ``done(batch)`` is called as each batch's count is known (its progress)."""
     def flops(b: int) -> float | None:  # as the model wrote it: XLA's own recomputation left out
-        return xla_free(config.replace(batch=b))["flops"]
+        found = xla_free(config.replace(batch=b))["flops"]
+        if done is not None:
+            done(b)
+        return found
 
     probed = probed_flops(config)
     out = {b: flops(b) for b in batches if b == 1 or b in probed}
     rest = sorted(b for b in batches if b not in out)
     if not rest:
         return out, 0
-    for b in (rest[0], rest[-1]):  # the ends compiled: everything else lies between counts
+    for b in dict.fromkeys((rest[0], rest[-1])):  # the ends compiled: everything else lies between counts
         out[b] = flops(b)
     # Every count as the model wrote it: the probes XLA's pass left alone, and the ends (where the
     # pass rewrote one, its compile with the limit lifted, which ``probed_flops`` does not hold).
@@ -192,4 +195,6 @@ def model_flops_at(config: RunConfig, batches: set[int]) -> tuple[dict[int, floa
         (lo, flo), (hi, fhi) = below[-1], above[0]
         out[b] = flo if hi == lo else float(round(flo + (fhi - flo) * (b - lo) / (hi - lo)))
         line += hi != lo
+        if done is not None:
+            done(b)
     return out, line
