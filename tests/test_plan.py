@@ -180,19 +180,24 @@ def test_the_best_families_are_measured_on_their_own():
     compiled = {(full, 4, 1): point(400, 4.0), (full, 1, 1): point(100, 1.0),
                 (full, 2, 2): point(300, 4.0), (mwc, 4, 1): point(500, 2.0)}
     lines = fit(space, compiled)
-    assert lines[full]["accumulation"] == pytest.approx(100)
-    assert lines[mwc]["accumulation"] == pytest.approx(100)  # borrowed from the mesh's first plan
+    assert lines[full]["accumulation"].at(2) == pytest.approx(100)
+    assert lines[mwc]["accumulation"].at(2) == pytest.approx(100)  # borrowed from the mesh's first plan
     assert lines[mwc]["peak"].a == pytest.approx(lines[full]["peak"].a)  # and its intercept
     candidates = predict(space, lines)
     assert candidates[0]["family"] == mwc  # the faster plan first
     again = refine_points(space, compiled, candidates, top=1)
-    assert [key for key, _ in again] == [(mwc, 1, 1), (mwc, 2, 2)]
+    # its accumulating splits with the largest and the smallest per-device batch
+    assert [key for key, _ in again] == [(mwc, 1, 1), (mwc, 2, 2), (mwc, 1, 4)]
     assert again[1][1].microbatches == 2 and again[1][1].policy == "minimal_with_context"
     compiled.update({(mwc, 1, 1): point(150, 0.5), (mwc, 2, 2): point(600, 2.0)})
     lines = fit(space, compiled)
     own = lines[mwc]["peak"]
     assert own.at(1) == pytest.approx(150) and own.at(4) == pytest.approx(500)
-    assert lines[mwc]["accumulation"] == pytest.approx(600 - own.at(2))
+    assert lines[mwc]["accumulation"].at(1) == pytest.approx(600 - own.at(2))  # one point: constant
+    compiled[(mwc, 1, 4)] = point(480, 2.0)
+    lines = fit(space, compiled)  # two: a line in the batch through both
+    assert lines[mwc]["accumulation"].at(1) == pytest.approx(480 - own.at(1))
+    assert lines[mwc]["accumulation"].at(2) == pytest.approx(600 - own.at(2))
     assert refine_points(space, compiled, predict(space, lines), top=1) == []
 
 
