@@ -80,7 +80,7 @@ def fit_points(space: Space) -> list[tuple[Family, int, int]]:
     first plan at the largest and smallest per-device batch of one step (the mesh's intercept) and
     at the first split with accumulation (what accumulating adds: f32 gradient sums, and the
     gathered weights XLA may keep across the microbatches), every other plan at the largest;
-    optimizer offload is predicted from the plan without it (the moments' bytes off the device)."""
+    optimizer offload is predicted from the plan without it (its peak, and the moments' transfer)."""
     jobs = []
     for mesh, per_row in space.rows.items():
         hi = per_row if per_row is not None else 2
@@ -141,10 +141,11 @@ def fit(space: Space, compiled: dict) -> dict[Family, dict]:
 
 def _offloaded(space: Space, on: Family, base: dict, compiled: dict) -> dict:
     """An optimizer-offload family's lines: its peak through its own two compiled points, or the
-    plan's line moved through its one, else the plan's less the moments' bytes (the compiler may
-    keep them on the chip around the update: Llama 3.1 70B on 256 v6e chips, MaxText's offload
-    plan, measured +0.43 GiB at 5 a chip and -0.41 GiB at 1 x 5 against the moments' 2.2 GiB);
-    its step the plan's with the moments' transfer over the host link."""
+    plan's line moved through its one, else the plan's own line: the compiler brings the moments
+    back to the chip for the update, so the peak barely moves (Llama 3.1 70B on 256 v6e chips, the
+    moments 2.2 GiB a chip: -0.56 to +0.43 GiB for MaxText's offload plan at 1, 5 and 1 x 5 a chip,
+    -0.41 GiB for ``full`` at 1 x 5; an H100 compile ignores the memory kinds); its step the plan's
+    with the moments' transfer over the host link."""
     own = [(b, c["peak_bytes"]) for (f, b, m), c in compiled.items()
            if f == on and m == 1 and not c.get("error") and not c["refused"]]
     p, s = base["peak"], base["step"]
@@ -153,7 +154,7 @@ def _offloaded(space: Space, on: Family, base: dict, compiled: dict) -> dict:
     elif own:
         peak = Line(p.a + own[0][1] - p.at(own[0][0]), p.slope)
     else:
-        peak = Line(p.a - space.state_per_device(on), p.slope)
+        peak = p
     acc = _accumulation(on, peak, compiled)
     return {"peak": peak, "step": s and Line(s.a + space.offload_s(on), s.slope), "refused": False,
             "accumulation": base.get("accumulation") if acc is None else acc}
@@ -176,7 +177,7 @@ def refine_points(space: Space, compiled: dict, candidates: list[dict], top: int
                   ) -> list[tuple[tuple, RunConfig]]:
     """The families of the best predicted candidates measured on their own before any is checked:
     two compiled batches of one step where a family's line had fewer (it borrowed the mesh's
-    batch-independent bytes, or an optimizer-offload family the plan's line less the moments) and
+    batch-independent bytes; an optimizer-offload family's is its plan's) and
     its own compiles with accumulation steps, at its largest and smallest accumulating per-device
     batch, where its candidates accumulate (what that adds depends on the plan and the batch).
     The families of the first ``2 * top`` candidates predicted to fit, at
@@ -184,10 +185,12 @@ def refine_points(space: Space, compiled: dict, candidates: list[dict], top: int
     best: list[Family] = []
     accumulating: set[Family] = set()
     for c in [c for c in candidates if c["predicted_fits"]][:2 * top]:
-        if c["family"] not in best and len(best) <= top:
-            best.append(c["family"])
+        # an optimizer-offload family is its plan's, measured: the plan's family is refined
+        fam = Family(c["family"].mesh, c["family"].plan, False)
+        if fam not in best and len(best) <= top:
+            best.append(fam)
         if c["microbatches"] > 1:
-            accumulating.add(c["family"])
+            accumulating.add(fam)
     out = []
     for fam in best:
         own = {b: c for (f, b, m), c in compiled.items() if f == fam and m == 1 and not c.get("error")}
