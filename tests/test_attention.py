@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from remat_lab.analysis import hlotext, kernel_flops
 from remat_lab.analysis.gradcheck import UNIT_ROUNDOFF, check_gradients
 from remat_lab.config import ConfigError, RunConfig
 from remat_lab.model.attention import full_attention, select, splash_attention
@@ -157,6 +158,17 @@ def test_flash_on_a_gpu_target_is_cudnn_or_names_why_not():
                          jax.sharding.SingleDeviceSharding(target_devices("h100", 1)[0])).as_text()
     if flash.used == "cudnn":
         assert "__cudnn$fmha" in text
+        # the program as this JAX writes it: causal calls counted as half the square (a causal mask
+        # written '"mask_type": "CAUSAL"' was missed, every causal call counted as the whole square)
+        calls = [ins for _, ins in hlotext.instructions(hlotext.joined(text))
+                 if kernel_flops.is_cudnn_attention(ins)]
+        (b, t, h, d) = shape_q
+        square = 4 * b * h * t * t * d
+        for ins in calls:
+            back = "backward" in hlotext.call_target(ins.rest).lower()
+            want = square / 2 * (kernel_flops.CUDNN_BACKWARD_FACTOR if back else 1)
+            assert kernel_flops.cudnn_flops(ins) == want
+        assert {"backward" in hlotext.call_target(i.rest).lower() for i in calls} == {True, False}
     else:
         assert flash.used == "chunked" and "cuDNN" in flash.note and "__cudnn" not in text
 

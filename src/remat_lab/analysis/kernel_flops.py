@@ -2,7 +2,7 @@
 
 cuDNN's fused attention on a GPU (``custom-call`` to ``__cudnn$fmha*``) is counted from its query
 and key shapes (``operand_layout_constraints``: ``[B, T, H, D]``): ``4 B H Tq Tk D`` forward
-(``q k^T`` and ``p v``), half of it under a causal mask (``"mask_type":"CAUSAL"`` in the call's
+(``q k^T`` and ``p v``), half of it under a causal mask (``"mask_type": "CAUSAL"`` in the call's
 config: the kernel skips the tiles above the diagonal), and 2.5 times that backward (``q k^T``
 recomputed, ``dv``, ``dp``, ``dq``, ``dk``: five products to the forward's two).
 
@@ -36,7 +36,9 @@ SOURCE = ("fused attention kernels (custom calls XLA counts as 0) counted as wha
           "compute: Pallas splash kernels' products over the causal blocks at or below the "
           "diagonal, from the call's shapes and block sizes; cuDNN's from its shapes, causal half")
 _CUDNN = re.compile(r"fmha", re.I)
-_CAUSAL = re.compile(r'"mask_type":"CAUSAL', re.I)
+# JAX 0.12's ``compiled.as_text()`` writes the call's config with a space after each colon, XLA's
+# dump without one: both read (the space alone had every causal call counted as the full square).
+_CAUSAL = re.compile(r'"mask_type":\s*"CAUSAL', re.I)
 CUDNN_BACKWARD_FACTOR = 2.5
 
 
