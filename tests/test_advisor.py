@@ -265,3 +265,23 @@ def test_the_kept_lowerings_are_bounded_by_bytes_the_newest_always_kept():
     for k in "xyz":
         counted.put(k, k)
     assert [k for k, _ in counted.items()] == ["y", "z"]
+
+
+def test_an_llm_advice_takes_maxtexts_model_flops_and_its_overheads_against_no_remat():
+    """Issue 45: the llm's MFU numerator is MaxText's model flops (6 N T and causal attention, per
+    device), not no_remat's program, which a chunked loss makes larger (each chunk's forward runs
+    again); the recomputation shares stay against no_remat's program (``no_remat_flops``)."""
+    from remat_lab.config import llm_model_flops
+
+    cfg = RunConfig(model="llm", width=64, depth=2, heads=2, kv_heads=1, mlp_dim=128, vocab=256,
+                    seq=32, batch=1, loss_chunks=2, stack="scan")
+    doc = advisor.advise(cfg, 8 << 20, policies=["no_remat", "nothing_saveable"], timing=False)
+    rows = {r["policy"]: r for r in doc["rows"]}
+    for r in rows.values():
+        at = cfg.replace(batch=r["max_batch"])
+        assert r["model_flops"] == pytest.approx(llm_model_flops(at), rel=1e-12)
+        no_remat = concrete(at.replace(policy="no_remat"))["flops"]
+        assert r["no_remat_flops"] == pytest.approx(no_remat, rel=1e-9)
+        assert no_remat > r["model_flops"]  # the loss chunks' forward again, element-wise work
+        assert r["recompute_overhead"] == pytest.approx(r["hardware_flops"] / no_remat - 1)
+    assert rows["no_remat"]["recompute_overhead"] == pytest.approx(0.0, abs=1e-12)

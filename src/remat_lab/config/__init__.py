@@ -18,6 +18,7 @@ from .budget import (
     human_seconds,
     llm_model_flops,
     llm_parameters,
+    mfu_model_flops,
     optimizer_state_bytes,
     parse_bytes,
     resolve_budget,
@@ -80,7 +81,8 @@ __all__ = [
     "budget_text", "format_mesh", "human_bytes", "human_flops", "human_seconds", "mesh_devices",
     "names_of", "parse_bytes", "parse_mesh",
     "resolve_budget", "BOOL_FIELDS", "PARAM_DTYPES", "PRESETS", "PRESET_FIELDS", "PRESET_NAMES",
-    "STEPS", "llm_model_flops", "llm_parameters", "optimizer_state_bytes", "preset_fields", "LOCAL",
+    "STEPS", "llm_model_flops", "mfu_model_flops", "llm_parameters", "optimizer_state_bytes",
+    "preset_fields", "LOCAL",
     "TARGET_NAMES",
     "TARGETS", "Target", "get_target",
 ]

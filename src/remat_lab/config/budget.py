@@ -55,6 +55,18 @@ def llm_model_flops(config: RunConfig, causal: bool = True) -> float:
     return 3 * (matmul + attention)
 
 
+def mfu_model_flops(config: RunConfig, no_remat_flops: float | None) -> float | None:
+    """MFU's numerator, one device's: for the llm MaxText's model flops (``llm_model_flops`` over
+    the mesh's devices: the field's definition), for other models no_remat's program's flops. The
+    llm's no_remat program computes more (cuDNN's backward recomputes q k^T, a chunked loss runs
+    each chunk's forward again: ``tests/test_flops_truth.py``): hardware work, not the model's."""
+    if config.model != "llm":
+        return no_remat_flops
+    from .mesh_text import mesh_devices
+
+    return llm_model_flops(config) / mesh_devices(config.mesh)
+
+
 def optimizer_state_bytes(config: RunConfig) -> int:
     """adamw's state for ``step="train"``: two moments per parameter in the optimizer's dtype
     (``optimizer_dtype_used``: the parameters' unless given; 0 for the gradient step)."""

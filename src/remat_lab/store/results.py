@@ -119,7 +119,7 @@ PROBE = {"batch": int, "peak_bytes": NUM, "fits": bool}
 ADVICE_ROW = {"policy": str, "max_batch": int, "peak_bytes": (OPT, NUM), "next_batch": (OPT, int),
               "next_peak_bytes": (OPT, NUM), "probes": list, "step_time_s": (OPT, NUM),
               "step_time_ci_s": (OPT, list), "examples_per_s": (OPT, NUM),
-              "examples_per_s_ci": (OPT, list), "model_flops": (OPT, NUM),
+              "examples_per_s_ci": (OPT, list), "model_flops": (OPT, NUM), "no_remat_flops": (OPT, NUM),
               "hardware_flops": (OPT, NUM), "mfu": (OPT, NUM), "hfu": (OPT, NUM),
               "recompute_overhead": (OPT, NUM), "policy_recompute_overhead": (OPT, NUM),
               "xla_recompute_overhead": (OPT, NUM), "xla_remat_note": (OPT, str),

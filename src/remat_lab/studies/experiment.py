@@ -26,7 +26,7 @@ from remat_lab.analysis.timeline import compile_dumped, memory_timeline
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized, sentence
 from remat_lab.analysis.xla_remat import report as xla_remat_report
-from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, resolve_budget
+from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, mfu_model_flops, resolve_budget
 from remat_lab.config.budget import sig
 from remat_lab.model.models import block_names
 from remat_lab.program.analysis_compile import compile_unlimited
@@ -297,7 +297,8 @@ def _train_prediction(config: RunConfig, result: dict, text: str) -> None:
     target, old = get_target(config.target), timing["prediction"]
     pred = predict_step(target, timing["estimate"], text=text)
     pred.update({k: v for k, v in old.items() if k.startswith("libtpu")})
-    pred.update(prediction_rates(pred["predicted_s"], model_flops=(result.get("baseline") or {}).get("flops"),
+    pred.update(prediction_rates(pred["predicted_s"], model_flops=mfu_model_flops(
+                                     config, (result.get("baseline") or {}).get("flops")),
                                  tokens=_tokens_per_device(config), target=target))
     timing.update(predicted_s=pred["predicted_s"], predicted_mfu=pred.get("predicted_mfu"),
                   predicted_tokens_per_s_per_device=pred.get("predicted_tokens_per_s_per_device"),
@@ -340,7 +341,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
                                   optimal_seconds=c["optimal_seconds"],
                                   loop_factor=c["loop_factor"], kernel_flops=c["kernel_flops"])
         prediction.update(prediction_rates(
-            prediction["predicted_s"], model_flops=base and base["flops"],
+            prediction["predicted_s"], model_flops=mfu_model_flops(config, base and base["flops"]),
             tokens=_tokens_per_device(config), target=target))
         reason = f"compiled for {config.target} without the device: nothing was run"
     else:

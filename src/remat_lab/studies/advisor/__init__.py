@@ -25,6 +25,7 @@ from remat_lab.config import (
     default_budget_bytes,
     get_target,
     human_bytes,
+    mfu_model_flops,
     parse_bytes,
 )
 from remat_lab.config.targets import GPU_USABLE_FRACTION, TPU_USABLE_FRACTION
@@ -147,12 +148,12 @@ def _recommend(rows: list[dict], timed: bool) -> tuple[str | None, list[str], st
 
 
 def _overheads(row: dict, free: dict) -> None:
-    """A fitting row's recomputation as shares of the model flops: the compiled program's
+    """A fitting row's recomputation as shares of no_remat's program flops: the compiled program's
     (``recompute_overhead``) = the policy's own (``policy_recompute_overhead``: its program as
     written, XLA's pass's limit lifted) + XLA's (``xla_recompute_overhead``: what XLA's own
     rematerialization pass added trying to fit; ``xla_remat``, ``analysis/xla_remat``)."""
     row["xla_remat"] = free["xla_remat"]
-    model, hardware = row["model_flops"], row["hardware_flops"]
+    model, hardware = row["no_remat_flops"], row["hardware_flops"]
     if not model or not hardware:
         return
     row["recompute_overhead"] = hardware / model - 1
@@ -229,7 +230,7 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
               item="policy", after="then the timing" if timing else "")
     for r in rows:
         r.update(step_time_s=None, step_time_ci_s=None, examples_per_s=None, examples_per_s_ci=None,
-                 model_flops=None, hardware_flops=None, model_flops_per_s=None,
+                 model_flops=None, no_remat_flops=None, hardware_flops=None, model_flops_per_s=None,
                  hardware_flops_per_s=None, mfu=None, hfu=None, recompute_overhead=None,
                  policy_recompute_overhead=None, xla_recompute_overhead=None, xla_remat=None,
                  not_timed=None, rate_error=None, rounds=None)
@@ -237,7 +238,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
             continue
         at = configs[r["policy"]].replace(batch=r["max_batch"])
         r["hardware_flops"] = probe(at)["flops"]
-        r["model_flops"] = model_flops[r["max_batch"]]
+        r["no_remat_flops"] = model_flops[r["max_batch"]]
+        r["model_flops"] = mfu_model_flops(at, r["no_remat_flops"])
         r["fingerprint"] = probe(at)["fingerprint"]
         _overheads(r, xla_free(at))
         said = (f"XLA's own rematerialization rewrote the program at batch {r['max_batch']} "
@@ -311,15 +313,17 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
                        "95 % interval of the median. Timed only where the compiled peak at the "
                        "largest batch + the process overhead (all timed policies' parameters and "
                        "inputs alive together) fits what this process may allocate"),
-            "model_flops": "the no_remat program's flops at the same batch (loop bodies scaled by "
-                           "their trip counts): compiled, or on the line through no_remat's probes "
-                           "where three or more lie exactly on one",
+            "model_flops": "per device: for the llm MaxText's model flops (6 x the matrix weights "
+                           "a token uses x tokens, plus causal attention), else no_remat_flops",
+            "no_remat_flops": "the no_remat program's flops at the same batch (loop bodies scaled "
+                              "by their trip counts): compiled, or on the line through no_remat's "
+                              "probes where three or more lie exactly on one",
             "hardware_flops": "this policy's program's flops at that batch (recomputation included)",
             "mfu": "model flops / step time / the stated peak (peak_source: a vendor figure "
                    "where the device is known, else the calibrated best matmul rate); over 1 is a "
                    "calibration error, never capped",
             "hfu": "hardware flops / step time / the stated peak",
-            "recompute_overhead": "hardware flops / model flops - 1 = policy_recompute_overhead "
+            "recompute_overhead": "hardware flops / no_remat flops - 1 = policy_recompute_overhead "
                                   "(the policy's program as written) + xla_recompute_overhead (what "
                                   "XLA's own rematerialization pass added trying to fit the device)",
             "xla_remat": "instructions named *.remat* in the optimized HLO (XLA's rematerialization "
