@@ -11,8 +11,11 @@
 ``fit``: no TPU is lent here, so the rates cannot be measured on a chip as the H200's were. Instead
 one efficiency for the MXU (GEMMs and splash attention alike) is fitted so that the CALIBRATION
 run's prediction equals its measured step, HBM at libtpu's own 0.9 of the spec (its cost model's
-bandwidth, ``tests/test_predict.py``); every other stored run is then predicted out of sample and
-its ratio to its measured step printed. ``analysis/predict.py`` prices a step the same way.
+bandwidth, ``tests/test_predict.py``); every other stored run of the same TPU generation is then
+predicted out of sample and its ratio to its measured step printed. Each generation with a
+measured run has its own fit (a v5p's MXU is not a v6e's: MaxText's Llama 2 70B on v5p-512 ran at
+65.4 % MFU, above any step priced at the v6e's fitted efficiency). ``analysis/predict.py`` prices
+a step the same way.
 """
 
 from __future__ import annotations
@@ -86,14 +89,16 @@ def fit(calibration: str) -> dict:
     rows = []
     for path in sorted(OUT.glob("*.json.gz")):
         other = _load(path.name.removesuffix(".json.gz"))
+        if other["target"] != doc["target"]:  # another generation: its own fit
+            continue
         step = predicted(other, mxu)
         m = other["measured_step_s"]
         rows.append({"name": other["name"], "measured_step_s": m, "predicted_s": step,
                      "predicted_over_measured": step / m if m else None,
                      "bound_s": other["bound_s"], "bound_over_measured": other["bound_s"] / m if m else None,
                      "calibration": other["name"] == calibration})
-    return {"calibration": calibration, "mxu_efficiency": mxu, "hbm_efficiency": HBM_EFFICIENCY,
-            "runs": rows}
+    return {"calibration": calibration, "target": doc["target"], "mxu_efficiency": mxu,
+            "hbm_efficiency": HBM_EFFICIENCY, "runs": rows}
 
 
 def main(argv: list[str]) -> int:
