@@ -13,7 +13,7 @@ import pytest
 from remat_lab.analysis import kernel_flops
 from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.kernels import kernels_of
-from remat_lab.analysis.predict import predict_step
+from remat_lab.analysis.predict import kernels_seconds, predict_step
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.config import RunConfig, get_target
 from remat_lab.program import targets
@@ -217,3 +217,55 @@ def test_a_training_steps_prediction_is_the_whole_training_programs():
     assert predict_step(t, bound, text=grad)["predicted_s"] < expect  # the gradient step's would differ
     assert predict_step(t, bound, text=grad)["kernels_s"] < predict_step(t, bound, text=train)["kernels_s"]
     assert any("so is the predicted step" in n for n in doc["notes"])
+
+
+def test_the_schedule_hides_what_lies_between_a_collectives_start_and_done():
+    """GPU collectives as XLA schedules them (``analysis/schedule``): a start runs its collective
+    on its own stream (after the previous one), the kernels between start and done hide it, the
+    done waits for the rest; a synchronous collective holds the kernel stream. By hand: kernels of
+    1 s; a 3 s all-gather started before two kernels waits 1 s at its done; a second 2 s one
+    started right after waits for the first's stream (ends at 5 s, done after one more kernel at
+    4 s: 1 s more); a synchronous 0.5 s all-reduce adds all of it; a loop body twice."""
+    from remat_lab.analysis import schedule
+
+    target = get_target("h100")
+    ring = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8}
+    def row(kind, seconds):  # a collective over 8 GPUs of one host that takes ``seconds``
+        return {"kind": kind, "bytes": seconds * target.interconnect_bytes_per_s / ring[kind],
+                "group": 8, "spans": 1, "link": "ici"}
+    found = {"collectives": {"ag1": row("all-gather", 3.0), "ag2": row("all-gather", 2.0),
+                             "ar": row("all-reduce", 0.5)},
+             "computations": [[1, [["s", "ag1"], ["k", "a"], ["k", "b"], ["d", "ag1"],
+                                   ["s", "ag2"], ["k", "c"], ["d", "ag2"], ["c", "ar"]]],
+                              [2, [["k", "a"]]]]}
+    got = schedule.walk(found, {"a": 1.0, "b": 1.0, "c": 1.0}, target)
+    # entry: 0-2 kernels, wait to 3; ag2 on the stream 3-5, kernel c 3-4, wait to 5; ar 5-5.5
+    assert got["step_s"] == pytest.approx(5.5 + 2 * 1.0)
+    assert got["kernels_s"] == pytest.approx(3.0 + 2.0)
+    assert got["exposed_s"] == pytest.approx(1.0 + 1.0 + 0.5)
+    assert got["collectives_s"] == pytest.approx(5.5)
+
+
+def test_a_gpu_meshs_prediction_is_its_kernels_and_the_collectives_its_schedule_leaves():
+    """A deviceless FSDP step over 4 H100s: the prediction walks its schedule; the step is its
+    kernels plus the exposed collective time, which is at most all of the collectives' time."""
+    from remat_lab.analysis import schedule
+    from remat_lab.analysis.estimate import estimate_step
+    from remat_lab.config import RunConfig
+    from remat_lab.studies.advisor.search import probe
+
+    cfg = RunConfig(model="llm", width=256, depth=2, heads=4, kv_heads=2, mlp_dim=512, vocab=512,
+                    seq=256, batch=8, dtype="bfloat16", step="train", target="h100",
+                    target_devices=4, mesh="fsdp=4", compile_only=True, stack="loop")
+    found = probe(cfg)
+    events = found["schedule"]
+    assert any(tag == "s" for _, seq in events["computations"] for tag, _ in seq)  # asynchronous
+    target = get_target("h100")
+    bound = estimate_step(found["flops"], found.get("bytes_accessed"), target, cfg.dtype,
+                          found.get("traffic"))
+    pred = predict_step(target, bound, kernels=found["kernels"], events=events)
+    assert 0.0 <= pred["exposed_collectives_s"] <= pred["scheduled_collectives_s"] + 1e-15
+    walked = schedule.walk(events, kernels_seconds(found["kernels"], target, target.step_model)["by_name_s"],
+                           target)
+    assert walked["kernels_s"] == pytest.approx(pred["kernels_s"], rel=1e-9)
+    assert pred["predicted_s"] == pytest.approx(max(walked["step_s"], bound["estimate_s"]), rel=1e-9)

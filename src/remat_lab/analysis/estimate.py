@@ -111,7 +111,8 @@ def _compute(flops: float | None, traffic: dict | None, target: Target, dtype: s
     return sum(r["s"] for r in rates.values()), rates, note
 
 
-def _ring(kind: str, nbytes: float, n: int) -> float:
+def ring_bytes(kind: str, nbytes: float, n: int) -> float:
+    """The bytes a ring of ``n`` devices moves per device for a ``kind`` collective of ``nbytes``."""
     return nbytes * _RING.get(kind, lambda _: 1.0)(n) if n > 1 else 0.0
 
 
@@ -124,8 +125,8 @@ def _collectives(traffic: dict, target: Target) -> tuple[float | None, dict, dic
         dcn = float(c.get("dcn_bytes") or 0)
         ici = float(c.get("ici_bytes", c["bytes"] - dcn))
         moved[kind] = {"bytes": c["bytes"], "ici_bytes": ici, "group": n, "dcn_bytes": dcn,
-                       "dcn_group": dcn_n, "ring_bytes": _ring(kind, ici, n),
-                       "dcn_ring_bytes": _ring(kind, dcn, dcn_n)}
+                       "dcn_group": dcn_n, "ring_bytes": ring_bytes(kind, ici, n),
+                       "dcn_ring_bytes": ring_bytes(kind, dcn, dcn_n)}
     links = {}
     for link, key, rate in (("ici", "ring_bytes", target.interconnect_bytes_per_s),
                             ("dcn", "dcn_ring_bytes", target.dcn_bytes_per_s)):

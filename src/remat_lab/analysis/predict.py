@@ -26,6 +26,7 @@ share of the kernels is named in ``unpriced``.
 
 from __future__ import annotations
 
+from remat_lab.analysis import schedule
 from remat_lab.analysis.estimate import rate_class
 from remat_lab.analysis.kernels import kernels_of
 from remat_lab.config import Target
@@ -55,6 +56,7 @@ def kernels_seconds(rows: list[dict], target: Target, model: dict) -> dict:
     peak_bf16 = target.peak_flops["bfloat16"]
     hbm = target.bandwidth_bytes_per_s * float(model["hbm_efficiency"])
     seconds = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    by_name: dict[str, float] = {}
     unpriced_bytes, total_bytes, unpriced = 0.0, 0.0, []
     for row in rows:
         if row["kind"] == "collective":
@@ -73,8 +75,11 @@ def kernels_seconds(rows: list[dict], target: Target, model: dict) -> dict:
             key = f"attention_{row['direction']}_efficiency"
             compute = row["flops"] / (peak_bf16 * float(model[key]))
         seconds[row["kind"]] += row["runs"] * max(compute, memory)
+        if "name" in row:
+            by_name[row["name"]] = max(compute, memory)
     return {"kernels_s": sum(seconds.values()), "by_kind_s": seconds, "unpriced": unpriced,
-            "unpriced_share": unpriced_bytes / total_bytes if total_bytes else 0.0}
+            "unpriced_share": unpriced_bytes / total_bytes if total_bytes else 0.0,
+            "by_name_s": by_name}
 
 
 def basis(target: Target) -> str:
@@ -90,18 +95,28 @@ def basis(target: Target) -> str:
                             source=m["source"])
 
 
-def _kernel_model(rows: list[dict], target: Target, bound: dict) -> dict:
+def _kernel_model(rows: list[dict], target: Target, bound: dict, events: dict | None = None) -> dict:
     """The kernels and the transfers beside them; never under the bound, which can count more
     bytes than the kernels read (XLA's ``bytes_accessed`` counts an in-place update's whole
-    buffer and a sliced read's whole operand): then the bound is the prediction, said so."""
+    buffer and a sliced read's whole operand): then the bound is the prediction, said so. On a
+    GPU with the program's schedule (``schedule.events``), the collectives run as it lets them:
+    the kernels plus the waits for what the schedule does not hide (``exposed_collectives_s``)."""
     priced = kernels_seconds(rows, target, target.step_model)
+    by_name = priced.pop("by_name_s")
     kernels = priced["kernels_s"]
-    beside = (bound.get("collectives_s") or 0.0) + (bound.get("offload_s") or 0.0)
+    offload = bound.get("offload_s") or 0.0
+    beside = (bound.get("collectives_s") or 0.0) + offload
+    scheduled = {}
+    if events is not None and target.platform != "tpu":
+        found = schedule.walk(events, by_name, target)
+        scheduled = {"exposed_collectives_s": found["exposed_s"],
+                     "scheduled_collectives_s": found["collectives_s"]}
+        kernels, beside = found["step_s"], offload
     floor = bound.get("estimate_s") or 0.0
     limited = "kernels" if kernels >= beside else "transfers"
     if floor > max(kernels, beside):
         limited = "bound"
-    return {"predicted_s": max(kernels, beside, floor), **priced, "transfers_s": beside,
+    return {"predicted_s": max(kernels, beside, floor), **priced, **scheduled, "transfers_s": beside,
             "limited_by": limited, "basis": basis(target)}
 
 
@@ -113,15 +128,19 @@ def _tpu(optimal_s: float | None, loop_factor: float) -> dict:
 
 def predict_step(target: Target, bound: dict, *, text: str | None = None,
                  kernels: list[dict] | None = None, optimal_seconds: float | None = None,
-                 loop_factor: float = 1.0, kernel_flops: float = 0.0) -> dict:
+                 loop_factor: float = 1.0, kernel_flops: float = 0.0,
+                 granules: list[int] | None = None, events: dict | None = None) -> dict:
     """The prediction for one compiled step on ``target`` (see the module's docstring):
     ``predicted_s`` (None where the target has no model), its terms and ``basis``. ``bound``:
     ``estimate.estimate_step``'s answer for the same program; ``text``: its optimized HLO, or
     ``kernels``: ``kernels.kernels_of`` of it (GPU); ``optimal_seconds``, ``loop_factor``,
     ``kernel_flops``: libtpu's figure, the program's loop factor and its fused kernels' flops
-    (TPU)."""
+    (TPU); ``events``: ``schedule.events`` of it (GPU; read from ``text`` with ``granules``, each
+    device's host, when not given)."""
     if target.step_model and (text or kernels is not None):
-        out = _kernel_model(kernels if kernels is not None else kernels_of(text), target, bound)
+        if events is None and text is not None and target.platform != "tpu":
+            events = schedule.events(text, granules)
+        out = _kernel_model(kernels if kernels is not None else kernels_of(text), target, bound, events)
         if target.platform == "tpu":
             out.update({k: v for k, v in _tpu(optimal_seconds, loop_factor).items()
                         if k.startswith("libtpu")})

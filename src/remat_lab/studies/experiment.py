@@ -260,7 +260,7 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
         except Exception as err:
             raise xla_error("compiling the training step", err, config) from err
         result["compile"]["train_compile_s"] = time.perf_counter() - t0
-        _train_prediction(config, result, compiled.as_text())
+        _train_prediction(config, result, compiled.as_text(), granules(problem.mesh))
         result["memory_gradient_step"] = result["memory"]
         result["memory"] = memory_report(compiled)
         buffers = read_kinds(dump, result["memory"], depth=config.depth, names=block_names(config))
@@ -288,14 +288,14 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
     return result
 
 
-def _train_prediction(config: RunConfig, result: dict, text: str) -> None:
+def _train_prediction(config: RunConfig, result: dict, text: str, where: list[int] | None) -> None:
     """On a target the prediction is the whole training step's (its kernels include the AdamW
     update, as a measured step does), not the gradient step's; libtpu's figures stay as read."""
     timing = result.get("timing") or {}
     if config.target == LOCAL or not timing.get("predicted_s"):
         return
     target, old = get_target(config.target), timing["prediction"]
-    pred = predict_step(target, timing["estimate"], text=text)
+    pred = predict_step(target, timing["estimate"], text=text, granules=where)
     pred.update({k: v for k, v in old.items() if k.startswith("libtpu")})
     pred.update(prediction_rates(pred["predicted_s"], model_flops=mfu_model_flops(
                                      config, (result.get("baseline") or {}).get("flops")),
@@ -339,7 +339,8 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         c = sec["costs"]
         prediction = predict_step(target, estimate, text=dis.texts["compiled_hlo"],
                                   optimal_seconds=c["optimal_seconds"],
-                                  loop_factor=c["loop_factor"], kernel_flops=c["kernel_flops"])
+                                  loop_factor=c["loop_factor"], kernel_flops=c["kernel_flops"],
+                                  granules=granules(problem.mesh))
         prediction.update(prediction_rates(
             prediction["predicted_s"], model_flops=mfu_model_flops(config, base and base["flops"]),
             tokens=_tokens_per_device(config), target=target))

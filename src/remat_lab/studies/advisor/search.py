@@ -26,6 +26,7 @@ from remat_lab.analysis.by_kind_buffers import SOURCE as BUFFERS
 from remat_lab.analysis.by_kind_buffers import compile_with_dump, read_kinds
 from remat_lab.analysis.costs import memory_report, step_costs
 from remat_lab.analysis.kernels import kernels_of
+from remat_lab.analysis.schedule import events as schedule_events
 from remat_lab.analysis.timeline import compile_dumped
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized
@@ -151,6 +152,7 @@ def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None =
             "traffic": traffic_of(text, granules) if on_target else None,  # analysis/estimate.py reads it
             # analysis/predict.py prices these one by one (a target's prediction)
             "kernels": kernels_of(text) if on_target else None,
+            "schedule": schedule_events(text, granules) if on_target else None,
             "kernel_flops": costs["kernel_flops"],
             "buffers": _buffers(train, dump, memory)}
 
@@ -169,7 +171,7 @@ def _over_the_device(err: Exception) -> dict:
             "refused_memory": refused_memory(err), "flops": None, "bytes_accessed": None,
             "fingerprint": f"over the device: {err}"[:240],
             "xla_remat": {"applied": False, "instructions": 0}, "traffic": None, "kernels": None,
-            "buffers": None}
+            "schedule": None, "buffers": None}
 
 
 def probe(config: RunConfig) -> dict:
