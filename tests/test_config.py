@@ -92,7 +92,7 @@ def test_budget_sources(monkeypatch):
     assert resolve_budget() == 256 << 20
     assert resolve_budget("1G") == 1 << 30
     assert parse_bytes("1.5GiB") == 3 << 29 and parse_bytes("4096") == 4096
-    for bad in ("lots", "-1G", "0", "nan"):
+    for bad in ("lots", "-1G", "0", "nan", 10 ** 5000):  # the last: an int too long to print
         with pytest.raises(ConfigError):
             parse_bytes(bad)
     with pytest.raises(MemoryBudgetError):

@@ -116,7 +116,7 @@ def test_advice_recompute_overhead_is_the_policys_own_when_no_remat_is_rewritten
     model, _ = model_flops_at(base, {65536})
     assert model[65536] == pytest.approx(hand_flops(65536, 16384, 8), rel=1e-9)
     at = base.replace(policy="nothing_saveable")
-    row = {"model_flops": model[65536], "hardware_flops": advisor_search.probe(at)["flops"]}
+    row = {"no_remat_flops": model[65536], "hardware_flops": advisor_search.probe(at)["flops"]}
     advisor._overheads(row, xla_free(at))
     # nothing_saveable recomputes both products of every block's forward: + one forward of three
     assert row["recompute_overhead"] == pytest.approx(1 / 3, abs=1e-3)

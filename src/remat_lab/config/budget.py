@@ -165,7 +165,12 @@ def _system_memory_bytes() -> int:
 def parse_bytes(text: str) -> int:
     """``'512M'``, ``'2G'``, ``'1.5GiB'`` or a plain number of bytes."""
     units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    s = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        text = str(text)
+    except ValueError:  # an int too long to print (sys.get_int_max_str_digits)
+        raise ConfigError("memory budget is a number with too many digits; write a size under 1 EiB "
+                          "(e.g. 512M, 2G, 80G).") from None
+    s = text.strip().lower().removesuffix("ib").removesuffix("b")
     unit = s[-1] if s and s[-1] in units else ""
     number = s[: len(s) - len(unit)].strip()
     try:

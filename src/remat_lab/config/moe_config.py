@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from .errors import ConfigError
+from .mesh_text import _show
 
 # A mixture of experts' router (llm, experts > 0): softmax over the experts (Mixtral, Qwen3-MoE) or
 # an independent sigmoid per expert (DeepSeek-V3); either way the top k's weights are renormalised.
@@ -62,7 +63,7 @@ def checked_float(name: str, value: object) -> float:
     """``value`` as a float within ``FLOAT_LIMITS[name]``, or a ConfigError."""
     lo, hi = FLOAT_LIMITS[name]
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise ConfigError(f"{name} must be a number from {lo:g} to {hi:g}, not {value!r:.40}.")
+        raise ConfigError(f"{name} must be a number from {lo:g} to {hi:g}, not {_show(value)}.")
     return float(value)
 
 
