@@ -110,6 +110,12 @@ if terms.get("collectives_dcn_s"):
                f"hosts, {terms['collectives_dcn_s']:.3f} s across them (the data-centre network or "
                f"the hosts' network, {terms['dcn_bytes_per_s'] / 1e9:g} GB/s a device); bound by "
                f"{terms['bound']}.")
+exposed = (doc.get("prediction") or {}).get("exposed_collectives_s")
+if exposed is not None:
+    st.caption(f"The prediction runs the collectives as the program's schedule lets them: "
+               f"{(doc['prediction'].get('scheduled_collectives_s') or 0):.3f} s of them, "
+               f"{exposed:.3f} s not hidden behind kernels (added to the kernels' "
+               f"{doc['prediction']['kernels_s']:.3f} s).")
 st.caption("Per-device peak: XLA's compiled memory analysis of the lab's training step for one chip "
            "of the target; on TPU libtpu refuses a program over the chip's HBM. The estimate is a "
            "roofline from the target's spec figures, not a measurement.")

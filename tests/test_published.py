@@ -354,3 +354,25 @@ def test_figures_in_words_and_the_page_lists_the_catalogue():
     bad.query_params["run"] = "gpt-5"
     bad.run()
     assert not bad.exception and any("no published run" in w.value for w in bad.warning)
+
+
+def test_the_page_shows_a_checks_prediction_with_the_collectives_its_schedule_leaves():
+    """A finished check (the stored two-host A3 document, as the session keeps it): measured,
+    predicted and bound side by side, and how much of the collectives the schedule does not hide."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parents[1]
+    name = "llama2-7b-a3-2hosts"
+    doc = json.loads((root / "benchmarks" / "published_checks" / f"{name}.json").read_text())
+    at = AppTest.from_file(str(root / "pages" / "published.py"), default_timeout=60)
+    at.query_params["run"] = name
+    at.session_state["_published_docs"] = {name: doc}
+    at.run()
+    assert not at.exception, at.exception
+    step = next(m for m in at.metric if m.label == "Step time: measured")
+    assert f"predicted {doc['predicted_s']:.3f} s ({doc['predicted_over_measured']:.2f}×)" in step.delta
+    exposed = doc["prediction"]["exposed_collectives_s"]
+    assert 0 < exposed < doc["prediction"]["scheduled_collectives_s"]
+    assert any(f"{exposed:.3f} s not hidden behind kernels" in c.value for c in at.caption)
