@@ -291,3 +291,23 @@ def test_what_is_handed_out_is_the_answer_and_fits(doc):
         assert doc["code"] == POLICIES[doc["answer"]].code and doc["custom"] == f"--policy {doc['answer']}"
     peak = run_experiment(cfg, timing=False)["memory"]["peak_bytes"]
     assert peak == doc["peak_bytes"] <= doc["budget_bytes"]
+
+
+def test_a_user_blocks_handed_out_command_compiles_the_stated_batch():
+    """The handed-out ``run`` command of a user's block carries the batch in its input shape (its
+    first axis): it was ``--input-shape 1,64,256 ... --batch 60``, and ``run`` compiled batch 1's
+    program (the 3-name SwiGLU block on the H100: 30,874,484 B at 'batch' 67 and 68 alike)."""
+    import shlex
+    from pathlib import Path
+
+    from remat_lab.cli import _config_from, build_parser
+    from remat_lab.studies.synthesize.solve import Plan
+    from remat_lab.studies.synthesize.text import named_texts, run_command
+
+    block = Path(__file__).parent / "fixtures" / "swiglu_block.py"
+    base = RunConfig(model="user", model_module=f"{block}:make_small", input_shape=(1, 8, 64), batch=1,
+                     depth=2)
+    for text in (run_command(base, Plan((), ("gate",), 2), 12),
+                 named_texts(base, "nothing_saveable", 12)["run_command"]):
+        cfg = _config_from(build_parser().parse_args(shlex.split(text)[3:]))
+        assert cfg.batch == 12 and cfg.input_shape == (12, 8, 64), text

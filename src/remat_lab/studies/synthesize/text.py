@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from remat_lab.config import RunConfig
+from remat_lab.config.catalog import USER_MODEL
 from remat_lab.config.cli_flags import shape_flags, target_flags
 from remat_lab.model.policies import POLICIES
 from remat_lab.studies.synthesize.solve import Plan
@@ -61,8 +62,8 @@ def named_texts(config: RunConfig, policy: str, batch: int) -> dict:
         yaml = None
     flags = f"--policy {policy}"
     return {"custom": flags, "code": p.code, "maxtext_yaml": yaml,
-            "run_command": " ".join([*_model_flags(config, "run"), flags,
-                                     f"--batch {batch} --compile-only --json"])}
+            "run_command": " ".join([*_model_flags(config, "run", batch), flags,
+                                     *_batch_flag(config, batch), "--compile-only --json"])}
 
 
 def command(config: RunConfig, budget: int, goal: str, batch: int | None,
@@ -80,14 +81,23 @@ def command(config: RunConfig, budget: int, goal: str, batch: int | None,
 
 def run_command(config: RunConfig, plan: Plan, batch: int) -> str:
     """The ``run`` command line that compiles ``plan`` at the global ``batch`` (compile-only)."""
-    return " ".join([*_model_flags(config, "run"), custom_flags(plan, config.depth),
-                     f"--batch {batch} --compile-only --json"])
+    return " ".join([*_model_flags(config, "run", batch), custom_flags(plan, config.depth),
+                     *_batch_flag(config, batch), "--compile-only --json"])
 
 
-def _model_flags(config: RunConfig, sub: str) -> list[str]:
+def _batch_flag(config: RunConfig, batch: int) -> list[str]:
+    """``--batch N``, except for the user's block, whose batch is its input shape's first axis."""
+    return [] if config.model == USER_MODEL else [f"--batch {batch}"]
+
+
+def _model_flags(config: RunConfig, sub: str, batch: int | None = None) -> list[str]:
     """``python -m remat_lab SUB`` and every flag of ``config``'s model, sizes, target and mesh
-    (``config.cli_flags``, the flags Explore's and the Advisor's commands use), no batch."""
+    (``config.cli_flags``, the flags Explore's and the Advisor's commands use), no batch; the
+    user's block's input shape at ``batch`` when given (its first axis: ``--batch`` does not set
+    it; the handed-out command at batch 1 compiled batch 1's program)."""
     c = config.replace(compile_only=False)
+    if batch is not None and c.model == USER_MODEL:
+        c = c.replace(batch=batch)
     mesh = [f"--mesh {c.mesh}"] if c.mesh else []
     return [f"python -m remat_lab {sub}", *shape_flags(c, batch=False), *target_flags(c), *mesh]
 
