@@ -305,3 +305,16 @@ def test_the_sweep_page_offers_batches_of_a_typed_block():
     titles = [json.dumps(json.loads(c.proto.spec).get("layout", {}).get("title", {}))
               for c in at.get("plotly_chart")]
     assert any("vs batch" in t for t in titles) and not any("vs width" in t for t in titles), titles
+
+
+def test_the_cli_batch_of_a_user_block_is_its_input_shapes_first_axis():
+    """``--batch`` with ``--model-module``: the module's example input at that batch; beside an
+    ``--input-shape`` whose first axis differs it is refused with a sentence (it was dropped: a
+    'batch 67' run compiled the input shape's batch 1)."""
+    from remat_lab.cli import _config_from, build_parser
+
+    parse = lambda *a: _config_from(build_parser().parse_args(["run", "--model-module", f"{FILE}:make_block", *a]))
+    assert parse("--batch", "5").input_shape[0] == 5 == parse("--batch", "5").batch
+    assert parse("--input-shape", "3,8,64", "--batch", "3").batch == 3
+    with pytest.raises(ConfigError, match="differs from --input-shape's first axis"):
+        parse("--input-shape", "1,8,64", "--batch", "67")

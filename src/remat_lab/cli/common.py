@@ -181,7 +181,7 @@ def add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
     p.add_argument("--width", type=int_arg("width"), default=d.width, action=Given,
                    help="features D (1..16384)")
     if batch:
-        p.add_argument("--batch", type=int_arg("batch"), default=d.batch,
+        p.add_argument("--batch", type=int_arg("batch"), default=d.batch, action=Given,
                        help="examples B; 0 = the seed's single vector x: (width,) (mlp only)")
     p.add_argument("--seq", type=int_arg("seq"), default=d.seq, action=Given,
                    help="sequence length N (seq_mixer, transformer: 1..4096; llm 2..32768)")
@@ -380,6 +380,10 @@ def user_block_fields(args: argparse.Namespace) -> dict:
     if not shape:
         from remat_lab.model.user_block import example_input_shape  # lazy: it loads JAX
         shape = parse_input_shape(example_input_shape(args.model_module) or ())
+        shape = (args.batch, *shape[1:]) if shape and "batch" in given(args) else shape  # at --batch
+    elif "batch" in given(args) and args.batch != shape[0]:  # was dropped without a word
+        raise ConfigError(f"--batch {args.batch} differs from --input-shape's first axis ({shape[0]}), "
+                          "the block's batch; give one, or the same number.")
     return {"model": "user", "model_module": args.model_module, "input_shape": shape,
             "batch": shape[0] if shape else 1}
 
