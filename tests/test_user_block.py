@@ -313,7 +313,9 @@ def test_the_cli_batch_of_a_user_block_is_its_input_shapes_first_axis():
     'batch 67' run compiled the input shape's batch 1)."""
     from remat_lab.cli import _config_from, build_parser
 
-    parse = lambda *a: _config_from(build_parser().parse_args(["run", "--model-module", f"{FILE}:make_block", *a]))
+    def parse(*flags):
+        argv = ["run", "--model-module", f"{FILE}:make_block", *flags]
+        return _config_from(build_parser().parse_args(argv))
     assert parse("--batch", "5").input_shape[0] == 5 == parse("--batch", "5").batch
     assert parse("--input-shape", "3,8,64", "--batch", "3").batch == 3
     with pytest.raises(ConfigError, match="differs from --input-shape's first axis"):

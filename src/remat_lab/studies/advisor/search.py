@@ -119,7 +119,7 @@ def compile_abstract(config: RunConfig, unlimited: bool = False):
 
 
 def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None = None,
-                      granules: list[int] | None = None) -> dict:
+                      granules: list[int] | None = None, gpu: bool = False) -> dict:
     """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint,
     whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text),
     compiled for a named target (``on_target``), what the step-time estimate reads (``traffic``:
@@ -152,7 +152,7 @@ def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None =
             "traffic": traffic_of(text, granules) if on_target else None,  # analysis/estimate.py reads it
             # analysis/predict.py prices these one by one (a target's prediction)
             "kernels": kernels_of(text) if on_target else None,
-            "schedule": schedule_events(text, granules) if on_target else None,
+            "schedule": schedule_events(text, granules) if gpu else None,  # a GPU's (predict.py)
             "kernel_flops": costs["kernel_flops"],
             "buffers": _buffers(train, dump, memory)}
 
@@ -197,9 +197,10 @@ def probe(config: RunConfig) -> dict:
     def compiled() -> tuple[dict, bool]:
         figures = _PROGRAMS.get(text_key)
         if figures is None:
-            figures = _compiled_figures(lowered, config.target != LOCAL,
-                                        config if config.step == "train" else None,
-                                        granules(getattr(problem, "mesh", None)))
+            on_target = config.target != LOCAL
+            figures = _compiled_figures(lowered, on_target, config if config.step == "train" else None,
+                                        granules(getattr(problem, "mesh", None)),
+                                        gpu=on_target and get_target(config.target).platform != "tpu")
             _PROGRAMS.put(text_key, figures)
             return figures, False
         return figures, True

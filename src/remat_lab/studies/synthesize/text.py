@@ -63,7 +63,7 @@ def named_texts(config: RunConfig, policy: str, batch: int) -> dict:
     flags = f"--policy {policy}"
     return {"custom": flags, "code": p.code, "maxtext_yaml": yaml,
             "run_command": " ".join([*_model_flags(config, "run", batch), flags,
-                                     *_batch_flag(config, batch), "--compile-only --json"])}
+                                     f"--batch {batch} --compile-only --json"])}
 
 
 def command(config: RunConfig, budget: int, goal: str, batch: int | None,
@@ -82,19 +82,14 @@ def command(config: RunConfig, budget: int, goal: str, batch: int | None,
 def run_command(config: RunConfig, plan: Plan, batch: int) -> str:
     """The ``run`` command line that compiles ``plan`` at the global ``batch`` (compile-only)."""
     return " ".join([*_model_flags(config, "run", batch), custom_flags(plan, config.depth),
-                     *_batch_flag(config, batch), "--compile-only --json"])
-
-
-def _batch_flag(config: RunConfig, batch: int) -> list[str]:
-    """``--batch N``, except for the user's block, whose batch is its input shape's first axis."""
-    return [] if config.model == USER_MODEL else [f"--batch {batch}"]
+                     f"--batch {batch} --compile-only --json"])
 
 
 def _model_flags(config: RunConfig, sub: str, batch: int | None = None) -> list[str]:
     """``python -m remat_lab SUB`` and every flag of ``config``'s model, sizes, target and mesh
     (``config.cli_flags``, the flags Explore's and the Advisor's commands use), no batch; the
-    user's block's input shape at ``batch`` when given (its first axis: ``--batch`` does not set
-    it; the handed-out command at batch 1 compiled batch 1's program)."""
+    user's block's input shape at ``batch`` when given (its first axis, which ``--batch`` must
+    equal: the handed-out command once read ``--input-shape 1,... --batch 60``)."""
     c = config.replace(compile_only=False)
     if batch is not None and c.model == USER_MODEL:
         c = c.replace(batch=batch)
