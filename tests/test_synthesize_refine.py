@@ -9,6 +9,7 @@ import random
 import pytest
 
 from remat_lab.studies.synthesize.refine import (
+    descend,
     keeps_at_least,
     moves,
     named_plan,
@@ -240,3 +241,86 @@ def test_a_refined_answer_gets_its_own_largest_batch_at_the_compile_limit(monkey
     else:  # cut short: a batch it compiled to fit, said
         assert b <= row["max_batch"] <= truth and not row["max_batch_exact"]
         assert "stopped at its 2 compiles" in rec["search_stopped"]
+
+
+def _staged(model: Model, penalty: float):
+    """The compiled peak of a plan: the model's, plus ``penalty`` bytes per example when two or more
+    names are offloaded (staging the additive model prices at nothing: the 3-name SwiGLU block on
+    the H100 fits 60 with gate and up offloaded, 70 with gate alone)."""
+    return lambda plan, b: model.predict(plan, b)["peak_bytes"] + penalty * b * (len(plan.offload) >= 2)
+
+
+def test_the_descent_compiles_lighter_plans_one_over_the_best_batch_until_one_fits():
+    model = _model(1, k=3)
+    truth = _staged(model, 6 * model.slope_base)
+    heavy = Plan((), ("n0", "n1"), 4)
+    b = 6
+    run = _Run(model, truth(heavy, b) + 1, 0.0)
+    run.compile_at = lambda plan, m, at, source="solve": _compiled(run, truth, plan, at, source)
+    best = _compiled(run, truth, heavy, b, "solve")
+    assert best["fits"] and truth(heavy, b + 1) > run.budget
+    row, steps, stopped = descend(run, model, best, b + 1, limit=10)
+    assert stopped is None and row is not None and row["fits"] and row["batch"] == b + 1
+    assert {tuple(sorted(s["plan"]["offload"])) for s in steps} <= {("n0",), ("n1",)}
+    # the fewest recomputed flops first (the model's), and nothing compiled after the first fit
+    flops = [model.predict(Plan((), tuple(s["plan"]["offload"]), 4), b + 1)["recomputed_flops"]
+             for s in steps]
+    assert flops == sorted(flops) and [s["fits"] for s in steps] == [False] * (len(steps) - 1) + [True]
+    # at the compile limit it stops, said
+    run2 = _Run(model, run.budget, 0.0)
+    run2.compile_at = lambda plan, m, at, source="solve": _compiled(run2, truth, plan, at, source)
+    row, steps, stopped = descend(run2, model, best, b + 1, limit=0)
+    assert row is None and steps == [] and "compile limit (0)" in stopped
+
+
+def _compiled(run, truth, plan: Plan, b: int, source: str) -> dict:
+    run.meter.compiled += 1
+    got = run.model.predict(plan, b)
+    peak = truth(plan, b)
+    row = {"plan": plan.as_dict(run.model.names), "batch": b, "max_batch": b, "peak_bytes": int(peak),
+           "recomputed_flops": got["recomputed_flops"], "offloaded_bytes": got["offloaded_bytes"],
+           "fits": peak <= run.budget, "source": source}
+    run.candidates.append(row)
+    return row
+
+
+def test_the_synthesis_descends_to_a_lighter_plan_and_answers_its_own_largest_batch(monkeypatch):
+    """Issue 45: the 3-name block answered 60 with two names offloaded, where one offloaded fits 70
+    (the model prices an offload at no device bytes, additively). The descent compiles the best
+    plan's lighter moves one over its batch and searches the first that fits: the answer is the
+    brute-force optimum of a synthetic block with that interaction, each figure compiled."""
+    import itertools
+
+    from remat_lab.config import RunConfig
+    from remat_lab.studies import synthesize as synth
+
+    model = _model(3, k=3)
+    truth = _staged(model, model.slope_base)
+    heavy = Plan((), ("n0", "n1"), 4)
+    budget = int(truth(heavy, 12)) + 1  # the heavy plan fits 12 per device
+    meter = _CountingMeter(model)
+    meter.plan = lambda plan, b, written=True: _counted(meter, truth, plan, b)
+    monkeypatch.setattr(synth, "probe", lambda cfg: {"peak_bytes": int(truth(cfg.plan, cfg.batch)),
+                                                     "cached": False})
+    monkeypatch.setattr(synth, "plan_config", lambda base, plan, batch: _Cfg(plan, batch))
+    run = synth._Run(RunConfig(model="mlp", width=64, depth=4, batch=1), budget, meter, 64)
+    run.compile_max(heavy, model, 12)
+    assert max(c["max_batch"] for c in run.candidates if c["fits"]) == 12
+    named = [{"policy": "nothing_saveable", "max_batch": 5, "fits": True}]
+    rec = synth._descend(run, model, named, limit=10)
+    assert rec["rounds"][0]["batch"] == 13 and rec["rounds"][0]["plan"] is not None
+    plans = [Plan(tuple(n for n, c in zip(model.names, cs) if c == "save"),
+                  tuple(n for n, c in zip(model.names, cs) if c == "offload"), 4)
+             for cs in itertools.product(("save", "offload", "recompute"), repeat=3)]
+    top = max(max((x for x in range(1, 65) if truth(p, x) <= budget), default=0) for p in plans)
+    answer = min((c for c in run.candidates if c["fits"]), key=lambda r: objective(r, "max-batch"))
+    assert answer["max_batch"] == top > 12 and answer["max_batch_exact"], (answer, top)
+    assert rec["search_compiles"] == meter.answer > 0 and "descended" in synth.descend_note(rec)
+
+
+def _counted(meter, truth, plan: Plan, b: int) -> dict:
+    meter.compiles += 1
+    got = meter.model.predict(plan, b)
+    flops = 1e9 * b + got["recomputed_flops"]
+    return {"peak_bytes": int(truth(plan, b)), "flops": flops, "written_flops": flops,
+            "host_bytes": got["offloaded_bytes"], "xla_remat": False}

@@ -2,9 +2,11 @@
 
 Measure each name's costs with compiled probes (``synthesize_costs``), fit the additive model and
 solve it exactly (``synthesize_solve``), then compile the best candidates and refine where the model
-was wrong: the answer is always a compiled program's figures. The named policies are sized by the
-same compiles (the Advisor's ``size_policies``); if no plan beats the best of them, that policy is
-the answer, said so. The document is ``synthesize --json``'s, kind ``"synthesis"``.
+was wrong (for max-batch, descending from the best compiled plan to lighter ones where the
+additive model misprices offload): the answer is always a compiled program's figures. The named
+policies are sized by the same compiles (the Advisor's ``size_policies``); if no plan beats the
+best of them, that policy is the answer, said so. The document is ``synthesize --json``'s, kind
+``"synthesis"``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from remat_lab.program.footprint import fit
 from remat_lab.studies.advisor import advice_budget
 from remat_lab.studies.advisor.batch_search import largest_batch
 from remat_lab.studies.advisor.search import MAX_BATCH, batch_unit, probe, probed_flops
-from remat_lab.studies.advisor.sizing import model_flops_at, size_policies
+from remat_lab.studies.advisor.sizing import model_flops_at
 from remat_lab.studies.synthesize.costs import (
     Meter,
     Stopped,
@@ -30,7 +32,8 @@ from remat_lab.studies.synthesize.costs import (
     planned_compiles,
 )
 from remat_lab.studies.synthesize.doc import document
-from remat_lab.studies.synthesize.refine import refine, refine_note, start_from
+from remat_lab.studies.synthesize.named import named_rows
+from remat_lab.studies.synthesize.refine import descend, objective, refine, refine_note, start_from
 from remat_lab.studies.synthesize.solve import Model, Plan, min_recompute, solve
 from remat_lab.studies.synthesize.text import custom_flags
 
@@ -155,53 +158,6 @@ class _Run:
         return row
 
 
-def _give_back(meter: Meter, before: tuple[int, int]) -> int:
-    """The compiles since ``before`` (``(compiles, forced)``), taken off the meter: the named
-    policies', counted apart."""
-    spent = meter.compiles - before[0]
-    meter.compiles, meter.forced = before
-    return spent
-
-
-def _named_rows(run: _Run, policies: Sequence[str], goal: str, b: int | None,
-                workers: int) -> tuple[list, int]:
-    """Each named policy on the same goal, compiled: ``(rows, compiles)``."""
-    base, unit = run.base, run.unit
-    configs = {p: base.replace(policy=p, batch=unit) for p in policies}
-    rows, compiles = [], 0
-    if goal == "max-batch":
-        sized = size_policies(configs, run.budget, max_batch=run.max_batch, workers=workers,
-                              progress=lambda m: run.meter.say(f"named {m}"))
-        compiles += run.prefill({f["max_batch"] // unit for f in sized.values()})
-        before = run.meter.compiles, run.meter.forced
-        for p in policies:
-            found = sized[p]
-            compiles += found["compiles"]
-            pb = found["max_batch"] // unit
-            got = {"flops": None, "host_bytes": None}
-            if pb:  # its probe at that batch, compiled by the search (written=False: no recompile)
-                at = configs[p].replace(batch=found["max_batch"])
-                got = run.meter.figures(at, f"{p} at its largest batch", written=False)
-            rows.append({"policy": p, "max_batch": found["max_batch"],
-                         "per_device_batch": found["per_device_batch"], "peak_bytes": found["peak_bytes"],
-                         "flops": got["flops"],
-                         "recomputed_flops": run.recomputed(got["flops"], pb) if pb else None,
-                         "offloaded_bytes": got["host_bytes"], "fits": pb > 0})
-        return rows, compiles + _give_back(run.meter, before)  # (probes the cache had let go)
-    for p in policies:
-        if run.meter.should_stop():
-            raise Stopped("named")
-        before = run.meter.compiles, run.meter.forced
-        got = run.meter.figures(configs[p].replace(batch=b * unit), f"{p} at batch {b * unit}",
-                                written=False)
-        compiles += _give_back(run.meter, before)
-        rows.append({"policy": p, "max_batch": b * unit, "per_device_batch": b * base.microbatches,
-                     "peak_bytes": got["peak_bytes"], "flops": got["flops"],
-                     "recomputed_flops": run.recomputed(got["flops"], b),
-                     "offloaded_bytes": got["host_bytes"], "fits": got["peak_bytes"] <= run.budget})
-    return rows, compiles
-
-
 def _search(run: _Run, model: Model, goal: str, b: int | None, named_b: int = 0,
             cap: int = 1 << 30, limit: int = 1 << 30) -> None:
     """Solve, compile the best candidates, move the budget by the model's error, again; for
@@ -290,7 +246,7 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
     run = _Run(base, budget_bytes, meter, max_batch)
     notes = [offload_why]
     static = fit(base, budget_bytes)
-    model = probes = record = None
+    model = probes = record = descent = None
     stopped = None
     limit = 3 * k + 12
     named, named_compiles = [], 0
@@ -304,7 +260,7 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
             else:
                 notes.append("the model has no checkpoint names: the space has no per-name choice, "
                              "so the answer is the best named policy")
-            named, named_compiles = _named_rows(run, chosen, goal, b, workers)
+            named, named_compiles = named_rows(run, chosen, goal, b, workers)
             if model is not None:
                 named_b = max((r["max_batch"] // unit for r in named if r["fits"]), default=0)
                 row, start, why = start_from(named, names, base.depth, goal)
@@ -315,6 +271,10 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
                 if start is not None:
                     record = _refine(run, model, row, start, goal, limit)
                     notes.append(refine_note(record))
+                if goal == "max-batch":
+                    descent = _descend(run, model, named, limit)
+                    if descent and descent["rounds"]:
+                        notes.append(descend_note(descent))
     except Stopped as err:
         stopped = f"stopped before compiling {err}"
     doc = document(run, base, config, model, probes, named, goal, b, budget_bytes, budget_source,
@@ -331,10 +291,12 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
     if goal == "max-batch" and doc["answer"] and not doc["max_batch_exact"]:
         notes.append(f"the answer's batch {doc['max_batch']} is a compiled fit, not the plan's exact "
                      "largest batch: " + ((record or {}).get("search_stopped")
+                                          or (descent or {}).get("stopped")
                                           or "the compile limit left no search for it"))
     doc.update(compiles=meter.compiles, xla_forced_compiles=meter.forced,
                answer_search_compiles=meter.answer,
-               within_limit=meter.own() <= limit, refine=record, named_compiles=named_compiles,
+               within_limit=meter.own() <= limit, refine=record, descend=descent,
+               named_compiles=named_compiles,
                compile_limit=limit, wall_s=time.perf_counter() - t0,
                stopped_because=stopped or (record or {}).get("stopped"))
     return doc
@@ -343,32 +305,86 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
 def _refine(run: _Run, model: Model, row: dict, start: Plan, goal: str, limit: int) -> dict:
     """The refinement from the named ``row`` (``synthesize_refine.refine``) at its per-device batch;
     for max-batch, when it beat the named policy, its plan's exact largest batch searched from
-    there (``searched_max_batch``; ``search_compiles``), with up to ``SEARCH`` compiles of its own
-    beyond the limit (``Meter.answer``, outside ``own()``): the answer's batch is its own. A search
-    those compiles do not finish answers the largest batch it compiled to fit, said in
-    ``search_stopped``; None: not searched (a stop), the plan fits at least the named batch."""
+    there (``_own_batch``): the answer's batch is its own."""
     b = row["max_batch"] // run.unit
     record = refine(run, model, row, start, b, goal, limit)
     record.update(searched_max_batch=None, search_compiles=0, search_stopped=None)
     user_stop = (record["stopped"] or "").startswith("stopped before")
     if goal == "max-batch" and record["outcome"] == "beats" and not user_stop:
         p = record["plan"]
-        plan = Plan(tuple(p["save"]), tuple(p["offload"]), p["remat_layers"])
-        before = run.meter.compiles, run.meter.forced
-        run.cap = run.meter.own() + SEARCH - 1  # its probes; one left for no_remat's flops
-        try:
-            found = run.compile_max(plan, model, b, source="refine", partial=True)
-            record["searched_max_batch"] = found["max_batch"]
-            if not found["max_batch_exact"]:
-                record["search_stopped"] = (f"its batch search stopped at its {SEARCH} compiles: "
-                                            f"the plan fits at least {found['max_batch']}")
-        except Stopped as err:
-            record["search_stopped"] = f"stopped before compiling {err}"
-        except OverCap:
-            record["search_stopped"] = (f"its batch search stopped at its {SEARCH} compiles with no "
-                                        "batch above the refinement's compiled")
-        run.cap = 1 << 30
-        spent = run.meter.compiles - before[0] - (run.meter.forced - before[1])
-        run.meter.answer += spent
-        record["search_compiles"] = spent
+        record["searched_max_batch"], record["search_compiles"], record["search_stopped"] = _own_batch(
+            run, model, Plan(tuple(p["save"]), tuple(p["offload"]), p["remat_layers"]), b, "refine")
     return record
+
+
+def _own_batch(run: _Run, model: Model, plan: Plan, b: int,
+               source: str) -> tuple[int | None, int, str | None]:
+    """``plan``'s exact largest batch, searched from per-device batch ``b`` (where it was compiled
+    to fit) with up to ``SEARCH`` compiles of its own beyond the limit (``Meter.answer``, outside
+    ``own()``): ``(max_batch, compiles, stopped)``. A search those compiles do not finish answers
+    the largest batch it compiled to fit, said in ``stopped``; ``max_batch`` None: not searched (a
+    stop), the plan fits at least ``b``."""
+    before = run.meter.compiles, run.meter.forced
+    run.cap = run.meter.own() + SEARCH - 1  # its probes; one left for no_remat's flops
+    got, stopped = None, None
+    try:
+        found = run.compile_max(plan, model, b, source=source, partial=True)
+        got = found["max_batch"]
+        if not found["max_batch_exact"]:
+            stopped = f"its batch search stopped at its {SEARCH} compiles: the plan fits at least {got}"
+    except Stopped as err:
+        stopped = f"stopped before compiling {err}"
+    except OverCap:
+        stopped = f"its batch search stopped at its {SEARCH} compiles with no batch above {b * run.unit}"
+    run.cap = 1 << 30
+    spent = run.meter.compiles - before[0] - (run.meter.forced - before[1])
+    run.meter.answer += spent
+    return got, spent, stopped
+
+
+def _descend(run: _Run, model: Model, named: list[dict], limit: int) -> dict | None:
+    """For max-batch, up to ``ROUNDS`` times: the best compiled plan's lighter moves compiled one
+    over the best batch anything fits (``synthesize_refine.descend``), and the first that fits gets
+    its own largest batch searched (``_own_batch``). The record the document keeps as ``descend``:
+    ``rounds`` (each ``from``, ``batch``, ``steps``, ``plan``, ``searched_max_batch``), ``compiles``,
+    ``search_compiles``, ``stopped``; None when nothing compiled fits."""
+    record = {"rounds": [], "compiles": 0, "search_compiles": 0, "stopped": None}
+    first = run.meter.own()
+    for _ in range(ROUNDS):
+        fits = [c for c in run.candidates if c.get("fits")]
+        if not fits:
+            return None
+        best = min(fits, key=lambda r: objective(r, "max-batch"))
+        top = max([best["max_batch"]] + [r["max_batch"] for r in named if r["fits"]]) // run.unit
+        row, steps, stopped = descend(run, model, best, top + 1, limit)
+        at = {"from": best["plan"], "batch": (top + 1) * run.unit, "steps": steps,
+              "plan": row["plan"] if row else None, "searched_max_batch": None}
+        record["rounds"].append(at)
+        if row is None:
+            record["stopped"] = stopped
+            break
+        p = row["plan"]
+        at["searched_max_batch"], spent, record["stopped"] = _own_batch(
+            run, model, Plan(tuple(p["save"]), tuple(p["offload"]), p["remat_layers"]), top + 1, "descend")
+        record["search_compiles"] += spent
+        if record["stopped"]:
+            break
+    record["compiles"] = run.meter.own() - first
+    return record
+
+
+def descend_note(record: dict) -> str:
+    """The descent's outcome in one sentence."""
+    said = []
+    for r in record["rounds"]:
+        tried = f"{len(r['steps'])} lighter plan{'s' * (len(r['steps']) != 1)} compiled at {r['batch']}"
+        if r["plan"] is None:
+            said.append(f"{tried}: none fits")
+        else:
+            what = ", ".join(f"{k} {'/'.join(r['plan'][k])}" for k in ("save", "offload", "recompute")
+                             if r["plan"][k]) or "every name recomputed"
+            said.append(f"{tried}: {what} fits, its largest batch "
+                        f"{r['searched_max_batch'] or r['batch']}")
+    return ("descended from the best compiled plan (the model prices an offloaded name at no device "
+            "bytes, so plans keeping less can fit more): " + "; ".join(said)
+            + (f" ({record['stopped']})" if record["stopped"] else ""))

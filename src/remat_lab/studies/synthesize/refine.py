@@ -34,7 +34,8 @@ def objective(row: dict, goal: str) -> tuple:
     flops = row.get("flops", row.get("recomputed_flops"))
     flops = float("inf") if flops is None else flops
     batch = -row["max_batch"] if goal == "max-batch" else 0
-    return (0, batch, flops, row.get("offloaded_bytes") or 0.0, row.get("peak_bytes") or 0)
+    return (0, batch, flops, row.get("offloaded_bytes") or 0.0, row.get("peak_bytes") or 0,
+            not row.get("max_batch_exact", True))  # a tie: the row whose batch was searched
 
 
 def named_plan(policy: str, names: tuple[str, ...], depth: int) -> Plan | None:
@@ -70,6 +71,21 @@ def moves(plan: Plan, model: Model) -> list[Plan]:
                 out.append(_with(plan, model.names, n, to))
     if plan.remat_layers > 1 and plan.remat_layers - 1 in model.layer_counts:
         out.append(Plan(plan.save, plan.offload, plan.remat_layers - 1))
+    return out
+
+
+def lighter(plan: Plan, model: Model) -> list[Plan]:
+    """Every plan one move from ``plan`` that keeps less on the device: a saved name offloaded
+    (where the target has host memory) or recomputed, an offloaded one recomputed, one layer more
+    remat'd."""
+    out = []
+    for n in model.names:
+        now = choice(plan, n)
+        for to in model.choices():
+            if RANK[to] < RANK[now]:
+                out.append(_with(plan, model.names, n, to))
+    if plan.remat_layers + 1 in model.layer_counts:
+        out.append(Plan(plan.save, plan.offload, plan.remat_layers + 1))
     return out
 
 
@@ -195,3 +211,37 @@ def refine_note(record: dict) -> str:
     else:
         share = ""
     return head + f"; the plan beats {record['from']} at its batch{share}"
+
+
+def descend(run, model: Model, best: dict, b: int, limit: int) -> tuple[dict | None, list[dict], str | None]:
+    """For max-batch, from the best compiled plan (``best``, a candidate row) at per-device batch
+    ``b`` (one over the best batch anything compiled fits): each lighter plan (``lighter``) compiled
+    at ``b``, the fewest recomputed flops (by the model) first, until one fits; ``(row, steps,
+    stopped)``, row None when none did. The additive model cannot rank these by memory: it prices
+    an offloaded name at no device bytes, while a compiled program keeps its staging buffers, so an
+    offload beside another can cost more than recomputing it (the 3-name SwiGLU block on the H100:
+    gate and up offloaded fit 60, gate alone 70). Moves known not to fit at ``b`` (a compiled
+    plan keeping at least as much) are skipped; compiles stop at ``limit`` (``run.meter.own()``)."""
+    start = Plan(tuple(best["plan"]["save"]), tuple(best["plan"]["offload"]), best["plan"]["remat_layers"])
+    known, over = _rows_at(run, b)
+    ranked = sorted(lighter(start, model), key=lambda q: (model.predict(q, b)["recomputed_flops"],
+                                                          model.predict(q, b)["peak_bytes"]))
+    steps = []
+    for q in ranked:
+        if any(keeps_at_least(q, o, model.names) for o in over):
+            continue
+        row = known.get(q)
+        if row is None:
+            if run.meter.own() >= limit:
+                return None, steps, f"the compile limit ({limit}) reached"
+            try:
+                row = run.compile_at(q, model, b, source="descend")
+            except Stopped as err:
+                return None, steps, f"stopped before compiling {err}"
+        steps.append({"plan": q.as_dict(model.names), "batch": b * run.unit,
+                      "peak_bytes": row["peak_bytes"], "fits": bool(row["fits"]),
+                      "recomputed_flops": row["recomputed_flops"]})
+        if row["fits"]:
+            return row, steps, None
+        over.append(q)
+    return None, steps, None
