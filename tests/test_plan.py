@@ -222,3 +222,34 @@ def test_an_optimizer_offload_family_goes_through_its_own_compiles():
     compiled[(on, 1, 1)] = point(900)
     line = fit(space, compiled)[on]["peak"]
     assert line.at(1) == pytest.approx(900) and line.at(4) == pytest.approx(4100)
+
+
+def test_the_candidate_checked_first_has_its_familys_own_accumulation():
+    """Issue 48: the model's error is measured on a candidate the fit did not compile; when it
+    accumulates, its family's own accumulation steps are compiled first (Llama 2 7B on two A3
+    hosts: ``minimal_with_context`` at 2 x 2, checked on ``save_qkv_proj``'s accumulation, was
+    predicted 5.4 % over its compiled peak)."""
+    from remat_lab.studies.plan.search import Space, refine_points
+
+    space = Space(RunConfig(**TINY), 64 * 8 * 4, None, (1,),
+                  ("full", "minimal_with_context", "save_qkv_proj"), False)
+    a, b, c = (Family("fsdp=8", p) for p in ("full", "minimal_with_context", "save_qkv_proj"))
+
+    def point(peak):
+        return {"peak_bytes": peak, "predicted_s": 1.0, "refused": False}
+
+    compiled = {(f, x, 1): point(100 * x) for f in (a, b, c) for x in (1, 4)}
+    compiled[(a, 2, 2)] = point(300)  # the mesh's first plan's accumulation: the others borrow it
+
+    def cand(f, x, m):
+        return {"family": f, "per_device_batch": x, "microbatches": m, "predicted_fits": True,
+                "predicted_peak_bytes": 400}
+
+    candidates = [cand(a, 4, 1), cand(b, 4, 1), cand(c, 2, 2), cand(c, 1, 4)]
+    # the best families (a, b) have their lines; c's 2 x 2 is what _verify checks first
+    assert refine_points(space, compiled, candidates, top=1, width=0) == []
+    again = refine_points(space, compiled, candidates, top=1, width=1)
+    assert [key for key, _ in again] == [(c, 2, 2), (c, 1, 4)]
+    assert again[0][1].microbatches == 2 and again[0][1].policy == "save_qkv_proj"
+    compiled[(c, 2, 2)] = point(320)
+    assert refine_points(space, compiled, candidates, top=1, width=1) == []  # its own now
