@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from remat_lab.cli.advise import progress_lines
 from remat_lab.cli.common import (
@@ -47,6 +48,15 @@ def _tokens_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"the global batch in tokens must be a whole number from 1 "
                                          f"to {1 << 40}, not {text[:40]!r}")
     return value
+
+
+def _ray_arg(text: str) -> str:
+    """A Ray cluster's address: ``auto``, or its head's ``HOST:PORT`` (``ray://HOST:PORT`` for Ray
+    Client)."""
+    if text == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9][A-Za-z0-9.-]{0,252}:[0-9]{1,5}", text):
+        return text
+    raise argparse.ArgumentTypeError(f"--ray takes 'auto' or the cluster head's HOST:PORT (e.g. "
+                                     f"10.0.0.2:6379 or ray://10.0.0.2:10001), not {text[:60]!r}")
 
 
 def _also_arg(text: str) -> tuple[str, int, float | None]:
@@ -97,6 +107,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--also", type=_also_arg, action="append", default=[], metavar="TARGET:N[:USD]",
                    help="plan the same model and global batch on another accelerator too, side by "
                         "side (N devices; USD: its price per device-hour); repeatable")
+    p.add_argument("--ray", type=_ray_arg, default=None, metavar="ADDRESS",
+                   help="run the compiles on this Ray cluster ('auto', or its head's HOST:PORT); "
+                        "its nodes need the lab's requirements (the lab's code is shipped)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
 
@@ -118,7 +131,8 @@ def main(args: argparse.Namespace) -> int:
         question = dict(global_batch_tokens=args.global_batch_tokens,
                         tensor=tuple(args.tensor or DEFAULT_TENSOR), plans=args.plans or DEFAULT_PLANS,
                         offload=not args.no_optimizer_offload,
-                        top=args.top, workers=args.workers, cache=not args.no_cache, progress=say)
+                        top=args.top, workers=args.workers, cache=not args.no_cache, progress=say,
+                        ray=args.ray)
         question["knobs_from_published"] = tuple(k for k in KNOBS if k not in given(args))
         doc = plan(config, slices=args.slices, **question)
         _costs(doc, args.price_per_device_hour)

@@ -15,14 +15,15 @@ def plan(config: RunConfig, *, global_batch_tokens: int | None = None, slices: i
          tensor: tuple[int, ...] = DEFAULT_TENSOR, plans: tuple[str, ...] = DEFAULT_PLANS,
          offload: bool = True, top: int = 3, workers: int | None = None, cache: bool = True,
          published: bool = True, knobs_from_published: tuple[str, ...] = (),
-         progress: Progress | None = None) -> dict:
+         progress: Progress | None = None, ray: str | None = None) -> dict:
     """The whole run planned for ``config``'s model, target and devices (``plan --json``; see
     ``doc.document``): a global batch of ``global_batch_tokens`` (None: as large as fits), the
     published configuration of the same question compiled beside it when ``published``, and the
     fields ``knobs_from_published`` names (of ``KNOBS``: the knobs the search does not range over)
     taken from it: MaxText tunes them per run (the attention blocks, 2048 for the v6e's 8k-token
     runs against the lab's 512; its GPU runs' layers unrolled, ``scan_layers: false``; its vocabulary
-    loss whole, ``num_vocab_tiling: 1``, where a preset's is in 8 chunks)."""
+    loss whole, ``num_vocab_tiling: 1``, where a preset's is in 8 chunks). ``ray``: a Ray cluster's
+    address (``host:port`` of its head, or ``auto``): the compiles run there."""
     from remat_lab.studies.published import config_for
 
     sequences = None if global_batch_tokens is None else global_batch_tokens // config.seq
@@ -34,7 +35,7 @@ def plan(config: RunConfig, *, global_batch_tokens: int | None = None, slices: i
         config = config.replace(**taken)
     result = search(config, tokens=global_batch_tokens, slices=slices, tensor=tensor, plans=plans,
                     offload=offload, top=top, workers=workers, cache=cache,
-                    extra=list(pubs.items()), progress=progress)
+                    extra=list(pubs.items()), progress=progress, ray=ray)
     doc = document(result["space"], result, pubs, top)
     doc["knobs_from_published"] = taken
     return doc

@@ -118,7 +118,8 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
         "beats_published": (None if not (best and pub_best) else
                             best["predicted_tokens_per_s_per_device"]
                             >= pub_best["predicted_tokens_per_s_per_device"] * (1 - 1e-9)),
-        "wall_s": result["wall_s"], "candidates_predicted": len(result["candidates"]),
+        "wall_s": result["wall_s"], "workers": result.get("workers"), "ray": result.get("ray"),
+        "candidates_predicted": len(result["candidates"]),
         "candidates_compiled": len(result["compiled"]) + len(result["extra"]),
         "memory_model_error": {"max": max(errors) if errors else None,
                                "mean": sum(errors) / len(errors) if errors else None,

@@ -27,7 +27,8 @@ def default_workers(memory_bytes: int | None = None) -> int:
     return max(1, min(cores, memory_bytes // WORKER_BYTES))
 
 
-def _start(cache: bool) -> None:
+def start_worker(cache: bool) -> None:
+    """A worker's start: the persistent compile cache turned on when ``cache``."""
     if cache:
         from remat_lab.program.backend import enable_compilation_cache
 
@@ -73,11 +74,11 @@ class Fanout:
             sys.modules["__main__"] = types.ModuleType("__main__")
             try:
                 self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_start, initargs=(cache,))
+                                                 initializer=start_worker, initargs=(cache,))
             finally:
                 sys.modules["__main__"] = main
         elif cache:
-            _start(cache)
+            start_worker(cache)
 
     def run(self, jobs: Iterable[tuple[object, RunConfig]]) -> Iterator[tuple[object, dict | Exception]]:
         """``(key, config)`` jobs compiled; yields ``(key, figures)`` (or the exception) as each ends."""

@@ -257,14 +257,22 @@ def predict(space: Space, lines: dict[Family, dict]) -> list[dict]:
 def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
            tensor: tuple[int, ...] = DEFAULT_TENSOR, plans: tuple[str, ...] = DEFAULT_PLANS,
            offload: bool = True, top: int = 3, workers: int | None = None, cache: bool = True,
-           extra: list[tuple[str, RunConfig]] | None = None, progress: Progress | None = None) -> dict:
+           extra: list[tuple[str, RunConfig]] | None = None, progress: Progress | None = None,
+           ray: str | None = None) -> dict:
     """Fit, predict, compile the best: ``{"space", "compiled", "lines", "candidates", "extra",
-    "wall_s"}``. ``extra``: named configurations compiled beside the search (the published row)."""
+    "wall_s", "workers", "ray"}``. ``extra``: named configurations compiled beside the search (the
+    published row); ``ray``: a Ray cluster's address, the compiles run there (``workers`` unused)."""
     say = _Said(progress or (lambda message: None))
     t0 = time.perf_counter()
     space = Space(config, tokens, slices, tuple(tensor), tuple(plans), offload)
-    workers = default_workers() if workers is None else workers
-    pool = Fanout(workers, cache)
+    if ray:
+        from remat_lab.studies.plan.ray_fanout import RayFanout
+
+        pool = RayFanout(ray, cache)
+        workers = pool.workers
+    else:
+        workers = default_workers() if workers is None else workers
+        pool = Fanout(workers, cache)
     compiled: dict[tuple, dict] = {}
     extras: dict[str, dict] = {}
     try:
@@ -272,7 +280,8 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
         jobs += [(("extra", name), c) for name, c in (extra or [])]
         say.planned = len(jobs) + top + 1
         say(f"fitting the model: {len(jobs)} compiles over {len(space.rows)} meshes and "
-            f"{len(plans)} plans, {max(workers, 1)} at a time")
+            f"{len(plans)} plans, {max(workers, 1)} at a time"
+            + (f" on the Ray cluster at {ray}" if ray else ""))
         _collect(pool, jobs, compiled, extras, say)
         again = second_points(space, compiled)
         if again:
@@ -298,7 +307,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     finally:
         pool.close()
     return {"space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
-            "extra": extras, "wall_s": time.perf_counter() - t0}
+            "extra": extras, "wall_s": time.perf_counter() - t0, "workers": max(workers, 1), "ray": ray}
 
 
 class _Said:
