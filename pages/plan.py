@@ -123,12 +123,15 @@ if pub:
         st.caption("The top plan's predicted tokens/s per device is "
                    + ("at least the published configuration's." if doc["beats_published"] else
                       "below the published configuration's: the search did not find it."))
-err = doc["memory_model_error"]
+err, ref = doc["memory_model_error"], doc.get("refinement_error") or {}
 st.caption(md(f"{doc['candidates_predicted']} candidates predicted, {doc['candidates_compiled']} "
               f"compiled in {doc['wall_s']:.0f} s. The memory model's error on "
               f"{err['compiled_candidates']} compiles it did not fit on: "
               + (f"at most {err['max']:.1%} (mean {err['mean']:.1%})." if err["max"] is not None
-                 else "none was compiled.") + " Step times are predictions (nothing runs here)."))
+                 else "none was compiled.")
+              + (f" Before each family was measured on its own it was off by up to {ref['max']:.1%} "
+                 f"on the {ref['compiled_candidates']} compiles that measured them."
+                 if ref.get("max") is not None else "") + " Step times are predictions (nothing runs here)."))
 if doc["plans"]:
     left, right = st.columns(2)
     left.markdown("MaxText's knobs for the best plan:")

@@ -119,6 +119,13 @@ def test_the_models_error_is_measured_on_held_out_compiles(tiny_plan):
     assert err["compiled_candidates"] == len(held) >= 1
     worst = max(abs(r["predicted_peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"] for r in held)
     assert err["max"] == pytest.approx(worst)
+    # the refinement's compiles, each against what the model said of it before it was compiled
+    before = [r for r in doc["compiled_rows"] if r["predicted_before_refinement"] is not None]
+    ref = doc["refinement_error"]
+    assert ref["compiled_candidates"] == len(before)
+    if before:
+        assert ref["max"] == pytest.approx(max(abs(r["predicted_before_refinement"] - r["peak_bytes"])
+                                               / r["peak_bytes"] for r in before))
 
 
 def test_cli_refuses_a_batch_that_is_not_whole_sequences(capsys):

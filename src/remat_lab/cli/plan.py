@@ -199,6 +199,10 @@ def format_plan(doc: dict) -> str:
                  f"compiled in {doc['wall_s']:.0f} s; memory model error on "
                  f"{e['compiled_candidates']} held-out compiles: "
                  + (f"max {e['max']:.1%}, mean {e['mean']:.1%}" if e["max"] is not None else "none compiled"))
+    r = doc.get("refinement_error") or {}
+    if r.get("max") is not None:
+        lines.append(f"before each family was measured on its own, the model was off by up to {r['max']:.1%} "
+                     f"on the {r['compiled_candidates']} compiles that measured them (mean {r['mean']:.1%})")
     if doc["plans"]:
         lines += ["", "MaxText (the top plan):", doc["plans"][0]["maxtext_yaml"], "",
                   "The lab's compile of it:", doc["plans"][0]["run_command"]]

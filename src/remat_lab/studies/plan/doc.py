@@ -89,11 +89,16 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
         predicted = by_key.get(key)
         row = plan_row(space, fam.apply(space.config, b, m), found, {**(predicted or {}), "plan": fam.plan})
         row["held_out"] = bool(predicted and predicted.get("held_out"))
+        row["predicted_before_refinement"] = result.get("before_refinement", {}).get(key)
         # a compile at a batch only the model needed (not a split of the global batch) is no answer
         row["answers"] = predicted is not None
         rows.append(row)
         if row["held_out"] and not found["refused"]:
             errors.append(relative_error(predicted["predicted_peak_bytes"], found["peak_bytes"]))
+    # the refinement's compiles as the model predicted them before (a borrowed or one-point line)
+    corrected = [relative_error(p, result["compiled"][k]["peak_bytes"])
+                 for k, p in result.get("before_refinement", {}).items()
+                 if not result["compiled"].get(k, {}).get("error") and not result["compiled"][k]["refused"]]
     fitting = sorted((r for r in rows if r["fits"] and r["answers"]),
                      key=lambda r: -(r["predicted_tokens_per_s_per_device"] or 0))
     pubs = []
@@ -124,6 +129,9 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
         "memory_model_error": {"max": max(errors) if errors else None,
                                "mean": sum(errors) / len(errors) if errors else None,
                                "compiled_candidates": len(errors)},
+        "refinement_error": {"max": max(corrected) if corrected else None,
+                             "mean": sum(corrected) / len(corrected) if corrected else None,
+                             "compiled_candidates": len(corrected)},
         "estimates": [{"mesh": c["family"].mesh, "plan": c["family"].plan,
                        "optimizer_offload": c["family"].optimizer_offload,
                        "per_device_batch": c["per_device_batch"], "microbatches": c["microbatches"],

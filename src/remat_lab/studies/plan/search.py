@@ -290,10 +290,14 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
             _collect(pool, again, compiled, extras, say)
         lines = fit(space, compiled)
         candidates = predict(space, lines)
+        before: dict[tuple, int] = {}  # what the model said of each refinement compile beforehand
         for _ in range(3):  # the best families measured on their own, then predicted again
             again = refine_points(space, compiled, candidates, top, max(workers, 1))
             if not again:
                 break
+            said = {(c["family"], c["per_device_batch"], c["microbatches"]): c["predicted_peak_bytes"]
+                    for c in candidates}
+            before.update({k: said[k] for k, _ in again if k in said})
             say.planned += len(again)
             say(f"the best families measured on their own: {len(again)} compiles (a second batch, "
                 "their own accumulation steps)")
@@ -307,7 +311,8 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     finally:
         pool.close()
     return {"space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
-            "extra": extras, "wall_s": time.perf_counter() - t0, "workers": max(workers, 1), "ray": ray}
+            "extra": extras, "wall_s": time.perf_counter() - t0, "workers": max(workers, 1), "ray": ray,
+            "before_refinement": before}
 
 
 class _Said:
