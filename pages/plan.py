@@ -138,6 +138,11 @@ if doc["plans"]:
     left.code(best["maxtext_yaml"], language="yaml", wrap_lines=True)
     right.markdown("The lab's compile of it:")
     right.code(best["run_command"], language="bash", wrap_lines=True)
+hand = doc.get("instant_error") or {}
+if hand.get("max") is not None:
+    st.caption(f"The estimate by hand shown while the first compiles ran (the configuration alone, "
+               f"nothing compiled) was off by up to {hand['max']:.1%} (median {hand['median']:.1%}) on "
+               f"the {hand['compiled_candidates']} compiled candidates.")
 with st.expander(f"Every candidate the model predicted ({len(doc['estimates'])})"):
     st.dataframe(pd.DataFrame(doc["estimates"]), hide_index=True, width="stretch")
 with st.expander("Method"):

@@ -199,6 +199,10 @@ def format_plan(doc: dict) -> str:
                  f"compiled in {doc['wall_s']:.0f} s; memory model error on "
                  f"{e['compiled_candidates']} held-out compiles: "
                  + (f"max {e['max']:.1%}, mean {e['mean']:.1%}" if e["max"] is not None else "none compiled"))
+    h = doc.get("instant_error") or {}
+    if h.get("max") is not None:
+        lines.append(f"the estimate by hand made before any compile: off by up to {h['max']:.1%} (median "
+                     f"{h['median']:.1%}) on the {h['compiled_candidates']} compiled candidates")
     r = doc.get("refinement_error") or {}
     if r.get("max") is not None:
         lines.append(f"before each family was measured on its own, the model was off by up to {r['max']:.1%} "

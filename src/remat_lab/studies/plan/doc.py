@@ -81,7 +81,9 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
     """``plan --json``: the top compiled plans by predicted tokens/s per device, each fitting; the
     model's error on every compiled candidate the fit did not use; the published rows beside."""
     by_key = {(c["family"], c["per_device_batch"], c["microbatches"]): c for c in result["candidates"]}
-    rows, errors = [], []
+    # the estimate by hand, made before any compile, set against each compiled candidate
+    instant = {(r["family"], r["per_device_batch"], r["microbatches"]): r for r in result.get("instant", [])}
+    rows, errors, by_hand = [], [], []
     for key, found in result["compiled"].items():
         if found.get("error"):
             continue
@@ -90,6 +92,9 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
         row = plan_row(space, fam.apply(space.config, b, m), found, {**(predicted or {}), "plan": fam.plan})
         row["held_out"] = bool(predicted and predicted.get("held_out"))
         row["predicted_before_refinement"] = result.get("before_refinement", {}).get(key)
+        row["instant_peak_bytes"] = (instant.get(key) or {}).get("instant_peak_bytes")
+        if row["instant_peak_bytes"] and not found["refused"]:
+            by_hand.append(relative_error(row["instant_peak_bytes"], found["peak_bytes"]))
         # a compile at a batch only the model needed (not a split of the global batch) is no answer
         row["answers"] = predicted is not None
         rows.append(row)
@@ -129,6 +134,15 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
         "memory_model_error": {"max": max(errors) if errors else None,
                                "mean": sum(errors) / len(errors) if errors else None,
                                "compiled_candidates": len(errors)},
+        "instant": [{"mesh": r["family"].mesh, "plan": r["family"].plan,
+                     "optimizer_offload": r["family"].optimizer_offload,
+                     "per_device_batch": r["per_device_batch"] * batch_rows(parse_mesh(r["family"].mesh))
+                     / space.devices, "microbatches": r["microbatches"],
+                     **{k: v for k, v in r.items() if k.startswith("instant_")}}
+                    for r in result.get("instant", [])[:10]],
+        "instant_error": {"max": max(by_hand) if by_hand else None,
+                          "median": sorted(by_hand)[len(by_hand) // 2] if by_hand else None,
+                          "compiled_candidates": len(by_hand)},
         "refinement_error": {"max": max(corrected) if corrected else None,
                              "mean": sum(corrected) / len(corrected) if corrected else None,
                              "compiled_candidates": len(corrected)},

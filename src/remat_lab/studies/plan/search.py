@@ -9,6 +9,7 @@ from remat_lab.config import ConfigError, RunConfig, batch_rows, get_target, par
 from remat_lab.config.budget import optimizer_state_bytes
 from remat_lab.studies.plan.fanout import Fanout, default_workers
 from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, step_line
+from remat_lab.studies.plan.instant import estimate
 from remat_lab.studies.plan.space import DEFAULT_PLANS, DEFAULT_TENSOR, Family, meshes, slices_of, splits
 from remat_lab.studies.progress import Step
 
@@ -275,6 +276,13 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
         pool = Fanout(workers, cache)
     compiled: dict[tuple, dict] = {}
     extras: dict[str, dict] = {}
+    instant = estimate(space)
+    said = [r for r in instant if r["instant_fits"]][:3]
+    say("estimate in seconds (by hand, uncompiled; compiles follow): " + ("; ".join(
+        f"{_key_text((r['family'], r['per_device_batch'], r['microbatches']))} ~"
+        f"{r['instant_peak_bytes'] / 2**30:.1f} GiB, "
+        f"~{r['instant_tokens_per_s_per_device']:,.0f} tokens/s/device"
+        for r in said) or "no candidate is estimated to fit"))
     try:
         jobs = [((fam, b, m), fam.apply(space.config, b, m)) for fam, b, m in fit_points(space)]
         jobs += [(("extra", name), c) for name, c in (extra or [])]
@@ -312,7 +320,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
         pool.close()
     return {"space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
             "extra": extras, "wall_s": time.perf_counter() - t0, "workers": max(workers, 1), "ray": ray,
-            "before_refinement": before}
+            "before_refinement": before, "instant": instant}
 
 
 class _Said:
