@@ -17,7 +17,7 @@ from remat_lab.program.backend import ExecutionError  # noqa: E402
 from remat_lab.store.bytecache import ByteCache  # noqa: E402
 from remat_lab.studies.plan.space import DEFAULT_PLANS, plan_label  # noqa: E402
 
-PLANS = (*DEFAULT_PLANS, "minimal", "save_dot_except_mlp", "qkv_proj_offloaded",
+PLANS = (*DEFAULT_PLANS, "synthesized", "minimal", "save_dot_except_mlp", "qkv_proj_offloaded",
          "offload:decoder_layer_input,query_proj,key_proj,value_proj,out_proj")
 COLUMNS = [("what", "compiled", _progress._text), ("peak_bytes", "peak", _progress._bytes),
            ("predicted_s", "predicted step", _progress._seconds), ("error", "note", _progress._text)]

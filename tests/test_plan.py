@@ -304,3 +304,42 @@ def test_the_estimate_by_hand_is_near_the_70b_compiles():
         assert abs(got - gib) / gib < 0.30, (mesh, plan, b, m, got, gib)
     best = estimate(space)[0]
     assert best["family"].plan == OFFLOAD and best["instant_fits"]
+
+
+def test_a_synthesized_plan_per_mesh_is_searched_and_compiled():
+    """Issue 48: ``synthesized`` stands for each mesh's per-name plan chosen by the estimate by hand
+    (every name saved, offloaded or recomputed, at every split); the search compiles it like any
+    plan. No one-name change of it is estimated faster within the same margin of the HBM."""
+    from remat_lab.studies.plan import plan
+    from remat_lab.studies.plan.instant import Instant, kept
+    from remat_lab.studies.plan.question import Space
+
+    question = dict(global_batch_tokens=64 * 8 * 4, tensor=(1,), plans=("synthesized", "full"),
+                    offload=False, top=2, workers=0, cache=False)
+    doc = plan(RunConfig(**TINY), **question)
+    chosen = doc["synthesized"]["fsdp=8"]
+    assert chosen and chosen in {r["plan"] for r in doc["compiled_rows"]}
+    space = Space(RunConfig(**TINY), 64 * 8 * 4, None, (1,), ("synthesized",), False)
+    assert space.synthesized == doc["synthesized"]
+    est = Instant(space)
+    names = list(est.widths)
+    saves, offloads = kept(chosen, names)
+    choices = ("save", "offload", "recompute") if est.host_bw else ("save", "recompute")
+
+    def best(s, o):  # the most estimated tokens/s over the splits within 90 % of the HBM
+        rates = []
+        for b, m in space.splits("fsdp=8", 64):
+            peak, step = est.price(est.parts("fsdp=8", b, m), s, o, m)
+            if peak <= 0.9 * space.hbm:
+                rates.append(space.tokens_per_device(Family("fsdp=8", "full"), b, m) / step)
+        return max(rates, default=0.0)
+
+    mine = best(saves, offloads)
+    assert mine > 0
+    for n in names:
+        for c in choices:
+            if n == "decoder_layer_input" and c == "recompute":
+                continue
+            s2 = (saves - {n}) | ({n} if c == "save" else set())
+            o2 = (offloads - {n}) | ({n} if c == "offload" else set())
+            assert best(s2, o2) <= mine * (1 + 1e-12), (n, c)

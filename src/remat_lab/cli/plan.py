@@ -27,6 +27,8 @@ def _plans_arg(text: str) -> tuple[str, ...]:
     out = tuple(p.strip() for p in text.split(";") if p.strip())
     names = set(names_of("llm"))
     for p in out:
+        if p == "synthesized":  # each mesh's per-name plan by the estimate by hand
+            continue
         try:
             fields = plan_fields(p)
         except ConfigError as err:
@@ -35,7 +37,8 @@ def _plans_arg(text: str) -> tuple[str, ...]:
         if fields["policy"] not in POLICY_IDS or bad:
             raise argparse.ArgumentTypeError(
                 f"plan {p[:60]!r}: give a named policy ({', '.join(POLICY_IDS[:4])}, ...) or "
-                f"offload:NAMES / save:NAMES|offload:NAMES with names of {', '.join(sorted(names))}.")
+                f"offload:NAMES / save:NAMES|offload:NAMES with names of {', '.join(sorted(names))}, or "
+                "synthesized (each mesh's per-name plan by the estimate by hand, then compiled).")
     if not out:
         raise argparse.ArgumentTypeError("give at least one plan.")
     return out
@@ -95,8 +98,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--tensor", type=list_arg(int), default=None, metavar="1,4",
                    help="tensor-parallel sizes to try within a slice or host (default 1,4)")
     p.add_argument("--plans", type=_plans_arg, default=None, metavar="P;P",
-                   help="remat plans, ';'-separated: named policies or offload:NAMES (default: "
-                        "save_qkv_proj; minimal_with_context; full; MaxText's v6e offload plan)")
+                   help="remat plans, ';'-separated: named policies, offload:NAMES (or "
+                        "save:NAMES|offload:NAMES), or synthesized (each mesh's per-name plan by the "
+                        "estimate by hand, then compiled) (default: save_qkv_proj; "
+                        "minimal_with_context; full; MaxText's v6e offload plan)")
     p.add_argument("--no-optimizer-offload", action="store_true",
                    help="do not consider AdamW's state in host memory")
     p.add_argument("--top", type=count_arg("top", 10), default=3, help="compiled plans to return")

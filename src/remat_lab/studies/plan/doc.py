@@ -123,6 +123,7 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
         "global_batch_sequences": space.sequences,
         "global_batch_tokens": space.sequences * space.config.seq if space.sequences else None,
         "meshes": list(space.rows), "left_out": space.left_out,
+        "synthesized": getattr(space, "synthesized", {}),
         "plans": fitting[:top], "compiled_rows": rows,
         "published_row": pub_best, "published_rows": pubs,
         "beats_published": (None if not (best and pub_best) else

@@ -21,6 +21,8 @@ candidate (``instant_error``), and no returned figure is ever its.
 
 from __future__ import annotations
 
+import itertools
+
 from remat_lab.config import RunConfig, batch_rows, parse_mesh
 from remat_lab.config.budget import llm_model_flops
 from remat_lab.model.policies import get_policy
@@ -78,39 +80,86 @@ class Instant:
         rates = dict(space.target.step_model or {})
         self.rate = space.target.peak_flops.get(self.config.dtype, max(space.target.peak_flops.values())) \
             * float(rates.get("gemm_efficiency", 0.5))
+        self.host_bw = space.target.host_bandwidth_bytes_per_s
 
     def _static(self, mesh: str) -> dict:
         if mesh not in self.static:
             self.static[mesh] = static_bytes(self.config.replace(mesh=mesh))
         return self.static[mesh]
 
-    def row(self, fam: Family, b: int, m: int) -> dict:
-        """One candidate's estimated per-device peak and step (``b`` sequences a batch row and
-        microbatch, ``m`` microbatches)."""
-        cfg, sizes = self.config, parse_mesh(fam.mesh)
+    def parts(self, mesh: str, b: int, m: int) -> dict:
+        """What a plan's estimate adds up on ``mesh`` at ``b`` sequences a batch row and microbatch
+        and ``m`` microbatches: ``base`` bytes (static, working set, logits, gradient sums), each
+        name's bytes when saved (``bytes``), its forward flops when recomputed (``flops``, per
+        device), and the model's flops per device (``model_flops``)."""
+        cfg, sizes = self.config, parse_mesh(mesh)
         tensor = sizes.get("tensor", 1)
-        static = self._static(fam.mesh)
+        static = self._static(mesh)
         tokens = b * cfg.seq  # a batch row's tokens, which every device of its tensor group sees
         per_token = {n: w * self.dtype / (tensor if n in SPLIT else 1) for n, w in self.widths.items()}
-        saves, _ = kept(fam.plan, self.widths)
         # the scan's saved layer inputs are laid out over the tensor group too
         stored = {**per_token, "decoder_layer_input": per_token["decoder_layer_input"] / tensor}
-        saved = cfg.depth * tokens * sum(stored[n] for n in saves)
         working = tokens * sum(per_token.values())
         logits = tokens * cfg.vocab * self.dtype / tensor / max(cfg.loss_chunks, 1)
         acc = 2 * static["parameter_bytes"] if m > 1 else 0  # float32 sums of bf16/f32 parameter shards
-        peak = static["static_bytes_per_device"] + saved + working + logits + acc
-        rows = batch_rows(sizes)
-        flops = llm_model_flops(cfg.replace(batch=b * rows * m)) / self.space.devices
-        _, offloads = kept(fam.plan, self.widths)
+        global_tokens = b * batch_rows(sizes) * m * cfg.seq
+        return {"base": static["static_bytes_per_device"] + working + logits + acc,
+                "bytes": {n: cfg.depth * tokens * v for n, v in stored.items()},
+                "flops": {n: global_tokens * cfg.depth * _forward_flops(cfg, n) / self.space.devices
+                          for n in self.widths},
+                "model_flops": llm_model_flops(cfg.replace(batch=global_tokens // cfg.seq))
+                / self.space.devices}
+
+    def price(self, parts: dict, saves: set[str], offloads: set[str], m: int) -> tuple[float, float]:
+        """``(peak bytes, step seconds)`` of a plan from ``parts``: saved names on the device,
+        offloaded ones moved to the host and back each step (beside the compute), the rest recomputed."""
+        peak = parts["base"] + sum(parts["bytes"][n] for n in saves)
         recomputed = set(self.widths) - saves - offloads - {"decoder_layer_input"}
-        extra = b * rows * m * cfg.seq * cfg.depth * sum(_forward_flops(cfg, n) for n in recomputed) \
-            / self.space.devices
-        step = (flops + extra) / self.rate + self.space.offload_s(fam)
+        compute = (parts["model_flops"] + sum(parts["flops"][n] for n in recomputed)) / self.rate
+        host = 2 * m * sum(parts["bytes"][n] for n in offloads) / self.host_bw if self.host_bw else 0.0
+        return peak, max(compute, host)
+
+    def row(self, fam: Family, b: int, m: int) -> dict:
+        """One candidate's estimated per-device peak and step (``b`` sequences a batch row and
+        microbatch, ``m`` microbatches)."""
+        saves, offloads = kept(fam.plan, self.widths)
+        peak, step = self.price(self.parts(fam.mesh, b, m), saves, offloads, m)
+        step += self.space.offload_s(fam)
         tok = self.space.tokens_per_device(fam, b, m)
         return {"family": fam, "per_device_batch": b, "microbatches": m, "instant_peak_bytes": int(peak),
                 "instant_fits": peak <= self.space.hbm, "instant_step_s": step,
                 "instant_tokens_per_s_per_device": tok / step if step else None}
+
+    def synthesized(self, mesh: str, margin: float = 0.9) -> str | None:
+        """The per-name plan this estimate ranks best on ``mesh``: every name saved, offloaded
+        (where the target has host memory) or recomputed (the layer input saved or offloaded), at
+        each split of the global batch, the most tokens/s whose estimated peak is within ``margin``
+        of the HBM (the estimate's error), ties to the fewer names kept; as a plan
+        (``save:..|offload:..``), None when none fits. A candidate for the compiles to prove."""
+        names = list(self.widths)
+        choices = [("save", "offload") if n == "decoder_layer_input" else
+                   ("save", "offload", "recompute") for n in names]
+        if not self.host_bw:
+            choices = [tuple(c for c in cs if c != "offload") for cs in choices]
+        best, key = None, None
+        for b, m in self.space.splits(mesh, 64):
+            parts = self.parts(mesh, b, m)
+            tok = self.space.tokens_per_device(Family(mesh, "full"), b, m)
+            for picks in itertools.product(*choices):
+                saves = {n for n, c in zip(names, picks) if c == "save"}
+                offloads = {n for n, c in zip(names, picks) if c == "offload"}
+                peak, step = self.price(parts, saves, offloads, m)
+                if peak > margin * self.space.hbm:
+                    continue
+                rank = (-tok / step, len(saves) + len(offloads), m)
+                if key is None or rank < key:
+                    key, best = rank, (saves - {"decoder_layer_input"}, offloads)
+        if best is None:
+            return None
+        saves, offloads = ([n for n in names if n in chosen] for chosen in best)
+        text = "|".join(p for p in (f"save:{','.join(saves)}" if saves else "",
+                                    f"offload:{','.join(offloads)}" if offloads else "") if p)
+        return text or "full"
 
 
 def estimate(space, most: int = 64) -> list[dict]:

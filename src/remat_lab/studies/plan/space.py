@@ -48,6 +48,8 @@ def plan_fields(plan: str) -> dict:
 
 def plan_label(plan: str) -> str:
     """A plan in words for a table: ``offload decoder_layer_input, query_proj`` or the policy."""
+    if plan == "synthesized":
+        return "synthesized (each mesh's per-name plan, by the estimate by hand)"
     if ":" not in plan:
         return plan
     return "; ".join(f"{k} {v.replace(',', ', ')}" for k, v in (p.split(":", 1) for p in plan.split("|")))
