@@ -287,10 +287,9 @@ COMPILED_70B = {("fsdp=256", OFFLOAD, 5, 1): 21.90, ("fsdp=64,tensor=4", OFFLOAD
 
 
 def test_the_estimate_by_hand_is_near_the_70b_compiles():
-    """The estimate against a pod-scale question's compiled peaks (GiB, above): within 30 % each
-    (the worst, -26 %: an offload plan at one sequence a device, whose host transfers' device
-    buffers the estimate does not count), and it ranks the published configuration's family first
-    among those estimated to fit."""
+    """The estimate against a pod-scale question's compiled peaks (GiB, above): within 20 % each
+    (the worst, +15 %: an offload plan accumulating over five microbatches), and it ranks the
+    published configuration's family first among those estimated to fit."""
     from remat_lab.studies.plan.instant import Instant, estimate
     from remat_lab.studies.plan.search import Space
 
@@ -301,7 +300,7 @@ def test_the_estimate_by_hand_is_near_the_70b_compiles():
     est = Instant(space)
     for (mesh, plan, b, m), gib in COMPILED_70B.items():
         got = est.row(Family(mesh, plan), b, m)["instant_peak_bytes"] / 2**30
-        assert abs(got - gib) / gib < 0.30, (mesh, plan, b, m, got, gib)
+        assert abs(got - gib) / gib < 0.20, (mesh, plan, b, m, got, gib)
     best = estimate(space)[0]
     assert best["family"].plan == OFFLOAD and best["instant_fits"]
 
