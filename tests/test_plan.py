@@ -342,3 +342,21 @@ def test_a_synthesized_plan_per_mesh_is_searched_and_compiled():
             s2 = (saves - {n}) | ({n} if c == "save" else set())
             o2 = (offloads - {n}) | ({n} if c == "offload" else set())
             assert best(s2, o2) <= mine * (1 + 1e-12), (n, c)
+
+
+def test_the_estimate_prices_every_split_without_a_global_batch():
+    """With no global batch every per-device batch is a split; on a tensor mesh a split's sequences
+    need not divide the question's devices (the estimate once asked the config to take that batch
+    and raised ConfigError before any compile)."""
+    from remat_lab.studies.plan.instant import estimate
+    from remat_lab.studies.plan.question import Space
+
+    space = Space(RunConfig(**TINY), None, None, (1, 4), ("full", "synthesized"), False)
+    rows = estimate(space, most=3)
+    assert {r["family"].mesh for r in rows} == set(space.rows) and len(space.rows) == 2
+    one = [r for r in rows if r["family"].plan == "full" and r["microbatches"] == 1]
+    by_mesh = {}
+    for r in one:  # the step grows with the batch, linearly in the model flops
+        by_mesh.setdefault(r["family"].mesh, {})[r["per_device_batch"]] = r["instant_step_s"]
+    for steps in by_mesh.values():
+        assert steps[2] == pytest.approx(2 * steps[1], rel=1e-9) and steps[3] == pytest.approx(3 * steps[1])
