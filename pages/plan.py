@@ -43,10 +43,11 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 _shared.page_start("Plan the run", "Give a model, the chips and a global batch: the planner searches "
                                    "meshes (FSDP, tensor, expert; data or FSDP across slices or hosts), "
                                    "remat plans, the per-device batch and accumulation steps, and "
-                                   "whether AdamW's state lives in host memory. A few compiles per mesh "
-                                   "fit a model of memory and step time; the best plans are then "
-                                   "compiled at full size, and every figure below is a compile's. The "
-                                   "sidebar's settings are not used here.")
+                                   "whether AdamW's state lives in host memory. An estimate by hand "
+                                   "comes at once (labelled one); then a few compiles per mesh fit a "
+                                   "model of memory and step time, the best plans are compiled at full "
+                                   "size, and every figure below is a compile's. The sidebar's settings "
+                                   "are not used here.")
 ss = st.session_state
 a, b, c = st.columns(3)
 preset = a.selectbox("Model", list(PRESETS), key="plan_preset",

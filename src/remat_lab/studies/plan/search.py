@@ -218,6 +218,10 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     extras: dict[str, dict] = {}
     instant = estimate(space)
     said = [r for r in instant if r["instant_fits"]][:3]
+    say.estimates = [{"what": "estimate by hand (not compiled): "
+                      + _key_text((r["family"], r["per_device_batch"], r["microbatches"])),
+                      "peak_bytes": r["instant_peak_bytes"], "predicted_s": r["instant_step_s"],
+                      "took_s": None, "error": "an estimate: the compiles below replace it"} for r in said]
     say("estimate in seconds (by hand, uncompiled; compiles follow): " + ("; ".join(
         f"{_key_text((r['family'], r['per_device_batch'], r['microbatches']))} ~"
         f"{r['instant_peak_bytes'] / 2**30:.1f} GiB, "
@@ -227,8 +231,9 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
         jobs = [((fam, b, m), fam.apply(space.config, b, m)) for fam, b, m in fit_points(space)]
         jobs += [(("extra", name), c) for name, c in (extra or [])]
         say.planned = len(jobs) + top + 1
-        say(f"fitting the model: {len(jobs)} compiles over {len(space.rows)} meshes and "
-            f"{len(plans)} plans, {max(workers, 1)} at a time"
+        n, k = len(space.rows), len(plans)
+        say(f"fitting the model: {len(jobs)} compiles over {n} mesh{'es' * (n != 1)} and "
+            f"{k} plan{'s' * (k != 1)}, {max(workers, 1)} at a time"
             + (f" on the Ray cluster at {ray}" if ray else ""))
         _collect(pool, jobs, compiled, extras, say)
         again = second_points(space, compiled)
@@ -264,10 +269,12 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
 
 
 class _Said:
-    """The search's progress as counted steps: compiles done of those planned, one row each."""
+    """The search's progress as counted steps: compiles done of those planned, one row each, after
+    the estimate by hand's rows (``estimates``: labelled so, kept above the compiles as they land)."""
 
     def __init__(self, say: Progress) -> None:
         self.say, self.t0, self.rows, self.planned = say, time.time(), [], 0
+        self.estimates: list[dict] = []
 
     def __call__(self, text: str, row: dict | None = None) -> None:
         if row is not None:
@@ -279,7 +286,7 @@ class _Said:
                       unit="compiles", item="compile", at_most=True, elapsed_s=now - self.t0,
                       phase_s=now - self.t0, left_s=left, left_why="from the pace so far; the "
                       "compiles that check the best plans may end the search sooner",
-                      rows=tuple(self.rows), at=now))
+                      rows=tuple(self.estimates + self.rows), at=now))
 
 
 def _collect(pool: Fanout, jobs: list, compiled: dict, extras: dict, say: _Said) -> None:
