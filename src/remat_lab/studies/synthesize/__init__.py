@@ -298,7 +298,7 @@ def synthesize(config: RunConfig, budget: str | int | None = None, *, goal: str 
                within_limit=meter.own() <= limit, refine=record, descend=descent,
                named_compiles=named_compiles,
                compile_limit=limit, wall_s=time.perf_counter() - t0,
-               stopped_because=stopped or (record or {}).get("stopped"))
+               stopped_because=stopped or (record or {}).get("stopped") or (descent or {}).get("stopped"))
     return doc
 
 
