@@ -364,3 +364,8 @@ def test_the_estimate_prices_every_split_without_a_global_batch():
         by_mesh.setdefault(r["family"].mesh, {})[r["per_device_batch"]] = r["instant_step_s"]
     for steps in by_mesh.values():
         assert steps[2] == pytest.approx(2 * steps[1], rel=1e-9) and steps[3] == pytest.approx(3 * steps[1])
+    # "as large as fits": among candidates as fast as the first, none has a larger batch that fits
+    top = rows[0]
+    ties = [r for r in rows if r["instant_fits"] and r["microbatches"] == top["microbatches"]
+            and r["instant_tokens_per_s_per_device"] == pytest.approx(top["instant_tokens_per_s_per_device"])]
+    assert top["per_device_batch"] == max(r["per_device_batch"] for r in ties)

@@ -144,7 +144,7 @@ class Instant:
         """The per-name plan this estimate ranks best on ``mesh``: every name saved, offloaded
         (where the target has host memory) or recomputed (the layer input saved or offloaded), at
         each split of the global batch, the most tokens/s whose estimated peak is within ``margin``
-        of the HBM (the estimate's error), ties to the fewer names kept; as a plan
+        of the HBM (the estimate's error), ties to the fewer names kept, one step, the larger batch; as a plan
         (``save:..|offload:..``), None when none fits. A candidate for the compiles to prove."""
         names = list(self.widths)
         choices = [("save", "offload") if n == "decoder_layer_input" else
@@ -161,7 +161,7 @@ class Instant:
                 peak, step = self.price(parts, saves, offloads, m)
                 if peak > margin * self.space.hbm:
                     continue
-                rank = (-tok / step, len(saves) + len(offloads), m)
+                rank = (-tok / step, len(saves) + len(offloads), m, -b)
                 if key is None or rank < key:
                     key, best = rank, (saves - {"decoder_layer_input"}, offloads)
         if best is None:
@@ -174,9 +174,11 @@ class Instant:
 
 def estimate(space, most: int = 64) -> list[dict]:
     """Every candidate of ``space`` priced by hand, best first among those estimated to fit."""
-    est = Instant(space)
+    est = getattr(space, "by_hand", None) or Instant(space)  # the one that synthesized its plans
     rows = [est.row(fam, b, m) for fam in space.families
             for b, m in space.splits(fam.mesh, most)]
+    # ties (the same tokens/s: compute scales with the batch): one step first, then the larger batch
+    # (with no global batch, "as large as fits"), then the smaller peak
     rows.sort(key=lambda r: (not r["instant_fits"], -(r["instant_tokens_per_s_per_device"] or 0),
-                             r["microbatches"], r["instant_peak_bytes"]))
+                             r["microbatches"], -r["per_device_batch"], r["instant_peak_bytes"]))
     return rows

@@ -44,11 +44,12 @@ class Space:
         offloads = (False, True) if offload and self.target.host_bandwidth_bytes_per_s else (False,)
         self.hbm = self.target.memory_bytes
         self.synthesized: dict[str, str | None] = {}
+        self.by_hand = None  # the estimate by hand, kept when it synthesized plans (its static bytes)
         if SYNTHESIZED in plans:  # each mesh's per-name plan by the estimate by hand, to be compiled
             from remat_lab.studies.plan.instant import Instant
 
-            by_hand = Instant(self)
-            self.synthesized = {m: by_hand.synthesized(m) for m in self.rows}
+            self.by_hand = Instant(self)
+            self.synthesized = {m: self.by_hand.synthesized(m) for m in self.rows}
         self.families = []
         for m in self.rows:
             mine = [self.synthesized.get(m) if p == SYNTHESIZED else p for p in plans]

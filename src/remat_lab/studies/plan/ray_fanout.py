@@ -43,6 +43,12 @@ def reachable(address: str, timeout_s: float = 5.0) -> str | None:
     return None
 
 
+def _unjoined(address: str, why: str) -> ConfigError:
+    return ConfigError(f"could not join the Ray cluster at {address[:80]!r} ({why}); start one with "
+                       "'ray start --head' and give its head's host:port, or 'auto' on one of its "
+                       "machines.")
+
+
 class RayFanout:
     """Compiles as Ray tasks on the cluster at ``address`` (``host:port`` of its head, ``auto``
     for the one this machine belongs to), one CPU each; ``workers``: the cluster's CPUs, as many
@@ -56,17 +62,13 @@ class RayFanout:
         if self._owned:
             why = reachable(address)
             if why:
-                raise ConfigError(f"could not join the Ray cluster at {address[:80]!r} ({why}); start "
-                                  "one with 'ray start --head' and give its head's host:port, or "
-                                  "'auto' on one of its machines.")
+                raise _unjoined(address, why)
             try:
                 ray.init(address=address, runtime_env=runtime_env(), log_to_driver=False,
                          logging_level="ERROR", include_dashboard=False)
             except Exception as err:  # Ray raises ConnectionError, ValueError, RuntimeError...
                 said = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-                raise ConfigError(f"could not join the Ray cluster at {address[:80]!r} ({said}); start "
-                                  "one with 'ray start --head' and give its head's host:port, or "
-                                  "'auto' on one of its machines.") from None
+                raise _unjoined(address, said) from None
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._remote = ray.remote(num_cpus=1, max_retries=0)(_task)
 
