@@ -303,8 +303,9 @@ def add_target_args(p: argparse.ArgumentParser,
     p.add_argument("--mesh", default="", metavar="[dcn_data=S,]data=D,fsdp=F,tensor=T", help=mesh_help)
     p.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET", help=target_help)
     p.add_argument("--target-devices", type=count_arg("target devices", MAX_TARGET_DEVICES), default=1,
-                   metavar="N",
-                   help="devices of the target the program is placed on (with a --mesh over all of them)")
+                   metavar="N", help="devices of the target the program is placed on (a --mesh over all)")
+    p.add_argument("--network", default="", metavar="NAME", help="the target's host network, which prices "
+                   "collectives across hosts (h100: a3-mega, the default; a3-high; dgx-h100; see `targets`)")
 
 
 def add_mesh_args(p: argparse.ArgumentParser) -> None:
@@ -326,7 +327,7 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     values = dict({k: getattr(args, k) for k in keys}, heads=args.heads,
                   save_names=args.save_names, offload_names=args.offload_names,
                   mesh=getattr(args, "mesh", ""), target=getattr(args, "target", "local"),
-                  target_devices=getattr(args, "target_devices", 1))
+                  target_devices=getattr(args, "target_devices", 1), network=getattr(args, "network", ""))
     llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
            "compile_only", "attention", "attention_block", "loss_chunks", "remat_layers",
            "optimizer_offload", "experts", "experts_per_token", "expert_mlp_dim", "shared_experts",
@@ -386,9 +387,6 @@ def user_block_fields(args: argparse.Namespace) -> dict:
                           "the block's batch; give one, or the same number.")
     return {"model": "user", "model_module": args.model_module, "input_shape": shape,
             "batch": shape[0] if shape else 1}
-
-
-# ---------------------------------------------------------------- devices and the history
 
 
 def record(doc: dict, kind: str) -> None:

@@ -58,7 +58,8 @@ def target_flags(cfg: RunConfig) -> list[str]:
     if cfg.target == "local":
         return []
     return [f"--target {cfg.target}"] + ([f"--target-devices {cfg.target_devices}"]
-                                          if cfg.target_devices > 1 else [])
+                                          if cfg.target_devices > 1 else []) + (
+        [f"--network {cfg.network}"] if cfg.network else [])
 
 
 def run_command(cfg: RunConfig) -> str:

@@ -148,6 +148,8 @@ def translate(run: dict) -> tuple[dict, list[str]]:
               "step": "train", "loss_chunks": 1, "compile_only": True, "target": run["target"],
               "target_devices": devices, "mesh": mesh,
               "stack": "scan" if knobs.get("scan_layers", True) else "loop"}
+    if run.get("network"):  # the machine the run was measured on: its host network (targets.json)
+        fields["network"] = run["network"]
     # MaxText's default (base.yml) is autoselected: splash on TPU from 128 tokens (attention_op.py)
     attention = knobs.get("attention", "autoselected")
     if attention not in ATTENTION:

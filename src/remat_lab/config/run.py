@@ -35,7 +35,7 @@ from .mesh_text import (  # noqa: F401 (re-exported: the mesh text's home is mes
     parse_mesh,
 )
 from .moe_config import FLOAT_LIMITS, ROUTER_GATINGS, check_expert_axis, check_moe, checked_float  # noqa: F401
-from .targets import GPUS_PER_HOST, LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES, TARGETS
+from .targets import GPUS_PER_HOST, LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES, TARGETS, check_network
 from .userblock import checked_input_shape
 
 DTYPES = ("float32", "bfloat16")
@@ -77,18 +77,9 @@ LIMITS = {
 # The llm's own ranges (published shapes: 32 blocks, 8192 tokens and more); the others keep LIMITS.
 LLM_LIMITS = {"seq": (1, 32768), "depth": (1, 128)}
 CHOICES = {
-    "model": MODELS,
-    "stack": STACKS,
-    "dtype": DTYPES,
-    "policy": POLICY_IDS,
-    "objective": OBJECTIVES,
-    "target": TARGET_NAMES,
-    "param_dtype": PARAM_DTYPES,
-    "optimizer_dtype": OPTIMIZER_DTYPES,
-    "attention": ATTENTIONS,
-    "step": STEPS,
-    "preset": PRESET_NAMES,
-    "router_gating": ROUTER_GATINGS,
+    "model": MODELS, "stack": STACKS, "dtype": DTYPES, "policy": POLICY_IDS, "objective": OBJECTIVES,
+    "target": TARGET_NAMES, "param_dtype": PARAM_DTYPES, "optimizer_dtype": OPTIMIZER_DTYPES,
+    "attention": ATTENTIONS, "step": STEPS, "preset": PRESET_NAMES, "router_gating": ROUTER_GATINGS,
 }
 
 
@@ -133,6 +124,7 @@ class RunConfig:
     mesh: str = ""  # "" = one device; else e.g. "data=2,tensor=2" (see parse_mesh, program/mesh.py)
     target: str = LOCAL  # "local": the attached backend, run and timed; else compiled for (targets.py)
     target_devices: int = 1  # devices of the target the program is placed on (the mesh's, if any)
+    network: str = ""  # a GPU target's host network (targets.json "networks"; "" = its default)
     # The decoder LM (model "llm"; other models ignore these): vocabulary, grouped-query attention
     # (kv_heads key/value heads shared by heads // kv_heads query heads each; 0 = heads), head size
     # (0 = width // heads), the gated MLP's hidden size (0 = 4 * width), whether the vocabulary
@@ -183,7 +175,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in NAME_FIELDS or f.name in ("mesh", "model_module", "input_shape") or (
+            if f.name in NAME_FIELDS or f.name in ("mesh", "model_module", "input_shape", "network") or (
                     f.name == "model" and value == USER_MODEL):
                 continue  # checked below, once model, policy and sizes are known
             if f.name in BOOL_FIELDS:
@@ -273,6 +265,7 @@ class RunConfig:
             raise ConfigError(f"{self.target_devices} {self.target} devices need a mesh over all of "
                               f"them (e.g. fsdp={self.target_devices}); the mesh "
                               f"{self.mesh or '(none)'} uses {devices}.")
+        check_network(self.target, self.network)
         slices = mesh_slices(self.mesh)
         if slices > 1 and TARGETS[self.target].platform == "cuda" and devices // slices > GPUS_PER_HOST:
             raise ConfigError(f"mesh {self.mesh} puts {devices // slices} GPUs in each of its {slices} "

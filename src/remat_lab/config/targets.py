@@ -9,10 +9,13 @@ where each figure comes from.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import ConfigError
 
 LOCAL = "local"
 MAX_TARGET_DEVICES = 512  # 2 x v6e-256 (MaxText's 405B); 512 v5p chips (v5p:8x8x8)
@@ -51,12 +54,27 @@ class Target:
     # GPU: the rates the step-time prediction prices each kernel at (``analysis/predict.py``):
     # fractions of the peak and the HBM bandwidth, measured, with their ``source``; None: none
     step_model: Mapping[str, object] | None = None
+    # the host networks a GPU target can sit on (name -> (dcn_bytes_per_s, dcn_source)): the
+    # machine decides the cross-host figure (A3 High's is half A3 Mega's); ``network`` names the
+    # default, the one the figures above are; ``on_network`` takes another
+    network: str = ""
+    networks: Mapping[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
 
     def usable_bytes(self) -> int:
         """The memory JAX can give the program by default (the advisor's default budget), per
         device as compiled (a compile-only TPU v4 device is one TensorCore: half a chip)."""
         fraction = GPU_USABLE_FRACTION if self.platform == "cuda" else TPU_USABLE_FRACTION
         return int(self.memory_bytes * fraction)
+
+    def on_network(self, name: str) -> Target:
+        """This target on host network ``name`` (one of ``networks``; "" = the default)."""
+        if not name or name == self.network:
+            return self
+        if name not in self.networks:
+            known = ", ".join(self.networks) or "none but its default"
+            raise ConfigError(f"network {name!r} is not one {self.name} knows; its networks: {known}.")
+        dcn, source = self.networks[name]
+        return dataclasses.replace(self, network=name, dcn_bytes_per_s=dcn, dcn_source=source)
 
     def as_dict(self) -> dict:
         """The ``target`` section of a result document."""
@@ -68,6 +86,7 @@ class Target:
                 "host_link_source": self.host_link_source,
                 "interconnect_source": self.interconnect_source,
                 "dcn_bytes_per_s": self.dcn_bytes_per_s, "dcn_source": self.dcn_source,
+                "network": self.network, "networks": list(self.networks),
                 "step_model": None if self.step_model is None else dict(self.step_model),
                 "deviceless": True}
 
@@ -85,7 +104,9 @@ def _load() -> dict[str, Target]:
                               host_link_source=t["host_link_source"],
                               interconnect_source=t["interconnect_source"],
                               dcn_bytes_per_s=float(t["dcn_bytes_per_s"]), dcn_source=t["dcn_source"],
-                              step_model=t.get("step_model"))
+                              step_model=t.get("step_model"), network=t.get("network", ""),
+                              networks={k: (float(v["dcn_bytes_per_s"]), v["dcn_source"])
+                                        for k, v in t.get("networks", {}).items()})
             for t in raw["targets"]}
 
 
@@ -93,6 +114,18 @@ TARGETS: dict[str, Target] = _load()
 TARGET_NAMES = (LOCAL, *TARGETS)
 
 
-def get_target(name: str) -> Target:
-    """The named target's figures; ``KeyError`` for ``local`` or an unknown name."""
-    return TARGETS[name]
+def get_target(name: str, network: str = "") -> Target:
+    """The named target's figures (on host network ``network``, "" its default); ``KeyError`` for
+    ``local`` or an unknown name, ConfigError for a network it does not know."""
+    return TARGETS[name].on_network(network)
+
+
+def check_network(target: str, network: object) -> None:
+    """A configuration's ``network``: "" (the target's default) or one of its named target's host
+    networks; else a ConfigError that names them."""
+    if network == "":
+        return
+    if target == LOCAL or not isinstance(network, str):
+        raise ConfigError(f"network {network!r}: a host network is a named target's (e.g. --target "
+                          "h100 --network a3-high); the local backend's is this machine's own.")
+    TARGETS[target].on_network(network)

@@ -190,7 +190,7 @@ def _preset_hint(config: RunConfig) -> str:
     device's limit; ``footprint.fit``): over it, the fewest devices and what else holds them."""
     from remat_lab.program import footprint  # builds on step: imported when needed
 
-    budget = (get_target(config.target).usable_bytes() if config.target != LOCAL
+    budget = (get_target(config.target, config.network).usable_bytes() if config.target != LOCAL
               else device_memory_limit())
     if not budget:
         return f"{config.preset} is a published shape: {footprint.MORE}"

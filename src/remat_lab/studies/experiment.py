@@ -294,7 +294,7 @@ def _train_prediction(config: RunConfig, result: dict, text: str, where: list[in
     timing = result.get("timing") or {}
     if config.target == LOCAL or not timing.get("predicted_s"):
         return
-    target, old = get_target(config.target), timing["prediction"]
+    target, old = get_target(config.target, config.network), timing["prediction"]
     pred = predict_step(target, timing["estimate"], text=text, granules=where)
     pred.update({k: v for k, v in old.items() if k.startswith("libtpu")})
     pred.update(prediction_rates(pred["predicted_s"], model_flops=mfu_model_flops(
@@ -315,7 +315,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     """Compile-only (a named target, or ``compile_only``): the step lowered on abstract inputs
     (placed on the target's devices), compiled, analysed; nothing is allocated or run, so no step
     time and no gradient check."""
-    target = None if config.target == LOCAL else get_target(config.target)
+    target = None if config.target == LOCAL else get_target(config.target, config.network)
     where = "this machine" if target is None else config.target
     progress("building")
     problem = problem_for(config)

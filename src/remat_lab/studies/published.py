@@ -41,9 +41,13 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
     ``estimate_terms``: the collectives within slices or hosts and across them apart)."""
     run = pub.run_named(name)
     config, differences = config_for(name)
-    hbm = get_target(run["target"]).memory_bytes
+    target = get_target(run["target"], run.get("network", ""))
+    hbm = target.memory_bytes
     doc = {"name": name, "title": run["title"], "source": pub.source_link(run["source"]),
            "measured": run.get("measured"), "config": config.as_dict(), "differences": differences,
+           # the host network that prices its collectives across hosts or slices, and why that one
+           "network": {"name": target.network or None, "dcn_bytes_per_s": target.dcn_bytes_per_s,
+                       "source": target.dcn_source, "why": run.get("network_note")},
            "hbm_bytes": hbm, "note": run.get("note"), "refused_memory": None, "host_bytes_needed": None}
     measured = pub.measured_step_s(run)
     doc["measured_step_s"] = measured["step_s"] if measured else None

@@ -333,8 +333,8 @@ def advise(config: RunConfig, budget: str | int | None = None, *,
                          "a program the pass did not rewrite",
         },
         "environment": environment(),
-        **({"target": get_target(config.target).as_dict(),
-            "estimate_basis": BASIS, "prediction_basis": prediction_basis(get_target(config.target))}
+        **({"target": get_target(config.target, config.network).as_dict(), "estimate_basis": BASIS,
+            "prediction_basis": prediction_basis(get_target(config.target, config.network))}
            if on_target else {}),
     }
     doc["decision"] = decide(doc, cannot_show)

@@ -18,13 +18,13 @@ def estimate_rows(rows: list[dict], configs: dict[str, RunConfig], target: str,
     TPU), with examples/s from each. ``estimate_s`` and ``examples_per_s_estimate`` are
     the figure the pick ranks by: the prediction where there is one, else the bound
     (``estimate_kind`` says which)."""
-    t = get_target(target)
     for r in rows:
         r.update(estimate_s=None, examples_per_s_estimate=None, estimate_bound=None, bound_s=None,
                  predicted_s=None, examples_per_s_bound=None, estimate_kind=None)
         if r["max_batch"] == 0:
             continue
         config = configs[r["policy"]].replace(batch=r["max_batch"])
+        t = get_target(config.target, config.network)
         found = probe(config)
         est = estimate_step(found["flops"], found.get("bytes_accessed"), t, config.dtype,
                             found.get("traffic"))

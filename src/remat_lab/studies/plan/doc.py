@@ -30,7 +30,8 @@ def _rates(config: RunConfig, step_s: float | None) -> tuple[float | None, float
     """Predicted tokens/s per device and MFU (MaxText's model flops, ``config.budget``, at the bf16
     peak) at ``step_s`` (``analysis/predict.rates``)."""
     found = rates(step_s, model_flops=llm_model_flops(config) / config.target_devices,
-                  tokens=config.batch * config.seq / config.target_devices, target=get_target(config.target))
+                  tokens=config.batch * config.seq / config.target_devices,
+                  target=get_target(config.target, config.network))
     return found["predicted_tokens_per_s_per_device"], found["predicted_mfu"]
 
 

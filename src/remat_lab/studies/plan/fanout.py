@@ -52,7 +52,7 @@ def compile_one(fields: dict) -> dict:
            "compile_s": found.get("s")}
     if refused or found.get("flops") is None:
         return out
-    target = get_target(config.target)
+    target = get_target(config.target, config.network)
     est = estimate_step(found["flops"], found.get("bytes_accessed"), target, config.dtype,
                         found.get("traffic"))
     pred = predict_step(target, est, kernels=found.get("kernels"),

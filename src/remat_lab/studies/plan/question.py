@@ -23,7 +23,7 @@ class Space:
                               "target (--target and --target-devices): it compiles, never runs.")
         self.config = config.replace(step="train", compile_only=True, microbatches=1,
                                      policy="full", save_names=(), offload_names=())
-        self.target = get_target(config.target)
+        self.target = get_target(config.target, config.network)
         self.devices = config.target_devices
         self.slices = slices_of(config.target, self.devices, slices)
         if tokens is not None and (tokens <= 0 or tokens % config.seq):

@@ -126,7 +126,7 @@ def document(run, base: RunConfig, config: RunConfig, model: Model | None, probe
         "policies": chosen,
         "run_command": texts["run_command"],
         "notes": notes, "method": METHOD, "environment": environment(),
-        **({"target": get_target(base.target).as_dict()} if base.target != LOCAL else {}),
+        **({"target": get_target(base.target, base.network).as_dict()} if base.target != LOCAL else {}),
     }
 
 
