@@ -15,6 +15,7 @@ from remat_lab.config import (
     ConfigError,
     RunConfig,
     format_mesh,
+    get_target,
     human_bytes,
     mesh_devices,
 )
@@ -93,7 +94,7 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
     for col, axis in zip(cols, axes):
         col.selectbox(axis, choices, key=f"mesh_{axis}")
     sizes = {a: int(ss[f"mesh_{a}"]) for a in MESH_AXES}
-    dcn = {}
+    dcn, network = {}, ""
     if on_target:
         with sb.expander("Across slices or hosts (dcn)", expanded=any(
                 ss.get(f"mesh_dcn_{a}", 1) > 1 for a in MESH_AXES)):
@@ -102,6 +103,7 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
                        "them are priced at the data-centre network, not ICI / NVLink.")
             for col, axis in zip(st.columns(len(axes)), axes):
                 col.selectbox(f"dcn_{axis}", DCN_SIZES, key=f"mesh_dcn_{axis}")
+            network = _network(target)
         dcn = {a: int(ss.get(f"mesh_dcn_{a}", 1)) for a in MESH_AXES}
     used = mesh_devices(format_mesh(sizes))
     if not on_target and n % used:
@@ -111,17 +113,36 @@ def apply(cfg: RunConfig, target: str = "local") -> RunConfig:
     try:
         mesh = format_mesh({a: sizes[a] * dcn.get(a, 1) for a in MESH_AXES}, dcn)
         if on_target:  # a dcn axis needs the named target (the attached devices are one slice)
-            return cfg.replace(mesh=mesh, target=target, target_devices=mesh_devices(mesh))
+            return cfg.replace(mesh=mesh, target=target, target_devices=mesh_devices(mesh), network=network)
         return cfg.replace(mesh=mesh)
     except ConfigError as err:
         sb.warning(f"{safe_text.escape_markdown(err)} Running on one device.")
         return cfg
 
 
+def _network(target: str) -> str:
+    """The host network selector (a GPU target with several: h100 on A3 Mega, A3 High, a DGX);
+    "" for the target's default, so equal choices make equal configurations."""
+    t = get_target(target)
+    if not t.networks:
+        return ""
+    ss, names = st.session_state, list(t.networks)
+    _mesh_link.read_network(names)
+    if ss.get("mesh_network") not in names:
+        ss["mesh_network"] = t.network
+    st.selectbox("Host network", names, key="mesh_network",
+                 format_func=lambda n: f"{n} ({t.on_network(n).dcn_bytes_per_s / 1e9:g} GB/s a GPU)"
+                 + (" · default" if n == t.network else ""),
+                 help="What each GPU sends a second to other hosts: the machine decides it (an A3 "
+                      "High has half an A3 Mega's). Collectives across hosts are priced at it.")
+    return "" if ss["mesh_network"] == t.network else ss["mesh_network"]
+
+
 def url_params(cfg: RunConfig) -> dict[str, str]:
-    """The mesh's URL parameter (none on one device), noted as the selectors' own."""
+    """The mesh's URL parameters (none on one device; the host network where not the default),
+    noted as the selectors' own."""
     _mesh_link.written(cfg.mesh)
-    return {"mesh": cfg.mesh} if cfg.mesh else {}
+    return {**({"mesh": cfg.mesh} if cfg.mesh else {}), **({"network": cfg.network} if cfg.network else {})}
 
 
 def _collectives_frame(sh: dict) -> pd.DataFrame:

@@ -58,3 +58,17 @@ def read(on_target: bool, n: int, choices: list[int], dcn_choices: tuple[int, ..
 def written(mesh: str) -> None:
     """The mesh the page wrote to its URL: read again only when a link names another."""
     st.session_state[LOADED] = mesh
+
+
+def read_network(names: list[str]) -> None:
+    """A link's ``network`` into the host network selector, once per link; one the target does not
+    have is said, and the default kept."""
+    ss, raw = st.session_state, st.query_params.get("network", "")
+    if not raw or ss.get("_network_loaded") == raw:
+        return
+    ss["_network_loaded"] = raw
+    if raw in names:
+        ss["mesh_network"] = raw
+    else:
+        st.warning(f"URL parameter `network` is not one of this target's host networks "
+                   f"({', '.join(names)}); using its default.")

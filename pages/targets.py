@@ -55,7 +55,13 @@ if _sidebar.over_budget(cfg):  # the sidebar shows the red flag with what to low
     st.info("Nothing was compiled: the configuration in the sidebar is too large for this server.",
             icon=":material/arrow_back:")
     st.stop()
-base = cfg.replace(target=LOCAL, target_devices=1)  # the targets come from this page
+try:  # the targets come from this page
+    base = cfg.replace(target=LOCAL, target_devices=1, network="")
+except ConfigError:  # a mesh across hosts or slices (dcn axes) is one named target's, never local's
+    base = cfg.replace(target=LOCAL, target_devices=1, network="", mesh="")
+    st.warning(f"The sidebar's mesh `{cfg.mesh}` spans hosts or slices, which this page does not "
+               "compare: each target is compiled on one device. Explore and Plan compile it for the "
+               "sidebar's target.")
 local_mesh = None  # a link's mesh this server has not the devices for: the named targets' only
 if not cfg.mesh and (linked := ss.get(_mesh_link.FROM_LINK)):
     try:
