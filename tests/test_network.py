@@ -25,7 +25,8 @@ def test_a_network_is_one_the_target_names_with_its_source():
     assert (mega.dcn_bytes_per_s, high.dcn_bytes_per_s, dgx.dcn_bytes_per_s) == (25e9, 12.5e9, 50e9)
     # four 200 Gb/s NICs for eight GPUs: 800e9 / 8 bits a second
     assert high.dcn_bytes_per_s == 4 * 200e9 / 8 / 8 and "a3-highgpu-8g" in high.dcn_source
-    assert (high.peak_flops, high.interconnect_bytes_per_s) == (mega.peak_flops, mega.interconnect_bytes_per_s)
+    assert (high.peak_flops, high.interconnect_bytes_per_s) == (mega.peak_flops,
+                                                                mega.interconnect_bytes_per_s)
     with pytest.raises(ConfigError, match="a3-mega, a3-high, dgx-h100"):
         get_target("h100", "a3-ultra")
     with pytest.raises(ConfigError, match="none but its default"):
