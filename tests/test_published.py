@@ -376,3 +376,36 @@ def test_the_page_shows_a_checks_prediction_with_the_collectives_its_schedule_le
     exposed = doc["prediction"]["exposed_collectives_s"]
     assert 0 < exposed < doc["prediction"]["scheduled_collectives_s"]
     assert any(f"{exposed:.3f} s not hidden behind kernels" in c.value for c in at.caption)
+
+
+def test_the_readmes_error_over_the_published_runs_is_the_stored_checks():
+    """The README's summary of the prediction's error (range, median, worst, how many outside issue
+    47's 20 %) is recomputed from the stored checks (benchmarks/published_checks/), leaving out the
+    runs a rate was fitted to (named in the TPU step models' sources)."""
+    import statistics
+    from pathlib import Path
+
+    from remat_lab.config import TARGETS
+
+    root = Path(__file__).resolve().parents[1]
+    fitted = {n for n in pub.RUNS if any(n in str((t.step_model or {}).get("source", ""))
+                                          for t in TARGETS.values() if t.platform == "tpu")}
+    assert fitted == {"llama3.1-8b-v6e-256", "llama2-70b-v5p-512"}
+    ratios = {}
+    for path in sorted((root / "benchmarks" / "published_checks").glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("predicted_s") and doc.get("measured_step_s"):
+            assert doc["bound_s"] < doc["measured_step_s"], doc["name"]  # a bound stays a bound
+            if doc["name"] not in fitted:
+                ratios[doc["name"]] = doc["predicted_s"] / doc["measured_step_s"]
+    off = sorted(abs(1 - r) for r in ratios.values())
+    outside = sorted(n for n, r in ratios.items() if abs(1 - r) > 0.2)
+    words = {10: "ten", 11: "eleven", 12: "twelve", 1: "one", 2: "two", 3: "three"}
+    text = " ".join((root / "README.md").read_text().split())
+    summary = text[text.index("**The model's error over the published runs**"):][:900]
+    assert f"over the {words[len(ratios)]} with a measured step" in summary
+    assert f"{min(ratios.values()):.2f}× to {max(ratios.values()):.2f}× the measured step" in summary
+    assert f"{statistics.median(off) * 100:.1f} % off at the median" in summary
+    assert f"{off[-1] * 100:.0f} % at worst" in summary
+    assert f"{words[len(outside)]} of the {words[len(ratios)]} is outside issue 47's 20 %" in summary
+    assert outside == ["llama3.1-405b-v6e-256x2"]

@@ -90,6 +90,8 @@ def add_parsers(sub) -> None:
                    help="the accelerator to plan for (see `targets`); compiled without it")
     p.add_argument("--target-devices", type=count_arg("target devices", MAX_TARGET_DEVICES),
                    required=True, metavar="N", help="its devices (all of them used)")
+    p.add_argument("--network", default="", metavar="NAME",
+                   help="the GPU hosts' network (h100: a3-mega, the default; a3-high; dgx-h100)")
     p.add_argument("--slices", type=count_arg("slices", 64), default=None, metavar="S",
                    help="TPU slices (or GPU hosts) the devices span (default: one TPU slice; GPUs "
                         "8 to a host)")
@@ -145,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
         for target, devices, price in args.also:
             say(f"the same question on {devices} x {target}")
             other = config.replace(target=target, target_devices=devices, mesh=f"fsdp={devices}",
-                                   batch=devices)
+                                   batch=devices, network="")
             found = plan(other, **question)
             _costs(found, price)
             across.append((target, devices, price, found))
