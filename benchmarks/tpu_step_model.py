@@ -2,6 +2,7 @@
 
     python benchmarks/tpu_step_model.py compile NAME [NAME ...]  # benchmarks/tpu_step_model/NAME.json.gz
     python benchmarks/tpu_step_model.py fit CALIBRATION          # the fit and the table, from those
+    python benchmarks/tpu_step_model.py schedule NAME [NAME ...] # the collectives as libtpu writes them
 
 ``compile``: each catalogued TPU run (``python -m remat_lab published``) compiled as the lab's
 ``published --check`` compiles it (deviceless, libtpu), and its kernels one by one
@@ -16,6 +17,14 @@ predicted out of sample and its ratio to its measured step printed. Each generat
 measured run has its own fit (a v5p's MXU is not a v6e's: MaxText's Llama 2 70B on v5p-512 ran at
 65.4 % MFU, above any step priced at the v6e's fitted efficiency). ``analysis/predict.py`` prices
 a step the same way.
+
+``schedule``: what the prediction would be if the collectives ran as today's libtpu writes them
+(each compiled again, from the persistent cache where it has them): ``analysis/schedule.py``'s
+walk, a collective without a start / done pair holding the kernels for its whole time, at the
+fitted rates of ``targets.json``; once as written and once with the all-gathers beside the
+kernels, as MaxText's continuation fusion ran them (``CF_FOR_ALL_GATHER`` in its
+``benchmarks/xla_flags_library.py``, which libtpu 0.0.52 refuses on a v6e). A diagnosis, not the
+model: see the README.
 """
 
 from __future__ import annotations
@@ -25,12 +34,14 @@ import json
 import sys
 from pathlib import Path
 
+from remat_lab.analysis import schedule
 from remat_lab.analysis.estimate import estimate_step
+from remat_lab.analysis.kernels import kernels_of
 from remat_lab.analysis.predict import kernels_seconds
 from remat_lab.config import get_target
 from remat_lab.config import published as pub
 from remat_lab.program.backend import enable_compilation_cache
-from remat_lab.studies.advisor.search import probe
+from remat_lab.studies.advisor.search import compiled_schedule, probe
 from remat_lab.studies.published import config_for
 
 OUT = Path(__file__).parent / "tpu_step_model"
@@ -101,9 +112,48 @@ def fit(calibration: str) -> dict:
             "hbm_efficiency": HBM_EFFICIENCY, "runs": rows}
 
 
+def _walk(found: dict, kernel_s: dict, target, hidden: tuple[str, ...] = ()) -> dict:
+    """``schedule.walk`` with the collectives of kinds ``hidden`` left out of the kernels' way."""
+    keep = {n: r for n, r in found["collectives"].items() if r["kind"] not in hidden}
+    comps = [[times, [[tag, n] for tag, n in seq if tag == "k" or n in keep]]
+             for times, seq in found["computations"]]
+    return schedule.walk({"computations": comps, "collectives": keep}, kernel_s, target)
+
+
+def schedule_runs(names: list[str]) -> None:
+    enable_compilation_cache()
+    for name in names:
+        config, _ = config_for(name)
+        target = get_target(config.target, config.network)
+        text, found = compiled_schedule(config)
+        priced = kernels_seconds(kernels_of(text), target, target.step_model)
+        written, gathers = (_walk(found, priced["by_name_s"], target, hidden)
+                            for hidden in ((), ("all-gather",)))
+        by_kind: dict[str, float] = {}
+        for times, seq in found["computations"]:
+            for tag, n in seq:
+                if tag in "sc":
+                    row = found["collectives"][n]
+                    key = f"{row['kind']} ({row['link']})"
+                    by_kind[key] = by_kind.get(key, 0.0) + times * schedule.collective_seconds(row, target)
+        measured = pub.measured_step_s(pub.run_named(name))
+        m = measured["step_s"] if measured else None
+        tags = [tag for _, seq in found["computations"] for tag, _ in seq]
+        print(json.dumps({"name": name, "measured_step_s": m, "kernels_s": priced["kernels_s"],
+                          "as_written_s": written["step_s"], "exposed_s": written["exposed_s"],
+                          "all_gathers_beside_s": gathers["step_s"],
+                          "as_written_over_measured": written["step_s"] / m if m else None,
+                          "all_gathers_beside_over_measured": gathers["step_s"] / m if m else None,
+                          "synchronous": tags.count("c"), "asynchronous": tags.count("s"),
+                          "collective_s_by_kind": {k: round(v, 3) for k, v in sorted(by_kind.items())}}),
+              flush=True)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "compile":
         compile_runs(argv[1:])
+    elif len(argv) >= 2 and argv[0] == "schedule":
+        schedule_runs(argv[1:])
     elif len(argv) == 2 and argv[0] == "fit":
         print(json.dumps(fit(argv[1]), indent=1))
     else:

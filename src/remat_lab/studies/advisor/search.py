@@ -107,6 +107,18 @@ def program_key(config: RunConfig) -> tuple:
     return _text_key(config, lowered, text)
 
 
+def compiled_schedule(config: RunConfig) -> tuple[str, dict]:
+    """``config.step``'s optimized HLO on its target and its schedule (``schedule.events``, each
+    device's slice or host from its mesh): what a TPU's step would be with the collectives as
+    libtpu writes them (benchmarks/tpu_step_model.py)."""
+    problem, lowered = _lowered(config)
+    try:
+        text = compile_for_analysis(lowered).as_text()
+    except Exception as err:
+        raise xla_error("compiling", err) from err
+    return text, schedule_events(text, granules(getattr(problem, "mesh", None)))
+
+
 def compile_abstract(config: RunConfig, unlimited: bool = False):
     """``config.step``'s program lowered and compiled on abstract inputs (nothing allocated);
     ``unlimited``: with XLA's rematerialization limit lifted (``compile_unlimited``)."""
