@@ -7,8 +7,11 @@ at ``gemm_efficiency`` of the peak of its dtype and precision (``estimate.rate_c
 attention (cuDNN's, or Pallas splash on a TPU) at ``attention_forward_efficiency`` /
 ``attention_backward_efficiency`` of the bf16 peak, each no faster than its bytes at
 ``hbm_efficiency`` of the HBM bandwidth; every other kernel at its bytes over that bandwidth.
-Collectives and host transfers run beside the kernels (asynchronous start / done pairs): the step
-is the longer of the kernels and the transfers (the roofline's collective and offload terms), and
+On a GPU each collective runs as XLA's schedule places it (``schedule.walk``: hidden behind the
+kernels between its start and done, the rest waited for) and host transfers beside the kernels; on
+a TPU collectives and host transfers run beside the kernels (as MaxText's runs overlapped them;
+``benchmarks/tpu_step_model.py schedule`` shows the step as today's libtpu writes them): the step
+is the longer of the kernels and the transfers (the roofline's collective and offload terms). It is
 never shorter than the bound (``limited_by`` "bound" when the bound's bytes exceed the kernels').
 
 * **GPU** (H100, H200): the fractions were measured on an H200 (their ``source``).
@@ -33,8 +36,9 @@ from remat_lab.config import Target
 
 GPU_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM at {gemm:.0%} of its "
              "dtype's peak, cuDNN attention at {fwd:.0%} forward / {bwd:.0%} backward, every kernel "
-             "no faster than its bytes at {hbm:.0%} of HBM bandwidth; collectives and host transfers "
-             "beside them (the step is the longer of the two, never under the bound). Rates measured: "
+             "no faster than its bytes at {hbm:.0%} of HBM bandwidth; each collective as XLA's "
+             "schedule runs it (hidden behind the kernels between its start and done, the rest "
+             "waited for), host transfers beside them; never under the bound. Rates measured: "
              "{source}")
 TPU_BASIS = ("no prediction for this TPU: libtpu's own cost model (optimal_seconds, shown as "
              "libtpu_optimal_s where the program's figure is meaningful) is far from MaxText's "

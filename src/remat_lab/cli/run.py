@@ -156,7 +156,9 @@ def format_run(result: dict) -> str:
         if terms.get("collectives_dcn_s"):
             lines.append(f"collectives: {fmt_time(terms['collectives_ici_s'] or 0)} within slices or "
                          f"hosts, {fmt_time(terms['collectives_dcn_s'])} across them (at "
-                         f"{terms['dcn_bytes_per_s'] / 1e9:g} GB/s a device)")
+                         f"{terms['dcn_bytes_per_s'] / 1e9:g} GB/s a device"
+                         + (f", the {net} network)" if (net := (result.get("target") or {}).get("network"))
+                            else ")"))
         lines.append(f"gradient check: not run ({g['reason']})")
     elif g.get("ok") is None:  # a user block: no independent reference
         lines.append(g["reason"])
