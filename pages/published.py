@@ -99,11 +99,15 @@ if doc["measured_step_s"]:
                                        if est else ""), delta_color="off")
 else:
     c.metric("Step time: measured", "none published", delta_color="off")
-if doc.get("mfu_definition"):
-    d = doc["mfu_definition"]
+if d := pub.mfu_definition(run):  # from the catalogue (a stored check may predate a field)
+    counted = f"({d['full_square']:.2%} full square, {d['causal']:.2%} causal, as MaxText counts now)"
     st.caption(f"The published MFU ({d['published']:.2%}) and tokens/s agree when attention is counted as "
-               f"{'the full square' if d['matches'] == 'full_square' else 'causal'} "
-               f"({d['full_square']:.2%} full square, {d['causal']:.2%} causal, as MaxText counts now).")
+               f"{'the full square' if d['matches'] == 'full_square' else 'causal'} {counted}."
+               if d.get("agree", True) else
+               f"The published MFU ({d['published']:.2%}) and tokens/s disagree: the tokens/s give "
+               f"{d['full_square']:.2%} with attention counted as the full square, {d['causal']:.2%} "
+               f"causal (as MaxText counts now). The measured step is the tokens/s's; by the MFU it "
+               f"would be {d['step_s_from_mfu']:.2f} s.")
 terms = doc.get("estimate_terms") or {}
 if terms.get("collectives_dcn_s"):
     st.caption(f"The estimate's collectives: {terms['collectives_ici_s'] or 0:.3f} s within slices or "

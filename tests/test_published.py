@@ -409,3 +409,32 @@ def test_the_readmes_error_over_the_published_runs_is_the_stored_checks():
     assert f"{off[-1] * 100:.0f} % at worst" in summary
     assert f"{words[len(outside)]} of the {words[len(ratios)]} is outside issue 47's 20 %" in summary
     assert outside == ["llama3.1-405b-v6e-256x2"]
+
+
+def test_a_run_whose_mfu_and_tokens_disagree_says_so_with_the_mfus_step():
+    """The 405B's two published figures are 9 % apart (38.55 % MFU; 123 tokens/s/device give 35.18 %
+    under the full-square count it is closest to): its step is the tokens/s's (8192 / 123 s), the
+    MFU's is given beside it; the gold runs' figures agree within their rounding."""
+    d = pub.mfu_definition(pub.RUNS["llama3.1-405b-v6e-256x2"])
+    assert not d["agree"] and d["matches"] == "full_square"
+    assert d["step_s_from_mfu"] == pytest.approx(8192 / 123 * d["full_square"] / 0.3855, rel=1e-12)
+    assert 60.5 < d["step_s_from_mfu"] < 61.0
+    for name in ("llama3.1-8b-v6e-256", "llama3.1-70b-v6e-256", "llama2-70b-v6e-256"):
+        assert pub.mfu_definition(pub.RUNS[name])["agree"], name
+
+
+def test_the_page_says_when_a_runs_mfu_and_tokens_disagree():
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parents[1]
+    name = "llama3.1-405b-v6e-256x2"
+    doc = json.loads((root / "benchmarks" / "published_checks" / f"{name}.json").read_text())
+    at = AppTest.from_file(str(root / "pages" / "published.py"), default_timeout=60)
+    at.query_params["run"] = name
+    at.session_state["_published_docs"] = {name: doc}
+    at.run()
+    assert not at.exception, at.exception
+    said = [c.value for c in at.caption if "MFU (38.55%)" in c.value]
+    assert len(said) == 1 and "disagree" in said[0] and "60.77 s" in said[0]

@@ -287,5 +287,9 @@ def mfu_definition(run: dict) -> dict | None:
     step = measured_step_s(run)["step_s"]
     peak = get_target(run["target"]).peak_flops["bfloat16"]
     causal, square = (model_flops_per_device(run, causal=c) / step / peak for c in (True, False))
-    return {"published": m["mfu"], "causal": causal, "full_square": square,
-            "matches": "full_square" if abs(square - m["mfu"]) < abs(causal - m["mfu"]) else "causal"}
+    matches = "full_square" if abs(square - m["mfu"]) < abs(causal - m["mfu"]) else "causal"
+    closest = square if matches == "full_square" else causal
+    # agree: within 1 % of each other (both are rounded); else the step the MFU alone gives
+    return {"published": m["mfu"], "causal": causal, "full_square": square, "matches": matches,
+            "agree": abs(closest - m["mfu"]) <= 0.01 * m["mfu"],
+            "step_s_from_mfu": step * closest / m["mfu"]}
