@@ -29,6 +29,9 @@ READ = ("per_device_batch_size", "max_target_length", "scan_layers", "attention"
 # MaxText's attention kernels as the lab's attention: a blockwise kernel that never holds the
 # (seq x seq) scores (splash on TPU, cuDNN's through Transformer Engine on GPUs) is the lab's flash.
 ATTENTION = {"flash": "flash", "cudnn_flash_te": "flash", "dot_product": "full", "autoselected": "flash"}
+# MaxText's older names of a remat policy: minimal_flash is minimal_with_context (its decoders.py:
+# "'minimal_flash' will be deprecated soon, please use 'minimal_with_context' instead")
+POLICY_ALIASES = {"minimal_flash": "minimal_with_context"}
 # MaxText's splash attention blocks when a run names none (base.yml: sa_block_q, sa_block_kv, ...).
 SPLASH_BLOCK = 512
 # MaxText's mesh knobs and the lab's axes (``mesh_text.MESH_AXES``, ``DCN_AXES``): ici_* within a
@@ -165,6 +168,7 @@ def translate(run: dict) -> tuple[dict, list[str]]:
                         "every pass; MaxText's " + ", ".join(f"{w} {b}" for w, b in other.items())
                         + f" (base.yml's {SPLASH_BLOCK} where the run names none)")
     policy = knobs.get("remat_policy", "full")
+    policy = POLICY_ALIASES.get(policy, policy)
     if policy not in POLICY_IDS:
         raise ConfigError(f"{run['name']}: remat_policy {policy!r} is not one of the lab's policies.")
     fields["policy"] = policy
