@@ -114,6 +114,10 @@ if terms.get("collectives_dcn_s"):
                f"hosts, {terms['collectives_dcn_s']:.3f} s across them (the data-centre network or "
                f"the hosts' network, {terms['dcn_bytes_per_s'] / 1e9:g} GB/s a device); bound by "
                f"{terms['bound']}.")
+net = doc.get("network") or {}
+if net.get("name") and "dcn_" in doc["config"]["mesh"]:  # which machine's network, and why that one
+    st.caption(f"The hosts' network: {net['name']}, {net['dcn_bytes_per_s'] / 1e9:g} GB/s a GPU"
+               + (f" ({safe_text.escape_markdown(net['why'])})" if net.get("why") else "") + ".")
 exposed = (doc.get("prediction") or {}).get("exposed_collectives_s")
 if exposed is not None:
     st.caption(f"The prediction runs the collectives as the program's schedule lets them: "

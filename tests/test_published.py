@@ -376,6 +376,9 @@ def test_the_page_shows_a_checks_prediction_with_the_collectives_its_schedule_le
     exposed = doc["prediction"]["exposed_collectives_s"]
     assert 0 < exposed < doc["prediction"]["scheduled_collectives_s"]
     assert any(f"{exposed:.3f} s not hidden behind kernels" in c.value for c in at.caption)
+    # the network its collectives across hosts were priced at, and why that one
+    assert any("The hosts' network: a3-high, 12.5 GB/s a GPU" in c.value and "h100-80gb-8" in c.value
+               for c in at.caption)
 
 
 def test_the_readmes_error_over_the_published_runs_is_the_stored_checks():
