@@ -79,6 +79,8 @@ def _valid_text(name: str):
         return st.sampled_from(["", "4,16,64", "2,8"])
     if name == "mesh":  # the device mesh (sharding.py); the stubbed engine builds none
         return st.sampled_from(["", "data=1", "fsdp=2", "data=2,tensor=2"])
+    if name == "network":  # a GPU target's host network (targets.json): only with a named target
+        return st.sampled_from(["", "a3-high", "a3-mega", "dgx-h100"])
     return st.sampled_from(CHOICES[name])
 
 
