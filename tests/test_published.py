@@ -458,3 +458,16 @@ def test_the_readmes_tpu_schedule_diagnosis_is_the_stored_walk():
         assert f"{r['as_written_over_measured']:.3f}×" in text, name
         assert (r["as_written_over_measured"] > 1) == (name != "llama3.1-405b-v6e-256x2"), name
     assert f"{rows['llama3.1-405b-v6e-256x2']['all_gathers_beside_over_measured']:.3f}×" in text
+
+
+def test_a_run_naming_only_its_weight_dtype_computes_in_maxtexts_bfloat16():
+    """Naming one dtype knob drops the preset's recipe, so the others come from MaxText's base.yml
+    (dtype bfloat16, weight_dtype float32, mu_dtype following the weights), not the lab's float32
+    default: gpu-recipes' Mixtral names weight_dtype alone, and computed in float32 before."""
+    run = {**pub.RUNS["mixtral-8x7b-a3ultra-256"], "name": "x"}
+    fields, _ = pub.translate(run)
+    assert (fields["dtype"], fields["param_dtype"], fields["optimizer_dtype"]) == ("bfloat16",) * 3
+    run["knobs"] = {k: v for k, v in run["knobs"].items() if k != "weight_dtype"} | {"mu_dtype": "bfloat16"}
+    fields, _ = pub.translate(run)
+    assert (fields["dtype"], fields["param_dtype"], fields["optimizer_dtype"]) == \
+        ("bfloat16", "float32", "bfloat16")

@@ -192,11 +192,10 @@ def translate(run: dict) -> tuple[dict, list[str]]:
     # MaxText's dtypes (base.yml: dtype bfloat16, weight_dtype float32; mu_dtype unset follows
     # weight_dtype, and optax's second moment follows the parameters): the lab's dtype,
     # param_dtype and optimizer_dtype, set where the run names them
-    for knob, field in (("dtype", "dtype"), ("weight_dtype", "param_dtype")):
-        if knob in knobs:
-            fields[field] = knobs[knob]
-    if knobs.get("mu_dtype") or knobs.get("weight_dtype"):
-        fields["optimizer_dtype"] = knobs.get("mu_dtype") or knobs["weight_dtype"]
+    if any(k in knobs for k in ("dtype", "weight_dtype", "mu_dtype")):  # the rest: base.yml's
+        fields["dtype"] = knobs.get("dtype", "bfloat16")  # (any one given drops the preset's recipe)
+        fields["param_dtype"] = knobs.get("weight_dtype", "float32")
+        fields["optimizer_dtype"] = knobs.get("mu_dtype") or fields["param_dtype"]
     if knobs.get("optimizer_memory_host_offload"):
         fields["optimizer_offload"] = True
     if knobs.get("use_qwix_quantization"):
