@@ -292,7 +292,8 @@ def mfu_definition(run: dict) -> dict | None:
     causal, square = (model_flops_per_device(run, causal=c) / step / peak for c in (True, False))
     matches = "full_square" if abs(square - m["mfu"]) < abs(causal - m["mfu"]) else "causal"
     closest = square if matches == "full_square" else causal
-    # agree: within 1 % of each other (both are rounded); else the step the MFU alone gives
+    # agree: within 2 % of each other (tiering.md's tokens/s are "approx"; the v5p's are 1.3 %
+    # apart, the 405B's 8.7 %); else the step the MFU alone gives
     return {"published": m["mfu"], "causal": causal, "full_square": square, "matches": matches,
-            "agree": abs(closest - m["mfu"]) <= 0.01 * m["mfu"],
+            "agree": abs(closest - m["mfu"]) <= 0.02 * m["mfu"],
             "step_s_from_mfu": step * closest / m["mfu"]}
