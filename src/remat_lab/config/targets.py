@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .mesh_text import _show
 
 LOCAL = "local"
 MAX_TARGET_DEVICES = 512  # 2 x v6e-256 (MaxText's 405B); 512 v5p chips (v5p:8x8x8)
@@ -72,7 +73,7 @@ class Target:
             return self
         if name not in self.networks:
             known = ", ".join(self.networks) or "none but its default"
-            raise ConfigError(f"network {name!r} is not one {self.name} knows; its networks: {known}.")
+            raise ConfigError(f"network {_show(name)} is not one {self.name} knows; its networks: {known}.")
         dcn, source = self.networks[name]
         return dataclasses.replace(self, network=name, dcn_bytes_per_s=dcn, dcn_source=source)
 
@@ -126,6 +127,6 @@ def check_network(target: str, network: object) -> None:
     if network == "":
         return
     if target == LOCAL or not isinstance(network, str):
-        raise ConfigError(f"network {network!r}: a host network is a named target's (e.g. --target "
+        raise ConfigError(f"network {_show(network)}: a host network is a named target's (e.g. --target "
                           "h100 --network a3-high); the local backend's is this machine's own.")
     TARGETS[target].on_network(network)
