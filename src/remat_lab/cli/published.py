@@ -20,16 +20,19 @@ def add_parsers(sub) -> None:
 
 def _listing(as_json: bool) -> int:
     runs = [{"name": r["name"], "title": r["title"], "target": r["target"], "devices": r["devices"],
-             "source": pub.source_link(r["source"]), "measured": r.get("measured"),
+             "network": r.get("network"), "source": pub.source_link(r["source"]),
+             "measured": r.get("measured"),
              "measured_source": pub.source_link(r["measured"]["source"]) if r.get("measured") else None}
             for r in pub.RUNS.values()]
     if as_json:
         print(json.dumps({"about": pub.CATALOGUE["about"], "runs": runs}, indent=1))
         return 0
-    print(format_table([{"name": r["name"], "chips": f"{r['devices']} x {r['target']}",
+    print(format_table([{"name": r["name"], "chips": f"{r['devices']} x {r['target']}"
+                         + (f" ({r['network']})" if r["network"] else ""),
                          "published": pub.figure_text(r["measured"])} for r in runs],
                        ["name", "chips", "published"]))
-    print("\nSources: MaxText's benchmark configurations and tables (`published --json`). "
+    print("\nSources: MaxText's benchmark configurations and tables, tpu-recipes' and gpu-recipes' logs "
+          "(`published --json`); (a3-high): the hosts' network the run was measured on. "
           "`published --check NAME` compiles one for its chips.")
     return 0
 
