@@ -17,14 +17,16 @@ from remat_lab.program.backend import ExecutionError, out_of_memory  # noqa: E40
 from remat_lab.serve import safe_text  # noqa: E402
 from remat_lab.studies import published as study  # noqa: E402
 
-_shared.page_start("Published runs", "MaxText's tuned training configurations (its tables, and "
-                                     "tpu-recipes' runs of them), with the throughput measured on "
-                                     "real chips. Pick one: the lab compiles the same configuration "
+_shared.page_start("Published runs", "MaxText's tuned training configurations (its tables, "
+                                     "tpu-recipes' runs of them, and gpu-recipes' logged runs), with "
+                                     "the throughput measured on real chips. Pick one: the lab "
+                                     "compiles the same configuration "
                                      "for the same chips (without them) and sets its memory, flops "
                                      "and predicted step beside the record. The sidebar's settings "
                                      "are not used here.")
 ss = st.session_state
-st.dataframe(pd.DataFrame([{"run": r["name"], "chips": f"{r['devices']} × {r['target']}",
+st.dataframe(pd.DataFrame([{"run": r["name"], "chips": f"{r['devices']} × {r['target']}"
+                            + (f" ({r['network']})" if r.get("network") else ""),
                             "published": pub.figure_text(r.get("measured")),
                             "configuration": pub.source_url(r["source"])} for r in pub.RUNS.values()]),
              hide_index=True, width="stretch", height=35 * (len(pub.RUNS) + 1) + 3,
