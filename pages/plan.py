@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _advisor_run, _progress, _shared, _views  # noqa: E402
-from remat_lab.config import PRESETS, TARGET_NAMES, ConfigError, RunConfig, human_bytes  # noqa: E402
+from remat_lab.config import PRESETS, TARGET_NAMES, ConfigError, RunConfig, get_target, human_bytes  # noqa: E402
 from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
 from remat_lab.program.backend import ExecutionError  # noqa: E402
 from remat_lab.store.bytecache import ByteCache  # noqa: E402
@@ -57,6 +57,11 @@ target = b.selectbox("Accelerator", [t for t in TARGET_NAMES if t != "local"], k
                      index=[t for t in TARGET_NAMES if t != "local"].index("tpu-v6e"))
 devices = b.number_input("Devices", 1, 4096, 256, key="plan_devices")
 slices = b.number_input("Slices or hosts (0: one TPU slice; GPUs 8 to a host)", 0, 64, 0, key="plan_slices")
+networks = list(get_target(target).networks)  # a GPU's hosts' network, where it has a choice
+network = b.selectbox("Hosts' network", networks, key="plan_network",
+                      help="What each GPU sends a second to other hosts (the machine's NICs): "
+                           "collectives across hosts are priced at it.") if networks else ""
+network = "" if network == get_target(target).network else network
 tokens = c.number_input("Global batch, tokens (0: as large as fits)", 0, 1 << 40, 4 * 256 * 8192,
                         step=8192, key="plan_tokens")
 tensor = c.multiselect("Tensor-parallel sizes", [1, 2, 4, 8], default=[1, 4], key="plan_tensor")
@@ -69,12 +74,13 @@ if not (tensor and plans):
 try:
     cfg = RunConfig.from_preset(preset, seq=int(seq), step="train", compile_only=True, target=target,
                                 target_devices=int(devices), mesh=f"fsdp={int(devices)}",
-                                batch=int(devices), attention="flash")
+                                batch=int(devices), attention="flash", network=network)
 except ConfigError as err:
     st.error(f"**This question cannot be planned.** {_views.md(str(err))}")
     st.stop()
 command = (f"python -m remat_lab plan --preset {preset} --seq {int(seq)} --target {target} "
            f"--target-devices {int(devices)}" + (f" --slices {int(slices)}" if slices else "")
+           + (f" --network {network}" if network else "")
            + (f" --global-batch-tokens {int(tokens)}" if tokens else "")
            + f" --tensor {','.join(map(str, tensor))} --plans '{';'.join(plans)}'"
            + ("" if offload else " --no-optimizer-offload") + " --json")

@@ -47,3 +47,18 @@ def test_the_answer_is_drawn(monkeypatch, tiny_doc):
     table = at.dataframe[0].value
     assert list(table["tokens/s/device"]) == [round(p["predicted_tokens_per_s_per_device"])
                                              for p in tiny_doc["plans"]]
+
+
+def test_an_h100_question_offers_the_hosts_network_and_its_command_keeps_it():
+    """A GPU with a choice of host network (h100: A3 Mega by default, A3 High, a DGX) offers it; the
+    default is not written, another is, in the command and the configuration the planner gets."""
+    at = AppTest.from_file(str(ROOT / "pages/plan.py"), default_timeout=60).run()
+    assert not at.exception
+    assert not any(s.key == "plan_network" for s in at.selectbox)  # a v6e has none
+    at.selectbox(key="plan_target").set_value("h100").run()
+    at.number_input(key="plan_devices").set_value(16).run()
+    assert at.selectbox(key="plan_network").value == "a3-mega"
+    assert "--network" not in at.code[0].value
+    at.selectbox(key="plan_network").set_value("a3-high").run()
+    assert not at.exception, at.exception
+    assert "--target h100 --target-devices 16 --network a3-high" in at.code[0].value
