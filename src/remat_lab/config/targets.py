@@ -2,7 +2,8 @@
 
 Pure data from ``targets.json`` beside this file (no JAX): memory, dense peak FLOP/s by dtype,
 memory, host link, interconnect and cross-slice (data-centre network) bandwidth per device, and
-where each figure comes from.
+where each figure comes from; a GPU's host networks (the machine's NICs decide the figure across
+hosts: ``Target.on_network``, ``get_target(name, network)``).
 ``local`` is the attached backend, run and timed; every other target is compile-only
 (``program/targets.py`` makes its devices).
 """
