@@ -10,7 +10,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _page_state, _running, _shared  # noqa: E402
-from remat_lab.config import ConfigError, get_target, human_bytes  # noqa: E402
+from remat_lab.config import ConfigError, human_bytes  # noqa: E402
 from remat_lab.config import published as pub  # noqa: E402
 from remat_lab.present.reproduce import cli_command  # noqa: E402
 from remat_lab.program.backend import ExecutionError, out_of_memory  # noqa: E402
@@ -116,13 +116,8 @@ if terms.get("collectives_dcn_s"):
                f"hosts, {terms['collectives_dcn_s']:.3f} s across them (the data-centre network or "
                f"the hosts' network, {terms['dcn_bytes_per_s'] / 1e9:g} GB/s a device); bound by "
                f"{terms['bound']}.")
-net = doc.get("network") or {}
-gpu = get_target(run["target"]).platform == "cuda"
-if net.get("dcn_bytes_per_s") and gpu and "dcn_" in doc["config"]["mesh"]:  # which machine's, and why
-    why = net.get("why") or net.get("source")
-    st.caption(f"The hosts' network: {net.get('name') or 'the ' + run['target'] + ' default'}, "
-               f"{net['dcn_bytes_per_s'] / 1e9:g} GB/s a GPU"
-               + (f" ({safe_text.escape_markdown(why)})" if why else "") + ".")
+if net := pub.network_text(doc):  # which machine's network, and why that one
+    st.caption(f"The hosts' network: {safe_text.escape_markdown(net)}.")
 exposed = (doc.get("prediction") or {}).get("exposed_collectives_s")
 if exposed is not None:
     st.caption(f"The prediction runs the collectives as the program's schedule lets them: "

@@ -84,25 +84,27 @@ def test_the_a3_runs_are_checked_on_a3_high_the_machine_they_ran_on():
     assert "network" not in pub.translate(pub.RUNS["llama3.1-405b-v6e-256x2"])[0]
 
 
-def test_the_sidebar_offers_the_host_network_and_a_link_keeps_it():
-    pytest.importorskip("streamlit")
+def _opened(page: str, **params: str):
+    """``pages/PAGE`` opened by a link to two H100 hosts of a small mlp (``params`` added), run once."""
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(ROOT / "pages" / "explore.py"), default_timeout=180)
-    for key, value in {"target": "h100", "mesh": "dcn_data=2,fsdp=8", "network": "a3-high",
-                       "width": "64", "batch": "16", "depth": "1"}.items():
+    at = AppTest.from_file(str(ROOT / "pages" / page), default_timeout=180)
+    for key, value in {"target": "h100", "mesh": "dcn_data=2,fsdp=8", "width": "64", "batch": "16",
+                       "depth": "1", **params}.items():
         at.query_params[key] = value
-    at.run()
+    return at.run()
+
+
+def test_the_sidebar_offers_the_host_network_and_a_link_keeps_it():
+    pytest.importorskip("streamlit")
+    at = _opened("explore.py", network="a3-high")
     assert not at.exception, at.exception
     box = at.selectbox(key="mesh_network")
     assert box.value == "a3-high" and box.options[0].startswith("a3-mega (25 GB/s a GPU)")
     assert at.query_params["network"] == "a3-high"
     box.set_value("a3-mega").run()
     assert "network" not in at.query_params  # the default: not written
-    bad = AppTest.from_file(str(ROOT / "pages" / "explore.py"), default_timeout=180)
-    for key, value in {"target": "h100", "mesh": "dcn_data=2,fsdp=8", "network": "<b>x</b>"}.items():
-        bad.query_params[key] = value
-    bad.run()
+    bad = _opened("explore.py", network="<b>x</b>")
     assert not bad.exception
     assert any("URL parameter `network`" in w.value and "<b>" not in w.value for w in bad.warning)
     assert bad.selectbox(key="mesh_network").value == "a3-mega"
@@ -112,12 +114,6 @@ def test_the_targets_page_with_a_mesh_across_hosts_says_it_compares_one_device_e
     """It raised ConfigError (a traceback) before: the page builds its local configuration from
     the sidebar's, and a dcn mesh (or a host network) is a named target's only."""
     pytest.importorskip("streamlit")
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(str(ROOT / "pages" / "targets.py"), default_timeout=120)
-    for key, value in {"target": "h100", "mesh": "dcn_data=2,fsdp=8", "network": "a3-high",
-                       "width": "64", "batch": "16", "depth": "1"}.items():
-        at.query_params[key] = value
-    at.run()
+    at = _opened("targets.py", network="a3-high")
     assert not at.exception, at.exception
     assert any("spans hosts or slices" in w.value for w in at.warning)

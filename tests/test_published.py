@@ -356,21 +356,27 @@ def test_figures_in_words_and_the_page_lists_the_catalogue():
     assert not bad.exception and any("no published run" in w.value for w in bad.warning)
 
 
-def test_the_page_shows_a_checks_prediction_with_the_collectives_its_schedule_leaves():
-    """A finished check (the stored two-host A3 document, as the session keeps it): measured,
-    predicted and bound side by side, and how much of the collectives the schedule does not hide."""
+def _page_with_stored_check(name: str):
+    """``(doc, AppTest)``: the Published page on run ``name`` with its stored check as the session
+    keeps a finished one (benchmarks/published_checks/NAME.json), run once without an exception."""
     from pathlib import Path
 
     from streamlit.testing.v1 import AppTest
 
     root = Path(__file__).resolve().parents[1]
-    name = "llama2-7b-a3-2hosts"
     doc = json.loads((root / "benchmarks" / "published_checks" / f"{name}.json").read_text())
     at = AppTest.from_file(str(root / "pages" / "published.py"), default_timeout=60)
     at.query_params["run"] = name
     at.session_state["_published_docs"] = {name: doc}
     at.run()
     assert not at.exception, at.exception
+    return doc, at
+
+
+def test_the_page_shows_a_checks_prediction_with_the_collectives_its_schedule_leaves():
+    """A finished check (the stored two-host A3 document, as the session keeps it): measured,
+    predicted and bound side by side, and how much of the collectives the schedule does not hide."""
+    doc, at = _page_with_stored_check("llama2-7b-a3-2hosts")
     step = next(m for m in at.metric if m.label == "Step time: measured")
     assert f"predicted {doc['predicted_s']:.3f} s ({doc['predicted_over_measured']:.2f}×)" in step.delta
     exposed = doc["prediction"]["exposed_collectives_s"]
@@ -431,18 +437,7 @@ def test_a_run_whose_mfu_and_tokens_disagree_says_so_with_the_mfus_step():
 
 
 def test_the_page_says_when_a_runs_mfu_and_tokens_disagree():
-    from pathlib import Path
-
-    from streamlit.testing.v1 import AppTest
-
-    root = Path(__file__).resolve().parents[1]
-    name = "llama3.1-405b-v6e-256x2"
-    doc = json.loads((root / "benchmarks" / "published_checks" / f"{name}.json").read_text())
-    at = AppTest.from_file(str(root / "pages" / "published.py"), default_timeout=60)
-    at.query_params["run"] = name
-    at.session_state["_published_docs"] = {name: doc}
-    at.run()
-    assert not at.exception, at.exception
+    _, at = _page_with_stored_check("llama3.1-405b-v6e-256x2")
     said = [c.value for c in at.caption if "MFU (38.55%)" in c.value]
     assert len(said) == 1 and "disagree" in said[0] and "60.77 s" in said[0]
 
@@ -475,3 +470,21 @@ def test_a_run_naming_only_its_weight_dtype_computes_in_maxtexts_bfloat16():
     fields, _ = pub.translate(run)
     assert (fields["dtype"], fields["param_dtype"], fields["optimizer_dtype"]) == \
         ("bfloat16", "float32", "bfloat16")
+
+
+def test_the_network_sentence_is_the_clis_and_the_pages_and_only_across_gpu_hosts():
+    from remat_lab.cli.published import format_check
+
+    for name, said in (("llama2-7b-a3-16hosts", "a3-high, 12.5 GB/s a GPU (MaxText's README"),
+                       ("llama3.1-70b-a3ultra-256", "the h200 default, 50 GB/s a GPU (Google Cloud A3 Ultra"),
+                       ("llama2-7b-a3-1host", None), ("llama3.1-405b-v6e-256x2", None)):
+        doc, at = _page_with_stored_check(name)
+        text = pub.network_text(doc)
+        shown = [c.value for c in at.caption if c.value.startswith("The hosts' network")]
+        cli = format_check({**doc, "run_command": ""})
+        if said is None:  # one host, or a TPU's slices: no hosts' network to name
+            assert text is None and not shown and "network:" not in cli, name
+        else:
+            assert text.startswith(said), (name, text)
+            assert len(shown) == 1 and said.split(" (")[0] in shown[0], shown
+            assert f"network:       {text}" in cli

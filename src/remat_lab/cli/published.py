@@ -56,10 +56,8 @@ def format_check(doc: dict) -> str:
              f"  model flops:   MaxText {doc['source_model_flops']:.4g} a device a step; the lab's "
              f"compiled program {doc['program_flops'] or 0:.4g}" +
              (f" ({doc['program_over_source_flops']:.2f}x)" if doc.get("program_over_source_flops") else "")]
-    net = doc.get("network") or {}
-    if net.get("name") and "dcn_" in doc["config"]["mesh"]:  # collectives across hosts or slices
-        lines.append(f"  network:       {net['name']}, {net['dcn_bytes_per_s'] / 1e9:g} GB/s a device "
-                     f"across hosts" + (f": {net['why']}" if net.get("why") else ""))
+    if net := pub.network_text(doc):  # collectives across GPU hosts
+        lines.append(f"  network:       {net}")
     if doc["measured_step_s"]:
         pred, bound = doc.get("predicted_s"), doc.get("bound_s", doc["estimate_s"])
         lines.append(f"  step time:     measured {doc['measured_step_s']:.3f} s (from "

@@ -55,6 +55,18 @@ def source_link(source: dict) -> str:
     return f"{source.get('repository', REPOSITORY)}/{source['file']}@{source['commit'][:7]}#L{source['line']}"
 
 
+def network_text(doc: dict) -> str | None:
+    """A GPU check across hosts: the hosts' network its collectives were priced at and why that one
+    (``"a3-high, 12.5 GB/s a GPU (...)"``); None for a TPU or one host (``published --check``'s doc)."""
+    net, config = doc.get("network") or {}, doc["config"]
+    if not net.get("dcn_bytes_per_s") or "dcn_" not in config["mesh"] \
+            or get_target(config["target"]).platform != "cuda":
+        return None
+    why = net.get("why") or net.get("source")
+    return (f"{net.get('name') or 'the ' + config['target'] + ' default'}, "
+            f"{net['dcn_bytes_per_s'] / 1e9:g} GB/s a GPU" + (f" ({why})" if why else ""))
+
+
 def figure_text(measured: dict | None) -> str:
     """A run's published figure in words: ``45.46% MFU, 7,207 tokens/s/device``."""
     if not measured:
