@@ -47,6 +47,8 @@ st.caption(f"Configuration: `{pub.source_link(run['source'])}` · published figu
            f"{pub.figure_text(run.get('measured'))}{figure_source}")
 if run.get("note"):
     st.info(run["note"], icon=":material/info:")
+if defaults := pub.defaults_text(run):
+    st.caption(f"MaxText's defaults then: {safe_text.escape_markdown(defaults)}")
 try:
     config, differences = study.config_for(name)
 except ConfigError as err:

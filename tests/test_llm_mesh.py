@@ -97,6 +97,13 @@ out["expert_grad_rel_diff"] = max(float(np.max(np.abs(np.asarray(a, np.float64) 
                                   for a, b in zip(h2, h0))
 out["expert_specs"] = dict(zip(q2.paths, [str(a.sharding.spec) for a in q2.leaves]))
 out["expert_collectives"] = sorted({(r["kind"], r["group"]) for r in collective_rows(expert_step.as_text())})
+# Each collective inside the experts' block, by kind and the scope it came from (dispatch, wo, ...).
+from remat_lab.analysis import hlotext
+kinds = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+out["expert_moe_collectives"] = sorted({
+    (ins.opcode.removesuffix("-start"), hlotext.op_name(ins.rest).split("/moe/")[1].split("/")[0])
+    for _, ins in hlotext.instructions(expert_step.as_text())
+    if ins.opcode.removesuffix("-start") in kinds and "/moe/" in (hlotext.op_name(ins.rest) or "")})
 
 # The whole training step on the mesh: parameters and AdamW moments sharded, donated.
 train = RunConfig(**tiny, policy="minimal", mesh="fsdp=2,tensor=2", step="train")
@@ -182,9 +189,13 @@ def test_a_mixture_of_experts_on_the_mesh_equals_one_device(four):
 def test_the_expert_axis_splits_the_experts_and_moves_tokens_with_all_to_alls(four):
     """fsdp=2 x expert=2 on the same mixture of experts: its loss and gradients as one device's; each
     device holds 2 of the 4 experts (their width over fsdp alone), every other parameter split over
-    fsdp x expert as MaxText's ``embed``; XLA's partitioner moves the dispatched tokens to their
-    experts' devices by all-to-alls over the expert axis's 2 devices, read from the compiled program
-    by the collectives table."""
+    fsdp x expert as MaxText's ``embed``; the dispatched tokens go to their experts' devices and
+    back by all-to-alls over the expert axis's 2 devices (``mesh.expert_layout``), read from the
+    compiled program by the collectives table, and nothing else moves them: no all-gather or
+    reduce-scatter in the dispatch, the experts or the combine (only the router's scores are
+    gathered, for the load-balance loss's mean over every token; the experts' weight gradients are
+    summed over fsdp). Without the layout XLA's partitioner gathers the dispatched values and the
+    experts' hidden values as well."""
     one, _ = four["moe_loss"]
     assert four["expert_loss"] == pytest.approx(one, rel=1e-6)
     assert four["expert_grad_rel_diff"] < 1e-5
@@ -193,6 +204,11 @@ def test_the_expert_axis_splits_the_experts_and_moves_tokens_with_all_to_alls(fo
     assert specs["layers.blocks.moe.wo"] == "P(None, 'expert', None, 'fsdp')"
     assert specs["layers.blocks.q_proj.kernel"] == "P(None, ('fsdp', 'expert'), None, None)"
     assert ["all-to-all", 2] in four["expert_collectives"], four["expert_collectives"]
+    moe = {tuple(c) for c in four["expert_moe_collectives"]}
+    assert {("all-to-all", "dispatch"), ("all-to-all", "wo")} <= moe, moe
+    assert {scope for kind, scope in moe if kind == "all-to-all"} == {"dispatch", "wo"}, moe
+    assert not {(kind, scope) for kind, scope in moe
+                if kind in ("all-gather", "reduce-scatter") and scope != "router"}, moe
 
 
 def test_parameters_follow_maxtexts_axes(four):

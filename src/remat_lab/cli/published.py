@@ -70,6 +70,8 @@ def format_check(doc: dict) -> str:
         lines.append("  step time:     no figure published")
     for d in doc["differences"]:
         lines.append(f"  difference:    {d}")
+    if defaults := pub.defaults_text(pub.run_named(doc["name"])):
+        lines.append(f"  defaults:      {defaults}")
     if doc.get("note"):
         lines.append(f"  note:          {doc['note']}")
     return "\n".join(lines)

@@ -67,6 +67,15 @@ def network_text(doc: dict) -> str | None:
             f"{net['dcn_bytes_per_s'] / 1e9:g} GB/s a GPU" + (f" ({why})" if why else ""))
 
 
+def defaults_text(run: dict) -> str | None:
+    """The knobs a run's MaxText defaulted otherwise than today's and why (``maxtext_defaults``),
+    one sentence; None where it names none."""
+    if not run.get("maxtext_defaults"):
+        return None
+    knobs = ", ".join(f"{k}: {str(v).lower()}" for k, v in run["maxtext_defaults"].items())
+    return f"read as {knobs}, its MaxText's default: {run.get('maxtext_defaults_note', '')}"
+
+
 def figure_text(measured: dict | None) -> str:
     """A run's published figure in words: ``45.46% MFU, 7,207 tokens/s/device``."""
     if not measured:
@@ -142,7 +151,8 @@ def translate(run: dict) -> tuple[dict, list[str]]:
     """The lab configuration (``RunConfig.from_preset`` keyword arguments, with ``preset``) for a
     published run, and what differs from MaxText's program, one sentence each. Raises ConfigError
     where the lab cannot compile it at all (its model is not a preset, more devices than it compiles)."""
-    knobs, devices, diff = run["knobs"], run["devices"], []
+    # the knobs' defaults of the MaxText a run ran where they differ from today's (maxtext_defaults)
+    knobs, devices, diff = {**run.get("maxtext_defaults", {}), **run["knobs"]}, run["devices"], []
     preset = run.get("lab_preset", run["model"])
     if preset not in PRESETS:
         raise ConfigError(f"{run['name']}: the lab has no preset {preset!r} yet.")

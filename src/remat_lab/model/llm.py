@@ -47,7 +47,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from remat_lab.model.attention import FULL, AttentionFn
-from remat_lab.model.moe import MoeMlp
+from remat_lab.model.moe import ExpertLayout, MoeMlp
 from remat_lab.model.stacks import blocks_of, build_stack, run_stack
 
 BlockFn = Callable[[nnx.Module, jax.Array], jax.Array]
@@ -136,12 +136,16 @@ class LLM(nnx.Module):
             param_dtype=param_dtype)
 
     def hidden(self, tokens: jax.Array, block_fn: BlockFn | None = None,
-               attention: AttentionFn | None = None) -> jax.Array:
+               attention: AttentionFn | None = None,
+               expert_layout: ExpertLayout | None = None) -> jax.Array:
         """The last block's output ``(B, N, width)``; each block through ``block_fn``, its
-        attention ``attention`` (a kernel of ``attention.py``; default full)."""
-        if attention is not None:
-            for block in blocks_of(self.layers):
+        attention ``attention`` (a kernel of ``attention.py``; default full), a mixture of
+        experts' dispatched values laid out by ``expert_layout`` (a mesh's expert axis)."""
+        for block in blocks_of(self.layers):
+            if attention is not None:
                 block.attention = attention
+            if expert_layout is not None and block.moe is not None:
+                block.moe.layout = expert_layout
         with jax.named_scope("embed"):
             h = checkpoint_name(self.embed(tokens), "embed")
         return run_stack(self.layers, block_fn or (lambda block, y: block(y)), h)
@@ -155,9 +159,10 @@ class LLM(nnx.Module):
             return checkpoint_name(logits, "logits")
 
     def __call__(self, tokens: jax.Array, block_fn: BlockFn | None = None,
-                 attention: AttentionFn | None = None) -> jax.Array:
+                 attention: AttentionFn | None = None,
+                 expert_layout: ExpertLayout | None = None) -> jax.Array:
         """The logits ``(B, N, vocab)`` in the compute dtype (``hidden``, then ``head``)."""
-        return self.head(self.hidden(tokens, block_fn, attention))
+        return self.head(self.hidden(tokens, block_fn, attention, expert_layout))
 
 
 @jax.custom_vjp

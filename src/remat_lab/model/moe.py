@@ -1,8 +1,9 @@
 """A mixture of experts' MLP: a float32 router, top-k, dense einsum dispatch with a capacity, E gated experts.
 
 ``MoeMlp`` replaces the decoder block's gated MLP when ``experts`` > 0 (``llm.DecoderBlock``), as
-MaxText's ``RoutedMoE.dense_matmul`` does by default on TPUs (``sparse_matmul`` off; no
-``ragged_dot`` here yet):
+MaxText's ``RoutedMoE.dense_matmul`` does (its path with ``sparse_matmul: false``, and in early
+2025, before that knob, with ``megablox: false``; its grouped ``ragged_dot`` / megablox path is not
+here yet):
 
 - **router**: ``logits = h @ gate`` in float32 (``moe_router_logits``); ``softmax`` (Mixtral,
   Qwen3-MoE) or ``sigmoid`` (DeepSeek-V3) scores; each token's top ``k`` experts, their scores
@@ -18,9 +19,9 @@ MaxText's ``RoutedMoE.dense_matmul`` does by default on TPUs (``sparse_matmul`` 
   ``mlpwi_1``, ``mlpwo`` (MaxText's double names, so its policies that name the MLP reach experts);
 - **combine**: ``einsum("EBCM,BNEC->BNM")`` with the weights (``moe_combine``);
 - **expert parallelism**: on a mesh with an ``expert`` axis the experts' weights are split over it
-  (``program/mesh.py``) and XLA's partitioner moves the dispatched tokens to them by all-to-all
-  (constraining the dispatched values to the expert axis as well made Mixtral 8x22B's step on
-  fsdp=64 x expert=4 need 110 GB a chip instead of 27);
+  (``program/mesh.py``); ``layout`` (set by the step: ``mesh.expert_layout``) lays the dispatched
+  values out with their tokens, then with their experts, and the experts' output back: an
+  all-to-all over the expert axis each way, as MaxText's dense dispatch constrains them;
 - **shared experts**: a dense gated MLP of ``shared * F`` hidden units every token goes through
   (DeepSeek's shared experts, fused), added to the routed output;
 - **load balance**: Switch's auxiliary loss ``E * sum_e f_e * P_e`` (``f_e`` the share of top-k
@@ -32,12 +33,17 @@ MaxText's ``RoutedMoE.dense_matmul`` does by default on TPUs (``sparse_matmul`` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from remat_lab.config.moe_config import capacity
+
+# A mesh's layout of the dispatched values: ``(x, "tokens" | "experts") -> x`` (program/mesh.py).
+ExpertLayout = Callable[[jax.Array, str], jax.Array]
 
 
 def route(logits: jax.Array, k: int, gating: str) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -102,6 +108,7 @@ class MoeMlp(nnx.Module):
         self.wi_1 = nnx.Param(stacked(rngs.params(), (experts, width, mlp_dim), param_dtype))
         self.wo = nnx.Param(stacked(rngs.params(), (experts, mlp_dim, width), param_dtype))
         kw = dict(use_bias=False, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.layout: ExpertLayout | None = None  # set on a mesh with an expert axis
         self.shared = None if not shared else nnx.List([
             nnx.Linear(width, shared * mlp_dim, **kw), nnx.Linear(width, shared * mlp_dim, **kw),
             nnx.Linear(shared * mlp_dim, width, **kw)])
@@ -115,7 +122,10 @@ class MoeMlp(nnx.Module):
             dispatch, combine = masks(weights, idx, self.experts,
                                       capacity(n, self.experts, self.k, self.factor))
         with jax.named_scope("dispatch"):
-            x = checkpoint_name(jnp.einsum("bnm,bnec->ebcm", h, dispatch.astype(h.dtype)), "moe_dispatch")
+            x = jnp.einsum("bnm,bnec->ebcm", h, dispatch.astype(h.dtype))
+            if self.layout is not None:  # from the tokens' devices to the experts' (all-to-all)
+                x = self.layout(self.layout(x, "tokens"), "experts")
+            x = checkpoint_name(x, "moe_dispatch")
         with jax.named_scope("wi_0"):
             gate = checkpoint_name(checkpoint_name(jnp.einsum(
                 "ebcm,emf->ebcf", x, self.wi_0[...].astype(self.dtype)), "mlpwi_0"), "moe_mlpwi_0")
@@ -126,6 +136,8 @@ class MoeMlp(nnx.Module):
             out = checkpoint_name(checkpoint_name(jnp.einsum(
                 "ebcf,efm->ebcm", jax.nn.silu(gate) * up, self.wo[...].astype(self.dtype)), "mlpwo"),
                 "moe_mlpwo")
+            if self.layout is not None:  # back to the tokens' devices (all-to-all)
+                out = self.layout(self.layout(out, "experts"), "tokens")
         with jax.named_scope("combine"):
             y = checkpoint_name(jnp.einsum("ebcm,bnec->bnm", out, combine.astype(h.dtype)), "moe_combine")
         if self.shared is not None:

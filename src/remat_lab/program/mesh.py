@@ -35,6 +35,7 @@ from remat_lab.config import (
     mesh_slices,
     parse_mesh,
 )
+from remat_lab.model.moe import ExpertLayout
 
 # Per in-block parameter name: the mesh role of each of its axes (a scan stack adds a leading
 # layer axis, never sharded). "fsdp" = where fsdp shards the stored parameter, "tensor" = the
@@ -260,6 +261,32 @@ def activations(config: RunConfig, mesh: Mesh) -> Callable[[jax.Array], jax.Arra
     def constrain(x: jax.Array) -> jax.Array:
         last = "tensor" if tensor > 1 and x.shape[-1] % tensor == 0 else None
         spec = PartitionSpec(rows, *(None,) * (x.ndim - 2), last)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return constrain
+
+
+def expert_layout(config: RunConfig, mesh: Mesh) -> ExpertLayout | None:
+    """``(x, where) -> x`` for a mixture of experts' dispatched values ``(E, B, C, ...)`` on a mesh
+    with an expert axis, as MaxText's dense dispatch lays them out: ``"tokens"``, with the tokens
+    they came from (every expert, the batch over data x fsdp x expert: computed where the tokens
+    are); ``"experts"``, with their experts (the experts over ``expert``, the batch over data x
+    fsdp: MaxText's ``activation_exp``, ``activation_batch_no_exp``). One after the other they are
+    an all-to-all over the expert axis, each way. Without them XLA's partitioner gathered the
+    experts' weights to the tokens instead (an all-gather of every expert's weights and a
+    reduce-scatter of their gradients on each block) and, with only the second, gathered a whole
+    batch's combined output (40 GiB a device on Mixtral 8x7B over 256 GPUs). None without an
+    expert axis."""
+    sizes = parse_mesh(config.mesh)
+    if "expert" not in sizes:
+        return None
+    rows = tuple(a for a in ("data", "fsdp") if a in sizes)
+    lead = None if not rows else rows[0] if len(rows) == 1 else rows
+    every = input_spec(config)[0]
+
+    def constrain(x: jax.Array, where: str) -> jax.Array:
+        spec = (PartitionSpec("expert", lead, *(None,) * (x.ndim - 2)) if where == "experts"
+                else PartitionSpec(None, every, *(None,) * (x.ndim - 2)))
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return constrain

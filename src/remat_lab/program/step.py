@@ -164,14 +164,15 @@ def _loss_fn(config: RunConfig, graphdef, treedef, gather: Callable | None = Non
         logits_layout = (sharding.activations(config, mesh) if on_mesh
                          else (lambda logits: logits))
         attention = attention_for(config, mesh, sharding.input_spec(config)[0] if on_mesh else None)
+        experts = sharding.expert_layout(config, mesh) if on_mesh else None
 
         def lm_loss(leaves: list[jax.Array], tokens: jax.Array) -> jax.Array:
             """Mean next-token cross-entropy, in float32 (``llm.next_token_loss``, or chunked)."""
             model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
             if config.loss_chunks > 1:  # the logits a slice of the sequence at a time
                 return chunked_next_token_loss(lambda h: logits_layout(model.head(h)), model.hidden(
-                    tokens, block_fn, attention), tokens, config.loss_chunks)
-            return next_token_loss(logits_layout(model(tokens, block_fn, attention)), tokens)
+                    tokens, block_fn, attention, experts), tokens, config.loss_chunks)
+            return next_token_loss(logits_layout(model(tokens, block_fn, attention, experts)), tokens)
 
         return lm_loss
 

@@ -48,7 +48,10 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
            # the host network that prices its collectives across hosts or slices, and why that one
            "network": {"name": target.network or None, "dcn_bytes_per_s": target.dcn_bytes_per_s,
                        "source": target.dcn_source, "why": run.get("network_note")},
-           "hbm_bytes": hbm, "note": run.get("note"), "refused_memory": None, "host_bytes_needed": None}
+           "hbm_bytes": hbm, "note": run.get("note"), "refused_memory": None, "host_bytes_needed": None,
+           # knobs whose default differed in the MaxText the run ran, and why (translate reads them)
+           "maxtext_defaults": run.get("maxtext_defaults") and {
+               "knobs": run["maxtext_defaults"], "why": run.get("maxtext_defaults_note")}}
     measured = pub.measured_step_s(run)
     doc["measured_step_s"] = measured["step_s"] if measured else None
     doc["measured_step_from"] = measured["from"] if measured else None
