@@ -266,7 +266,8 @@ def _convolution_flops(module: _Module, op: _Op, out_dims: list[int]) -> float |
     for c in out_l:
         if not c.isdigit():
             flops *= out_dims[out_l.index(c)]
-    for j, c in enumerate(spatial):
+    for c in spatial:  # the window's fields are in spatial dimension order: 0, 1, ... (the label's digit)
+        j = int(c)
         lo = int(pads[j][0]) if j < len(pads) else 0
         stride = strides[j] if j < len(strides) else 1
         dilate = dilates[j] if j < len(dilates) else 1
