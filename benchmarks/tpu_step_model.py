@@ -64,6 +64,7 @@ def compile_runs(names: list[str]) -> None:
         measured = pub.measured_step_s(pub.run_named(name))
         doc = {"name": name, "target": config.target, "config": config.as_dict(),
                "differences": differences, "peak_bytes": found["peak_bytes"],
+               "xla_flops": found["flops"],  # XLA's own count: the kernels' must hold it (a test)
                "measured_step_s": measured["step_s"] if measured else None,
                "bound_s": est["estimate_s"], "compute_s": est.get("compute_s"),
                "collectives_s": est.get("collectives_s") or 0.0,

@@ -23,11 +23,21 @@ _FREE = traffic.FREE
 
 
 def _fusion_products(module, op) -> tuple[float | None, str, str]:
-    """``(flops, dtype, precision)`` of the products inside a fusion (0.0 when none)."""
+    """``(flops, dtype, precision)`` of the products inside a fusion (0.0 when none), those of the
+    fusions nested in it too (libtpu fuses a product into the fusion of the product it feeds: a
+    gated MLP's up projection inside the down projection's)."""
     kernel = (next((c for k, c in hlotext.called(op.rest) if k == "calls"), None)
               if "calls=" in op.rest else None)
     total, dtype, precision = 0.0, "", ""
     for inner in module.comps.get(kernel, []):
+        if inner.opcode == "fusion":
+            flops, inner_dtype, inner_precision = _fusion_products(module, inner)
+            if flops is None:
+                return None, dtype, precision
+            if flops:
+                total += flops
+                dtype, precision = dtype or inner_dtype, precision or inner_precision
+            continue
         if inner.opcode not in ("dot", "convolution"):
             continue
         flops = traffic.product_flops(module, inner)
