@@ -113,14 +113,6 @@ def fit(calibration: str) -> dict:
             "hbm_efficiency": HBM_EFFICIENCY, "runs": rows}
 
 
-def _walk(found: dict, kernel_s: dict, target, hidden: tuple[str, ...] = ()) -> dict:
-    """``schedule.walk`` with the collectives of kinds ``hidden`` left out of the kernels' way."""
-    keep = {n: r for n, r in found["collectives"].items() if r["kind"] not in hidden}
-    comps = [[times, [[tag, n] for tag, n in seq if tag == "k" or n in keep]]
-             for times, seq in found["computations"]]
-    return schedule.walk({"computations": comps, "collectives": keep}, kernel_s, target)
-
-
 def schedule_runs(names: list[str]) -> None:
     enable_compilation_cache()
     for name in names:
@@ -128,7 +120,7 @@ def schedule_runs(names: list[str]) -> None:
         target = get_target(config.target, config.network)
         text, found = compiled_schedule(config)
         priced = kernels_seconds(kernels_of(text), target, target.step_model)
-        written, gathers = (_walk(found, priced["by_name_s"], target, hidden)
+        written, gathers = (schedule.walk(found, priced["by_name_s"], target, hidden)
                             for hidden in ((), ("all-gather",)))
         by_kind: dict[str, float] = {}
         for times, seq in found["computations"]:

@@ -308,6 +308,65 @@ def test_the_schedule_hides_what_lies_between_a_collectives_start_and_done():
     assert got["collectives_s"] == pytest.approx(5.5)
 
 
+def test_collectives_beside_leave_the_kernels_way_and_bound_the_step_by_their_own_time():
+    """The same schedule with the all-gathers beside the kernels (a TPU run whose libtpu flags
+    overlap them): the kernels wait only for the synchronous all-reduce, 3 + 0.5 s in the entry,
+    and the all-gathers' own 5 s go to ``beside_s`` (a stream of their own: a step is never
+    shorter); with no kind beside the walk is the one above."""
+    from remat_lab.analysis import schedule
+
+    target = get_target("h100")
+    ring = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8}
+    def row(kind, seconds):
+        return {"kind": kind, "bytes": seconds * target.interconnect_bytes_per_s / ring[kind],
+                "group": 8, "spans": 1, "link": "ici"}
+    found = {"collectives": {"ag1": row("all-gather", 3.0), "ag2": row("all-gather", 2.0),
+                             "ar": row("all-reduce", 0.5)},
+             "computations": [[1, [["s", "ag1"], ["k", "a"], ["k", "b"], ["d", "ag1"],
+                                   ["s", "ag2"], ["k", "c"], ["d", "ag2"], ["c", "ar"]]],
+                              [2, [["k", "a"]]]]}
+    kernels = {"a": 1.0, "b": 1.0, "c": 1.0}
+    got = schedule.walk(found, kernels, target, ("all-gather",))
+    assert got["step_s"] == pytest.approx(3.5 + 2 * 1.0)
+    assert got["exposed_s"] == pytest.approx(0.5) and got["collectives_s"] == pytest.approx(0.5)
+    assert got["beside_s"] == pytest.approx(5.0)
+    assert schedule.walk(found, kernels, target, ())["step_s"] == pytest.approx(5.5 + 2 * 1.0)
+
+
+def test_a_tpu_runs_collective_overlap_walks_its_schedule_and_is_said():
+    """On a TPU the collectives run beside the kernels by default (MaxText's tuned flags);
+    ``collective_overlap`` all-gathers leaves the reductions as libtpu writes them (synchronous on
+    this tensor-parallel mesh), none leaves every one: each step at least the one before, never
+    under the kernels; the basis says which; a GPU target refuses it with a sentence."""
+    from remat_lab.config import ConfigError, RunConfig
+    from remat_lab.config.cli_flags import target_flags
+
+    base = dict(model="llm", width=256, depth=2, heads=8, kv_heads=4, seq=64, batch=8, vocab=256,
+                mlp_dim=512, step="train", stack="scan", attention="full", policy="full",
+                target="tpu-v6e", target_devices=8, mesh="fsdp=2,tensor=4", compile_only=True,
+                dtype="bfloat16")
+    from remat_lab.analysis.estimate import estimate_step
+    from remat_lab.studies.advisor.search import probe
+
+    steps = {}
+    for overlap in ("", "all-gathers", "none"):
+        cfg = RunConfig(**base, collective_overlap=overlap)
+        found = probe(cfg)
+        assert (found["schedule"] is None) == (overlap == "")
+        target = get_target("tpu-v6e")
+        bound = estimate_step(found["flops"], found.get("bytes_accessed"), target, cfg.dtype,
+                              found.get("traffic"))
+        pred = predict_step(target, bound, kernels=found["kernels"], events=found["schedule"],
+                            overlap=overlap)
+        steps[overlap] = pred["predicted_s"]
+        assert pred["predicted_s"] >= pred["kernels_s"]
+        assert ("collective_overlap" in pred["basis"]) == bool(overlap)
+        assert (f"--collective-overlap {overlap}" in " ".join(target_flags(cfg))) == bool(overlap)
+    assert steps["none"] > steps["all-gathers"] > 0
+    with pytest.raises(ConfigError, match="for a TPU target"):
+        RunConfig(**{**base, "target": "h100"}, collective_overlap="none")
+
+
 def test_a_gpu_meshs_prediction_is_its_kernels_and_the_collectives_its_schedule_leaves():
     """A deviceless FSDP step over 4 H100s: the prediction walks its schedule; the step is its
     kernels plus the exposed collective time, which is at most all of the collectives' time."""

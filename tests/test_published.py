@@ -493,6 +493,26 @@ def test_a_run_reads_the_defaults_of_the_maxtext_it_ran_and_says_so():
     assert any(c.value.startswith("MaxText's defaults then: read as sparse") for c in at.caption)
 
 
+def test_a_tpu_runs_libtpu_flags_say_which_collectives_ran_beside_its_kernels():
+    """Every measured v6e and v5p run names the libtpu flag sets its MaxText configuration launches
+    with. All pass continuation fusion for all-gathers; every one but the 405B's also overlaps or
+    offloads its reductions (data-parallel overlap, SparseCore offload), so only the 405B's
+    reductions are priced as libtpu writes them (collective_overlap all-gathers). A run naming
+    neither kind would be none; one naming no flags keeps the default."""
+    measured = [n for n, r in pub.RUNS.items() if r["target"] in ("tpu-v6e", "tpu-v5p")
+                and pub.measured_step_s(r) and r["source"].get("repository") is None]
+    assert measured and all(pub.RUNS[n].get("libtpu_flags") for n in measured), measured
+    overlaps = {n: pub.collective_overlap(pub.RUNS[n]) for n in measured}
+    assert {n for n, o in overlaps.items() if o} == {"llama3.1-405b-v6e-256x2"}
+    assert overlaps["llama3.1-405b-v6e-256x2"] == "all-gathers"
+    fields, _ = pub.translate(pub.RUNS["llama3.1-405b-v6e-256x2"])
+    assert fields["collective_overlap"] == "all-gathers"
+    bare = {**pub.RUNS["llama3.1-405b-v6e-256x2"], "libtpu_flags": {"names": ["HOST_OFFLOAD_FLAGS"]}}
+    assert pub.collective_overlap(bare) == "none"
+    assert pub.collective_overlap({**bare, "libtpu_flags": None}) == ""
+    assert pub.collective_overlap(pub.RUNS["llama2-7b-a3-1host"]) == ""  # a GPU: its schedule
+
+
 def test_the_network_sentence_is_the_clis_and_the_pages_and_only_across_gpu_hosts():
     from remat_lab.cli.published import format_check
 

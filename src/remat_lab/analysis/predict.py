@@ -32,7 +32,7 @@ from __future__ import annotations
 from remat_lab.analysis import schedule
 from remat_lab.analysis.estimate import rate_class
 from remat_lab.analysis.kernels import kernels_of
-from remat_lab.config import Target
+from remat_lab.config import COLLECTIVE_OVERLAPS, Target
 
 GPU_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM at {gemm:.0%} of its "
              "dtype's peak, cuDNN attention at {fwd:.0%} forward / {bwd:.0%} backward, every kernel "
@@ -99,29 +99,39 @@ def basis(target: Target) -> str:
                             source=m["source"])
 
 
-def _kernel_model(rows: list[dict], target: Target, bound: dict, events: dict | None = None) -> dict:
+def _kernel_model(rows: list[dict], target: Target, bound: dict, events: dict | None = None,
+                  overlap: str = "") -> dict:
     """The kernels and the transfers beside them; never under the bound, which can count more
     bytes than the kernels read (XLA's ``bytes_accessed`` counts an in-place update's whole
     buffer and a sliced read's whole operand): then the bound is the prediction, said so. On a
     GPU with the program's schedule (``schedule.events``), the collectives run as it lets them:
-    the kernels plus the waits for what the schedule does not hide (``exposed_collectives_s``)."""
+    the kernels plus the waits for what the schedule does not hide (``exposed_collectives_s``). On
+    a TPU the collectives run beside the kernels, unless ``overlap`` (``COLLECTIVE_OVERLAPS``) says
+    the run's libtpu flags leave some as libtpu writes them: then the schedule's walk with the rest
+    beside."""
     priced = kernels_seconds(rows, target, target.step_model)
     by_name = priced.pop("by_name_s")
     kernels = priced["kernels_s"]
     offload = bound.get("offload_s") or 0.0
     beside = (bound.get("collectives_s") or 0.0) + offload
     scheduled = {}
-    if events is not None and target.platform != "tpu":
-        found = schedule.walk(events, by_name, target)
+    beside_kinds = COLLECTIVE_OVERLAPS.get(overlap) if target.platform == "tpu" else ()
+    if events is not None and beside_kinds is not None:
+        found = schedule.walk(events, by_name, target, beside_kinds)
         scheduled = {"exposed_collectives_s": found["exposed_s"],
                      "scheduled_collectives_s": found["collectives_s"]}
-        kernels, beside = found["step_s"], offload
+        kernels, beside = found["step_s"], offload + found["beside_s"]
     floor = bound.get("estimate_s") or 0.0
     limited = "kernels" if kernels >= beside else "transfers"
     if floor > max(kernels, beside):
         limited = "bound"
+    said = "" if target.platform != "tpu" or beside_kinds is None else (
+        f" Collectives (collective_overlap {overlap}): "
+        + (f"{', '.join(k + 's' for k in beside_kinds)} beside the kernels, the rest" if beside_kinds
+           else "every one") + " as libtpu's schedule writes it, the kernels waiting for each "
+        "synchronous one (the run's libtpu flags overlap no others).")
     return {"predicted_s": max(kernels, beside, floor), **priced, **scheduled, "transfers_s": beside,
-            "limited_by": limited, "basis": basis(target)}
+            "limited_by": limited, "basis": basis(target) + said}
 
 
 def _tpu(optimal_s: float | None, loop_factor: float) -> dict:
@@ -133,18 +143,23 @@ def _tpu(optimal_s: float | None, loop_factor: float) -> dict:
 def predict_step(target: Target, bound: dict, *, text: str | None = None,
                  kernels: list[dict] | None = None, optimal_seconds: float | None = None,
                  loop_factor: float = 1.0, kernel_flops: float = 0.0,
-                 granules: list[int] | None = None, events: dict | None = None) -> dict:
+                 granules: list[int] | None = None, events: dict | None = None,
+                 overlap: str = "") -> dict:
     """The prediction for one compiled step on ``target`` (see the module's docstring):
     ``predicted_s`` (None where the target has no model), its terms and ``basis``. ``bound``:
     ``estimate.estimate_step``'s answer for the same program; ``text``: its optimized HLO, or
     ``kernels``: ``kernels.kernels_of`` of it (GPU); ``optimal_seconds``, ``loop_factor``,
     ``kernel_flops``: libtpu's figure, the program's loop factor and its fused kernels' flops
     (TPU); ``events``: ``schedule.events`` of it (GPU; read from ``text`` with ``granules``, each
-    device's host, when not given)."""
+    device's host, when not given; a TPU's too with an ``overlap``, its ``collective_overlap``)."""
     if target.step_model and (text or kernels is not None):
-        if events is None and text is not None and target.platform != "tpu":
+        walked = target.platform != "tpu" or COLLECTIVE_OVERLAPS.get(overlap) is not None
+        if events is None and text is not None and walked:
             events = schedule.events(text, granules)
-        out = _kernel_model(kernels if kernels is not None else kernels_of(text), target, bound, events)
+        if walked and events is None and target.platform == "tpu":
+            raise ValueError(f"a prediction with collective_overlap {overlap!r} needs the schedule")
+        out = _kernel_model(kernels if kernels is not None else kernels_of(text), target, bound, events,
+                            overlap)
         if target.platform == "tpu":
             out.update({k: v for k, v in _tpu(optimal_seconds, loop_factor).items()
                         if k.startswith("libtpu")})

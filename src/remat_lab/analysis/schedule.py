@@ -61,16 +61,26 @@ def events(text: str, granules: list[int] | None = None) -> dict:
     return {"computations": out, "collectives": found}
 
 
-def walk(found: dict, kernel_s: dict[str, float], target: Target) -> dict:
+def walk(found: dict, kernel_s: dict[str, float], target: Target, beside: tuple[str, ...] = ()) -> dict:
     """``{"step_s", "kernels_s", "exposed_s", "collectives_s"}`` of one step (see the module's
     docstring) from ``events``' answer. ``kernel_s``: each kernel's seconds for one run, by the
-    name ``kernels_of`` gives its row (a ``*-done``'s name for an asynchronous kernel)."""
-    comm = {name: collective_seconds(r, target) for name, r in found["collectives"].items()}
+    name ``kernels_of`` gives its row (a ``*-done``'s name for an asynchronous kernel).
+    ``beside``: collective kinds left out of the kernels' way whatever the schedule writes (a TPU
+    run whose libtpu flags overlap them: ``COLLECTIVE_OVERLAPS``): their time is ``beside_s``, not
+    in ``collectives_s``."""
+    comm = {name: collective_seconds(r, target) for name, r in found["collectives"].items()
+            if r["kind"] not in beside}
+    aside = {name: collective_seconds(r, target) for name, r in found["collectives"].items()
+             if r["kind"] in beside}
+    apart = 0.0  # the collectives beside: their own stream, as long as the kernels or longer
     total = kernels = exposed = moved = 0.0
     for times, seq in found["computations"]:
         clock = stream = own = 0.0  # kernel stream, collective stream, kernels alone
         pending: dict[str, float] = {}
         for tag, name in seq:
+            if tag in ("s", "c", "d") and name not in comm:
+                apart += times * aside.get(name, 0.0) * (tag != "d")
+                continue  # beside the kernels
             if tag in ("s", "c"):
                 stream = max(clock, stream) + comm[name]
                 moved += times * comm[name]
@@ -87,4 +97,5 @@ def walk(found: dict, kernel_s: dict[str, float], target: Target) -> dict:
         total += times * clock
         kernels += times * own
         exposed += times * (clock - own)
-    return {"step_s": total, "kernels_s": kernels, "exposed_s": exposed, "collectives_s": moved}
+    return {"step_s": total, "kernels_s": kernels, "exposed_s": exposed, "collectives_s": moved,
+            "beside_s": apart}

@@ -292,9 +292,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="policy custom (in --policies): checkpoint names offloaded to the host")
 
 
-def add_target_args(p: argparse.ArgumentParser,
-                    target_help: str = "compile for this accelerator without it (see `targets`); "
-                                       "default: local, run",
+def add_target_args(p: argparse.ArgumentParser, target_help: str = "compile for this accelerator "
+                    "without it (see `targets`); default: local, run",
                     mesh_help: str = "shard the step over a device mesh (any subset of the axes; "
                                      "on a named target dcn_data, dcn_fsdp, dcn_tensor repeat an "
                                      "axis over slices or hosts, MaxText's dcn_*_parallelism: "
@@ -304,8 +303,10 @@ def add_target_args(p: argparse.ArgumentParser,
     p.add_argument("--target", choices=TARGET_NAMES, default="local", metavar="TARGET", help=target_help)
     p.add_argument("--target-devices", type=count_arg("target devices", MAX_TARGET_DEVICES), default=1,
                    metavar="N", help="devices of the target the program is placed on (a --mesh over all)")
-    p.add_argument("--network", default="", metavar="NAME", help="the target's host network, which prices "
-                   "collectives across hosts (h100: a3-mega, the default; a3-high; dgx-h100; see `targets`)")
+    p.add_argument("--network", default="", metavar="NAME", help="the host network pricing collectives "
+                   "across hosts (h100: a3-mega, default; a3-high; dgx-h100; see `targets`)")
+    p.add_argument("--collective-overlap", default="", choices=("", "all-gathers", "none"), help="a TPU's "
+                   "collectives beside its kernels: all-gathers only, or none (default: every one)")
 
 
 def add_mesh_args(p: argparse.ArgumentParser) -> None:
@@ -327,7 +328,8 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     values = dict({k: getattr(args, k) for k in keys}, heads=args.heads,
                   save_names=args.save_names, offload_names=args.offload_names,
                   mesh=getattr(args, "mesh", ""), target=getattr(args, "target", "local"),
-                  target_devices=getattr(args, "target_devices", 1), network=getattr(args, "network", ""))
+                  target_devices=getattr(args, "target_devices", 1), network=getattr(args, "network", ""),
+                  collective_overlap=getattr(args, "collective_overlap", ""))
     llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
            "compile_only", "attention", "attention_block", "loss_chunks", "remat_layers",
            "optimizer_offload", "experts", "experts_per_token", "expert_mlp_dim", "shared_experts",

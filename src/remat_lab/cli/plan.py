@@ -147,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
         for target, devices, price in args.also:
             say(f"the same question on {devices} x {target}")
             other = config.replace(target=target, target_devices=devices, mesh=f"fsdp={devices}",
-                                   batch=devices, network="")
+                                   batch=devices, network="", collective_overlap="")
             found = plan(other, **question)
             _costs(found, price)
             across.append((target, devices, price, found))

@@ -68,11 +68,12 @@ from .run import (
     parse_mesh,
     preset_fields,
 )
-from .targets import LOCAL, TARGET_NAMES, TARGETS, Target, get_target
+from .targets import COLLECTIVE_OVERLAPS, LOCAL, TARGET_NAMES, TARGETS, Target, get_target
 
 __all__ = [
     "APP_DEFAULT", "flag_defaults",
-    "BUDGET_ENV", "CHOICES", "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS", "LLM_LIMITS",
+    "BUDGET_ENV", "CHOICES", "COLLECTIVE_OVERLAPS",
+    "COMPILE_WORKSPACE", "DEFAULT_POLICY", "DTYPES", "LIMITS", "LLM_LIMITS",
     "MAX_MESH_DEVICES", "MESH_AXES", "DCN_AXES", "BATCH_AXES", "batch_rows", "batch_axes_text",
     "canonical_mesh", "mesh_dcn", "mesh_parts",
     "mesh_slices", "MODELS", "NAMES", "NAME_FIELDS", "OBJECTIVES", "POLICY_IDS",

@@ -59,7 +59,8 @@ def target_flags(cfg: RunConfig) -> list[str]:
         return []
     return [f"--target {cfg.target}"] + ([f"--target-devices {cfg.target_devices}"]
                                           if cfg.target_devices > 1 else []) + (
-        [f"--network {cfg.network}"] if cfg.network else [])
+        [f"--network {cfg.network}"] if cfg.network else []) + (
+        [f"--collective-overlap {cfg.collective_overlap}"] if cfg.collective_overlap else [])
 
 
 def run_command(cfg: RunConfig) -> str:

@@ -32,6 +32,16 @@ ATTENTION = {"flash": "flash", "cudnn_flash_te": "flash", "dot_product": "full",
 # MaxText's older names of a remat policy: minimal_flash is minimal_with_context (its decoders.py:
 # "'minimal_flash' will be deprecated soon, please use 'minimal_with_context' instead")
 POLICY_ALIASES = {"minimal_flash": "minimal_with_context"}
+# MaxText's libtpu flag sets (its benchmarks/xla_flags_library.py) that run a TPU's collectives
+# beside the kernels: continuation fusion for all-gathers; data-parallel overlap, continuation
+# fusion or SparseCore offload for the reductions. A run's libtpu_flags -> its collective_overlap.
+OVERLAP_ALL_GATHERS = {"CF_FOR_ALL_GATHER", "CF_FOR_ALL_REDUCE_AND_ALL_GATHER",
+                       "ENABLE_SPARSECORE_OFFLOADING_FOR_ALL_GATHER",
+                       "ENABLE_SPARSECORE_OFFLOADING_FOR_RS_AG_AR"}
+OVERLAP_REDUCTIONS = {"DATA_PARALLEL_OVERLAP", "CF_FOR_ALL_REDUCE", "CF_FOR_ALL_REDUCE_AND_ALL_GATHER",
+                      "ENABLE_SPARSECORE_OFFLOADING_FOR_ALL_REDUCE",
+                      "ENABLE_SPARSECORE_OFFLOADING_FOR_REDUCE_SCATTER",
+                      "ENABLE_SPARSECORE_OFFLOADING_FOR_RS_AG_AR"}
 # MaxText's splash attention blocks when a run names none (base.yml: sa_block_q, sa_block_kv, ...).
 SPLASH_BLOCK = 512
 # MaxText's mesh knobs and the lab's axes (``mesh_text.MESH_AXES``, ``DCN_AXES``): ici_* within a
@@ -175,6 +185,8 @@ def translate(run: dict) -> tuple[dict, list[str]]:
               "stack": "scan" if knobs.get("scan_layers", True) else "loop"}
     if run.get("network"):  # the machine the run was measured on: its host network (targets.json)
         fields["network"] = run["network"]
+    if overlap := collective_overlap(run):
+        fields["collective_overlap"] = overlap
     # MaxText's default (base.yml) is autoselected: splash on TPU from 128 tokens (attention_op.py)
     attention = knobs.get("attention", "autoselected")
     if attention not in ATTENTION:
@@ -228,6 +240,17 @@ def translate(run: dict) -> tuple[dict, list[str]]:
     if run.get("maxtext_compile"):
         diff.append(compiler_difference(run["maxtext_compile"]))
     return fields, diff
+
+
+def collective_overlap(run: dict) -> str:
+    """The ``collective_overlap`` a TPU run's libtpu flags give (``libtpu_flags``): "" (every
+    collective beside the kernels) where they overlap the all-gathers and the reductions or name
+    none, "all-gathers" where only the all-gathers, "none" where neither."""
+    names = set((run.get("libtpu_flags") or {}).get("names", ()))
+    if not names or not run["target"].startswith("tpu"):
+        return ""
+    gathers, reductions = bool(names & OVERLAP_ALL_GATHERS), bool(names & OVERLAP_REDUCTIONS)
+    return "" if gathers and reductions else "all-gathers" if gathers else "" if reductions else "none"
 
 
 def _mesh_knob(knob: str) -> bool:

@@ -125,6 +125,7 @@ class RunConfig:
     target: str = LOCAL  # "local": the attached backend, run and timed; else compiled for (targets.py)
     target_devices: int = 1  # devices of the target the program is placed on (the mesh's, if any)
     network: str = ""  # a GPU target's host network (targets.json "networks"; "" = its default)
+    collective_overlap: str = ""  # a TPU's collectives beside its kernels (COLLECTIVE_OVERLAPS)
     # The decoder LM (model "llm"; other models ignore these): vocabulary, grouped-query attention
     # (kv_heads key/value heads shared by heads // kv_heads query heads each; 0 = heads), head size
     # (0 = width // heads), the gated MLP's hidden size (0 = 4 * width), whether the vocabulary
@@ -175,7 +176,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in NAME_FIELDS or f.name in ("mesh", "model_module", "input_shape", "network") or (
+            if f.name in NAME_FIELDS or f.name in ("mesh", "model_module", "input_shape", "network",
+                                                         "collective_overlap") or (
                     f.name == "model" and value == USER_MODEL):
                 continue  # checked below, once model, policy and sizes are known
             if f.name in BOOL_FIELDS:
@@ -265,7 +267,7 @@ class RunConfig:
             raise ConfigError(f"{self.target_devices} {self.target} devices need a mesh over all of "
                               f"them (e.g. fsdp={self.target_devices}); the mesh "
                               f"{self.mesh or '(none)'} uses {devices}.")
-        check_network(self.target, self.network)
+        check_network(self.target, self.network, self.collective_overlap)
         slices = mesh_slices(self.mesh)
         if slices > 1 and TARGETS[self.target].platform == "cuda" and devices // slices > GPUS_PER_HOST:
             raise ConfigError(f"mesh {self.mesh} puts {devices // slices} GPUs in each of its {slices} "

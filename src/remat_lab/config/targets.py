@@ -122,12 +122,35 @@ def get_target(name: str, network: str = "") -> Target:
     return TARGETS[name].on_network(network)
 
 
-def check_network(target: str, network: object) -> None:
+def check_network(target: str, network: object, overlap: object = "") -> None:
     """A configuration's ``network``: "" (the target's default) or one of its named target's host
-    networks; else a ConfigError that names them."""
+    networks; else a ConfigError that names them. Its ``collective_overlap`` too (``check_overlap``)."""
+    check_overlap(target, overlap)
     if network == "":
         return
     if target == LOCAL or not isinstance(network, str):
         raise ConfigError(f"network {_show(network)}: a host network is a named target's (e.g. --target "
                           "h100 --network a3-high); the local backend's is this machine's own.")
     TARGETS[target].on_network(network)
+
+
+# A TPU run's collectives that run beside its kernels, by its libtpu flags (``collective_overlap``):
+# "" (the default) every one, as MaxText's tuned runs launch libtpu (continuation fusion for the
+# all-gathers, data-parallel overlap or SparseCore offload for the reductions); "all-gathers" only
+# those (a run that passes continuation fusion for all-gathers alone): the reductions as libtpu
+# writes them; "none": every collective as written. Each value: the kinds that leave the kernels' way.
+COLLECTIVE_OVERLAPS: dict[str, tuple[str, ...] | None] = {"": None, "all-gathers": ("all-gather",),
+                                                          "none": ()}
+
+
+def check_overlap(target: str, overlap: object) -> None:
+    """A configuration's ``collective_overlap``: one of ``COLLECTIVE_OVERLAPS``, other than the
+    default only for a TPU target (a GPU's collectives run as its compiled schedule lets them)."""
+    if overlap == "":
+        return
+    if overlap not in COLLECTIVE_OVERLAPS:
+        raise ConfigError(f"collective_overlap {_show(overlap)}: choose all-gathers or none (or leave "
+                          "it out: every collective beside the kernels).")
+    if target == LOCAL or TARGETS[target].platform != "tpu":
+        raise ConfigError(f"collective_overlap {overlap}: for a TPU target (--target tpu-v6e ...); a "
+                          "GPU's collectives run as its compiled schedule lets them.")

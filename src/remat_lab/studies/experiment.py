@@ -295,7 +295,8 @@ def _train_prediction(config: RunConfig, result: dict, text: str, where: list[in
     if config.target == LOCAL or not timing.get("predicted_s"):
         return
     target, old = get_target(config.target, config.network), timing["prediction"]
-    pred = predict_step(target, timing["estimate"], text=text, granules=where)
+    pred = predict_step(target, timing["estimate"], text=text, granules=where,
+                        overlap=config.collective_overlap)
     pred.update({k: v for k, v in old.items() if k.startswith("libtpu")})
     pred.update(prediction_rates(pred["predicted_s"], model_flops=mfu_model_flops(
                                      config, (result.get("baseline") or {}).get("flops")),
@@ -340,7 +341,8 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         prediction = predict_step(target, estimate, text=dis.texts["compiled_hlo"],
                                   optimal_seconds=c["optimal_seconds"],
                                   loop_factor=c["loop_factor"], kernel_flops=c["kernel_flops"],
-                                  granules=granules(problem.mesh))
+                                  granules=granules(problem.mesh),
+                                  overlap=config.collective_overlap)
         prediction.update(prediction_rates(
             prediction["predicted_s"], model_flops=mfu_model_flops(config, base and base["flops"]),
             tokens=_tokens_per_device(config), target=target))

@@ -29,7 +29,7 @@ def estimate_rows(rows: list[dict], configs: dict[str, RunConfig], target: str,
         est = estimate_step(found["flops"], found.get("bytes_accessed"), t, config.dtype,
                             found.get("traffic"))
         pred = predict_step(t, est, kernels=found.get("kernels"),
-                        events=found.get("schedule"))
+                            events=found.get("schedule"), overlap=config.collective_overlap)
         r["estimate_bound"] = est["bound"]
         r["bound_s"], r["predicted_s"] = est["estimate_s"], pred["predicted_s"]
         if est["estimate_s"]:

@@ -95,6 +95,7 @@ def _lowered(config: RunConfig):
 def _text_key(config: RunConfig, lowered, text: str | None = None) -> tuple:
     text = lowered.as_text() if text is None else text
     return (config.target, config.target_devices, config.compile_only,
+            bool(config.collective_overlap),  # a TPU's figures then carry the schedule
             hashlib.sha256(text.encode()).hexdigest())
 
 
@@ -164,7 +165,8 @@ def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None =
             "traffic": traffic_of(text, granules) if on_target else None,  # analysis/estimate.py reads it
             # analysis/predict.py prices these one by one (a target's prediction)
             "kernels": kernels_of(text) if on_target else None,
-            "schedule": schedule_events(text, granules) if gpu else None,  # a GPU's (predict.py)
+            # a GPU's, or a TPU's with a collective_overlap (predict.py)
+            "schedule": schedule_events(text, granules) if gpu else None,
             "kernel_flops": costs["kernel_flops"],
             "buffers": _buffers(train, dump, memory)}
 
@@ -212,7 +214,8 @@ def probe(config: RunConfig) -> dict:
             on_target = config.target != LOCAL
             figures = _compiled_figures(lowered, on_target, config if config.step == "train" else None,
                                         granules(getattr(problem, "mesh", None)),
-                                        gpu=on_target and get_target(config.target).platform != "tpu")
+                                        gpu=on_target and (get_target(config.target).platform != "tpu"
+                                                           or bool(config.collective_overlap)))
             _PROGRAMS.put(text_key, figures)
             return figures, False
         return figures, True

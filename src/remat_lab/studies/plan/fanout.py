@@ -56,7 +56,7 @@ def compile_one(fields: dict) -> dict:
     est = estimate_step(found["flops"], found.get("bytes_accessed"), target, config.dtype,
                         found.get("traffic"))
     pred = predict_step(target, est, kernels=found.get("kernels"),
-                        events=found.get("schedule"))
+                        events=found.get("schedule"), overlap=config.collective_overlap)
     out.update(predicted_s=pred.get("predicted_s"), bound_s=est.get("estimate_s"),
                limited_by=pred.get("limited_by") or est.get("bound"))
     return out
