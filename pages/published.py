@@ -49,6 +49,8 @@ if run.get("note"):
     st.info(run["note"], icon=":material/info:")
 if defaults := pub.defaults_text(run):
     st.caption(f"MaxText's defaults then: {safe_text.escape_markdown(defaults)}")
+if overlap := pub.overlap_text(run):
+    st.caption(f"Collectives: {safe_text.escape_markdown(overlap)}.")
 try:
     config, differences = study.config_for(name)
 except ConfigError as err:

@@ -498,7 +498,10 @@ def test_a_tpu_runs_libtpu_flags_say_which_collectives_ran_beside_its_kernels():
     with. All pass continuation fusion for all-gathers; every one but the 405B's also overlaps or
     offloads its reductions (data-parallel overlap, SparseCore offload), so only the 405B's
     reductions are priced as libtpu writes them (collective_overlap all-gathers). A run naming
-    neither kind would be none; one naming no flags keeps the default."""
+    neither kind would be none; one naming no flags keeps the default. The CLI's check and the
+    Published page say which flags and what they overlap."""
+    from remat_lab.cli.published import format_check
+
     measured = [n for n, r in pub.RUNS.items() if r["target"] in ("tpu-v6e", "tpu-v5p")
                 and pub.measured_step_s(r) and r["source"].get("repository") is None]
     assert measured and all(pub.RUNS[n].get("libtpu_flags") for n in measured), measured
@@ -511,6 +514,14 @@ def test_a_tpu_runs_libtpu_flags_say_which_collectives_ran_beside_its_kernels():
     assert pub.collective_overlap(bare) == "none"
     assert pub.collective_overlap({**bare, "libtpu_flags": None}) == ""
     assert pub.collective_overlap(pub.RUNS["llama2-7b-a3-1host"]) == ""  # a GPU: its schedule
+    said = pub.overlap_text(pub.RUNS["llama3.1-405b-v6e-256x2"])
+    assert said.startswith("launched with libtpu flags DENSE_VMEM_LIMIT_FLAG, CF_FOR_ALL_GATHER")
+    assert "only the all-gathers beside the kernels" in said
+    assert "every collective beside" in pub.overlap_text(pub.RUNS["llama3.1-8b-v6e-256"])
+    assert pub.overlap_text(pub.RUNS["llama2-7b-a3-1host"]) is None
+    doc, at = _page_with_stored_check("llama3.1-405b-v6e-256x2")
+    assert f"collectives:   {said}" in format_check({**doc, "run_command": ""})
+    assert any(c.value.startswith("Collectives: launched with libtpu flags") for c in at.caption)
 
 
 def test_the_network_sentence_is_the_clis_and_the_pages_and_only_across_gpu_hosts():

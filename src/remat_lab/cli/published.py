@@ -72,6 +72,8 @@ def format_check(doc: dict) -> str:
         lines.append(f"  difference:    {d}")
     if defaults := pub.defaults_text(pub.run_named(doc["name"])):
         lines.append(f"  defaults:      {defaults}")
+    if overlap := pub.overlap_text(pub.run_named(doc["name"])):
+        lines.append(f"  collectives:   {overlap}")
     if doc.get("note"):
         lines.append(f"  note:          {doc['note']}")
     return "\n".join(lines)

@@ -253,6 +253,18 @@ def collective_overlap(run: dict) -> str:
     return "" if gathers and reductions else "all-gathers" if gathers else "" if reductions else "none"
 
 
+def overlap_text(run: dict) -> str | None:
+    """The sentence for a TPU run's libtpu flags and the collectives they run beside the kernels
+    (``collective_overlap``); None where the run names no flags."""
+    names = (run.get("libtpu_flags") or {}).get("names")
+    if not names or not run["target"].startswith("tpu"):
+        return None
+    said = {"": "every collective beside the kernels", "all-gathers": "only the all-gathers beside "
+            "the kernels, the reductions as libtpu writes them (--collective-overlap all-gathers)",
+            "none": "no collective beside the kernels (--collective-overlap none)"}
+    return f"launched with libtpu flags {', '.join(names)}: {said[collective_overlap(run)]}"
+
+
 def _mesh_knob(knob: str) -> bool:
     """``ici_*_parallelism`` / ``dcn_*_parallelism`` (``_mesh`` reads them; an expert axis is refused)."""
     return knob.startswith(("ici_", "dcn_")) and knob.endswith("_parallelism")
