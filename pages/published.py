@@ -114,6 +114,10 @@ if d := pub.mfu_definition(run):  # from the catalogue (a stored check may preda
                f"{d['full_square']:.2%} with attention counted as the full square, {d['causal']:.2%} "
                f"causal (as MaxText counts now). The measured step is the tokens/s's; by the MFU it "
                f"would be {d['step_s_from_mfu']:.2f} s.")
+if doc["refused"] and doc.get("predicted_s"):
+    st.caption("Libtpu refuses this program for HBM today; the prediction is read from the program it "
+               "writes when told to finish anyway (xla_tpu_no_crash_on_oom): the kernels and "
+               "collectives the run ran where its own, older compiler fit it in the chip.")
 terms = doc.get("estimate_terms") or {}
 if terms.get("collectives_dcn_s"):
     st.caption(f"The estimate's collectives: {terms['collectives_ici_s'] or 0:.3f} s within slices or "

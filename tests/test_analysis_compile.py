@@ -125,3 +125,16 @@ def test_without_a_gpu_the_one_shot_all_reduce_kernel_is_off_and_changes_nothing
     assert "all-reduce" in off.as_text()  # the program has all-reduces for the kernel to emit
     assert off.as_text() == on.as_text()
     assert memory_report(off) == memory_report(on)
+
+
+def test_finishing_past_hbm_changes_nothing_a_fitting_tpu_program_compiles_to():
+    """libtpu's ``xla_tpu_no_crash_on_oom`` (``compile_past_hbm``: how a published run libtpu refuses
+    for HBM is still predicted) only lets a compile over the chip's HBM finish: a program that fits
+    compiles to the same optimized text, memory and flops with it as without."""
+    from remat_lab.program.analysis_compile import compile_past_hbm
+
+    _, lowered = advisor_search._lowered(CASES[-1])
+    plain, past = compile_for_analysis(lowered), compile_past_hbm(lowered)
+    assert past.as_text() == plain.as_text()
+    assert memory_report(past) == memory_report(plain)
+    assert program_flops(past, past.as_text())[:2] == program_flops(plain, plain.as_text())[:2]

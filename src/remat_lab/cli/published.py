@@ -62,8 +62,9 @@ def format_check(doc: dict) -> str:
         pred, bound = doc.get("predicted_s"), doc.get("bound_s", doc["estimate_s"])
         lines.append(f"  step time:     measured {doc['measured_step_s']:.3f} s (from "
                      f"{doc['measured_step_from']}); the lab's prediction "
-                     + (f"{pred:.3f} s ({doc['predicted_over_measured']:.2f}x the measured)"
-                        if pred else "- (none for this target)")
+                     + (f"{pred:.3f} s ({doc['predicted_over_measured']:.2f}x the measured"
+                        + ("; from the program libtpu finishes past HBM" if doc.get("refused") else "")
+                        + ")" if pred else "- (none for this target)")
                      + "; its roofline bound "
                      + (f"{bound:.3f} s ({_ratio_text(bound, doc['measured_step_s'])})" if bound else "-"))
     else:

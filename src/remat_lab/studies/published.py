@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from remat_lab.analysis.costs import step_costs
+from remat_lab.analysis.estimate import estimate_step
+from remat_lab.analysis.predict import predict_step
+from remat_lab.analysis.traffic import traffic_of
 from remat_lab.config import RunConfig, get_target
 from remat_lab.config import published as pub
+from remat_lab.program.analysis_compile import compile_past_hbm
 from remat_lab.program.backend import ExecutionError, needed_bytes, out_of_memory, refused_memory
+from remat_lab.program.mesh import granules
 from remat_lab.program.timing import Progress
+from remat_lab.studies.advisor import search
 from remat_lab.studies.experiment import run_experiment
 
 
@@ -22,14 +29,44 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def check(name: str, progress: Progress | None = None) -> dict:
     """Compile published run ``name`` as the lab (``config_for``) for its target and hold it against
-    the record (``judge``). Raises ConfigError where the lab cannot express the run."""
+    the record (``judge``). Raises ConfigError where the lab cannot express the run. A TPU run
+    libtpu refuses for HBM is still predicted (``past_hbm_prediction``)."""
     config, _ = config_for(name)
     try:
         return judge(name, run_experiment(config, timing=False, progress=progress))
     except ExecutionError as err:
         if not out_of_memory(err):
             raise
-        return judge(name, None, refused=err)
+        doc = judge(name, None, refused=err)
+        if get_target(config.target).platform == "tpu" and refused_memory(err) == "hbm":
+            doc.update(past_hbm_prediction(config, doc["measured_step_s"]))
+        return doc
+
+
+def past_hbm_prediction(config: RunConfig, measured_s: float | None) -> dict:
+    """``program_flops``, ``bound_s``, ``predicted_s`` and their terms for a TPU training program
+    libtpu refuses for HBM, from the program it writes when told to finish anyway
+    (``compile_past_hbm``): the kernels and collectives the run ran where its own compiler fit it
+    (the catalogued refused runs were measured with older JAX and libtpu). Its peak is not read."""
+    problem, lowered = search.lowered_program(config)
+    compiled = compile_past_hbm(lowered)
+    text = compiled.as_text()
+    target, where = get_target(config.target, config.network), granules(getattr(problem, "mesh", None))
+    costs = step_costs(compiled, text)
+    estimate = estimate_step(costs["flops"], costs["bytes_accessed"], target, config.dtype,
+                             traffic_of(text, where))
+    pred = predict_step(target, estimate, text=text, granules=where, overlap=config.collective_overlap)
+    return {"program_flops": costs["flops"], "bound_s": estimate.get("estimate_s"),
+            "estimate_s": estimate.get("estimate_s"), "predicted_s": pred["predicted_s"],
+            "prediction_basis": f"{PAST_HBM} {pred['basis']}",
+            "prediction": {k: v for k, v in pred.items() if k != "basis"},
+            "bound_over_measured": _ratio(estimate.get("estimate_s"), measured_s),
+            "predicted_over_measured": _ratio(pred["predicted_s"], measured_s)}
+
+
+PAST_HBM = ("From the program libtpu writes when told to finish a compile it refuses for HBM "
+            "(xla_tpu_no_crash_on_oom): the kernels and collectives the run ran where its own, older "
+            "compiler fit it in the chip.")
 
 
 def judge(name: str, result: dict | None, refused: Exception | None = None) -> dict:

@@ -82,6 +82,12 @@ def batch_unit(config: RunConfig) -> int:
     return batch_rows(parse_mesh(config.mesh)) * config.microbatches
 
 
+def lowered_program(config: RunConfig):
+    """``(problem, lowered)``: ``config.step``'s program (a training step's whole program, its
+    optimizer update included) traced and lowered on abstract inputs."""
+    return _lowered(config)
+
+
 def _lowered(config: RunConfig):
     """``(problem, lowered)``: ``config.step``'s program traced and lowered on abstract inputs."""
     with _LOWERING:
