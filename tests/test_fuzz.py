@@ -81,6 +81,8 @@ def _valid_text(name: str):
         return st.sampled_from(["", "data=1", "fsdp=2", "data=2,tensor=2"])
     if name == "network":  # a GPU target's host network (targets.json): only with a named target
         return st.sampled_from(["", "a3-high", "a3-mega", "dgx-h100"])
+    if name == "collective_overlap":  # a TPU target's collectives beside its kernels
+        return st.sampled_from(["", "all-gathers", "none"])
     return st.sampled_from(CHOICES[name])
 
 

@@ -16,7 +16,7 @@ from remat_lab.config import RunConfig
 TINY = dict(model="llm", width=64, heads=4, depth=1, seq=64, vocab=256, mlp_dim=128, step="train",
             attention="flash", dtype="bfloat16", compile_only=True, target="tpu-v6e", target_devices=8,
             mesh="fsdp=8", batch=8)
-QUESTION = dict(global_batch_tokens=64 * 8 * 4, tensor=(1,), plans=("full", "minimal_with_context"),
+QUESTION = dict(global_batch_tokens=64 * 8 * 4, tensor=(1,), plans=("full",),
                 offload=False, top=2, cache=False)
 
 

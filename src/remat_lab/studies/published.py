@@ -47,9 +47,15 @@ def past_hbm_prediction(config: RunConfig, measured_s: float | None) -> dict:
     """``program_flops``, ``bound_s``, ``predicted_s`` and their terms for a TPU training program
     libtpu refuses for HBM, from the program it writes when told to finish anyway
     (``compile_past_hbm``): the kernels and collectives the run ran where its own compiler fit it
-    (the catalogued refused runs were measured with older JAX and libtpu). Its peak is not read."""
+    (the catalogued refused runs were measured with older JAX and libtpu). Its peak is not read.
+    Only the basis, saying why, where libtpu cannot finish it either (far over HBM: an invalid
+    program)."""
     problem, lowered = search.lowered_program(config)
-    compiled = compile_past_hbm(lowered)
+    try:
+        compiled = compile_past_hbm(lowered)
+    except Exception as err:  # libtpu's own refusal, quoted
+        line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        return {"prediction_basis": f"none: libtpu does not finish this program past HBM either ({line})"}
     text = compiled.as_text()
     target, where = get_target(config.target, config.network), granules(getattr(problem, "mesh", None))
     costs = step_costs(compiled, text)
