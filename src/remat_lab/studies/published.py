@@ -38,9 +38,19 @@ def check(name: str, progress: Progress | None = None) -> dict:
         if not out_of_memory(err):
             raise
         doc = judge(name, None, refused=err)
-        if get_target(config.target).platform == "tpu" and refused_memory(err) == "hbm":
+        if get_target(config.target).platform != "tpu" or refused_memory(err) != "hbm":
+            return doc
+        if (doc["temp_bytes"] or 0) > PAST_HBM_AT_MOST * doc["hbm_bytes"]:  # no run measured it so
+            doc["prediction_basis"] = (f"none: its temporaries are over {PAST_HBM_AT_MOST:g} times the "
+                                       "chip's HBM, so it is not compiled past HBM")
+        else:
             doc.update(past_hbm_prediction(config, doc["measured_step_s"]))
         return doc
+
+
+# A refused program is compiled past HBM only this far over the chip (the catalogued refused runs
+# are 1.01-1.16 times over; far over, libtpu does not finish it either, after as long again).
+PAST_HBM_AT_MOST = 2.0
 
 
 def past_hbm_prediction(config: RunConfig, measured_s: float | None) -> dict:
