@@ -99,7 +99,7 @@ out["expert_specs"] = dict(zip(q2.paths, [str(a.sharding.spec) for a in q2.leave
 out["expert_collectives"] = sorted({(r["kind"], r["group"]) for r in collective_rows(expert_step.as_text())})
 # Each collective inside the experts' block, by kind and the scope it came from (dispatch, wo, ...).
 from remat_lab.analysis import hlotext
-kinds = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+from remat_lab.analysis.collectives import KINDS as kinds
 out["expert_moe_collectives"] = sorted({
     (ins.opcode.removesuffix("-start"), hlotext.op_name(ins.rest).split("/moe/")[1].split("/")[0])
     for _, ins in hlotext.instructions(expert_step.as_text())

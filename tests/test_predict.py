@@ -281,6 +281,22 @@ def test_a_training_steps_prediction_is_the_whole_training_programs():
     assert any("so is the predicted step" in n for n in doc["notes"])
 
 
+def _hand_schedule():
+    """An H100 and a schedule whose walk is worked out by hand below: two all-gathers (3 s, 2 s)
+    with a start and a done, a synchronous 0.5 s all-reduce, kernels a, b, c, a loop body twice."""
+    target = get_target("h100")
+    ring = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8}
+
+    def row(kind, seconds):  # a collective over 8 GPUs of one host that takes ``seconds``
+        return {"kind": kind, "bytes": seconds * target.interconnect_bytes_per_s / ring[kind],
+                "group": 8, "spans": 1, "link": "ici"}
+    return target, {"collectives": {"ag1": row("all-gather", 3.0), "ag2": row("all-gather", 2.0),
+                                    "ar": row("all-reduce", 0.5)},
+                    "computations": [[1, [["s", "ag1"], ["k", "a"], ["k", "b"], ["d", "ag1"],
+                                          ["s", "ag2"], ["k", "c"], ["d", "ag2"], ["c", "ar"]]],
+                                     [2, [["k", "a"]]]]}
+
+
 def test_the_schedule_hides_what_lies_between_a_collectives_start_and_done():
     """GPU collectives as XLA schedules them (``analysis/schedule``): a start runs its collective
     on its own stream (after the previous one), the kernels between start and done hide it, the
@@ -290,16 +306,7 @@ def test_the_schedule_hides_what_lies_between_a_collectives_start_and_done():
     4 s: 1 s more); a synchronous 0.5 s all-reduce adds all of it; a loop body twice."""
     from remat_lab.analysis import schedule
 
-    target = get_target("h100")
-    ring = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8}
-    def row(kind, seconds):  # a collective over 8 GPUs of one host that takes ``seconds``
-        return {"kind": kind, "bytes": seconds * target.interconnect_bytes_per_s / ring[kind],
-                "group": 8, "spans": 1, "link": "ici"}
-    found = {"collectives": {"ag1": row("all-gather", 3.0), "ag2": row("all-gather", 2.0),
-                             "ar": row("all-reduce", 0.5)},
-             "computations": [[1, [["s", "ag1"], ["k", "a"], ["k", "b"], ["d", "ag1"],
-                                   ["s", "ag2"], ["k", "c"], ["d", "ag2"], ["c", "ar"]]],
-                              [2, [["k", "a"]]]]}
+    target, found = _hand_schedule()
     got = schedule.walk(found, {"a": 1.0, "b": 1.0, "c": 1.0}, target)
     # entry: 0-2 kernels, wait to 3; ag2 on the stream 3-5, kernel c 3-4, wait to 5; ar 5-5.5
     assert got["step_s"] == pytest.approx(5.5 + 2 * 1.0)
@@ -315,16 +322,7 @@ def test_collectives_beside_leave_the_kernels_way_and_bound_the_step_by_their_ow
     shorter); with no kind beside the walk is the one above."""
     from remat_lab.analysis import schedule
 
-    target = get_target("h100")
-    ring = {"all-gather": 7 / 8, "all-reduce": 2 * 7 / 8}
-    def row(kind, seconds):
-        return {"kind": kind, "bytes": seconds * target.interconnect_bytes_per_s / ring[kind],
-                "group": 8, "spans": 1, "link": "ici"}
-    found = {"collectives": {"ag1": row("all-gather", 3.0), "ag2": row("all-gather", 2.0),
-                             "ar": row("all-reduce", 0.5)},
-             "computations": [[1, [["s", "ag1"], ["k", "a"], ["k", "b"], ["d", "ag1"],
-                                   ["s", "ag2"], ["k", "c"], ["d", "ag2"], ["c", "ar"]]],
-                              [2, [["k", "a"]]]]}
+    target, found = _hand_schedule()
     kernels = {"a": 1.0, "b": 1.0, "c": 1.0}
     got = schedule.walk(found, kernels, target, ("all-gather",))
     assert got["step_s"] == pytest.approx(3.5 + 2 * 1.0)
@@ -338,16 +336,15 @@ def test_a_tpu_runs_collective_overlap_walks_its_schedule_and_is_said():
     ``collective_overlap`` all-gathers leaves the reductions as libtpu writes them (synchronous on
     this tensor-parallel mesh), none leaves every one: each step at least the one before, never
     under the kernels; the basis says which; a GPU target refuses it with a sentence."""
+    from remat_lab.analysis.estimate import estimate_step
     from remat_lab.config import ConfigError, RunConfig
     from remat_lab.config.cli_flags import target_flags
+    from remat_lab.studies.advisor.search import probe
 
     base = dict(model="llm", width=256, depth=2, heads=8, kv_heads=4, seq=64, batch=8, vocab=256,
                 mlp_dim=512, step="train", stack="scan", attention="full", policy="full",
                 target="tpu-v6e", target_devices=8, mesh="fsdp=2,tensor=4", compile_only=True,
                 dtype="bfloat16")
-    from remat_lab.analysis.estimate import estimate_step
-    from remat_lab.studies.advisor.search import probe
-
     steps = {}
     for overlap in ("", "all-gathers", "none"):
         cfg = RunConfig(**base, collective_overlap=overlap)

@@ -28,7 +28,7 @@ from remat_lab.config import (
     RunConfig,
 )
 from remat_lab.config.catalog import RECIPE
-from remat_lab.config.targets import MAX_TARGET_DEVICES
+from remat_lab.config.targets import COLLECTIVE_OVERLAPS, MAX_TARGET_DEVICES
 from remat_lab.model.models import MODELS
 from remat_lab.model.policies import DEFAULT_POLICY, POLICIES
 from remat_lab.model.stacks import STACKS
@@ -305,7 +305,7 @@ def add_target_args(p: argparse.ArgumentParser, target_help: str = "compile for 
                    metavar="N", help="devices of the target the program is placed on (a --mesh over all)")
     p.add_argument("--network", default="", metavar="NAME", help="the host network pricing collectives "
                    "across hosts (h100: a3-mega, default; a3-high; dgx-h100; see `targets`)")
-    p.add_argument("--collective-overlap", default="", choices=("", "all-gathers", "none"), help="a TPU's "
+    p.add_argument("--collective-overlap", default="", choices=tuple(COLLECTIVE_OVERLAPS), help="a TPU's "
                    "collectives beside its kernels: all-gathers only, or none (default: every one)")
 
 

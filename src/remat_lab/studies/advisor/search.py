@@ -138,13 +138,14 @@ def compile_abstract(config: RunConfig, unlimited: bool = False):
 
 
 def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None = None,
-                      granules: list[int] | None = None, gpu: bool = False) -> dict:
+                      granules: list[int] | None = None, schedule: bool = False) -> dict:
     """What a probe reads from the compiled program: the peak and its parts, flops, fingerprint,
     whether XLA's own rematerialization pass rewrote it (``xla_remat``: cheap, from the text),
     compiled for a named target (``on_target``), what the step-time estimate reads (``traffic``:
     locally steps are timed, not estimated) and, for ``train`` (a training step's configuration),
     its memory by kind read from its own buffers (``buffers``: None after a persistent-cache hit,
-    which dumps nothing); ``granules``: each device's slice or host (``mesh.granules``)."""
+    which dumps nothing); ``granules``: each device's slice or host (``mesh.granules``);
+    ``schedule``: its collectives' schedule too (a GPU's, a TPU's with a ``collective_overlap``)."""
     dump = None
     try:
         if train is None:
@@ -172,7 +173,7 @@ def _compiled_figures(lowered, on_target: bool = True, train: RunConfig | None =
             # analysis/predict.py prices these one by one (a target's prediction)
             "kernels": kernels_of(text) if on_target else None,
             # a GPU's, or a TPU's with a collective_overlap (predict.py)
-            "schedule": schedule_events(text, granules) if gpu else None,
+            "schedule": schedule_events(text, granules) if schedule else None,
             "kernel_flops": costs["kernel_flops"],
             "buffers": _buffers(train, dump, memory)}
 
@@ -220,7 +221,7 @@ def probe(config: RunConfig) -> dict:
             on_target = config.target != LOCAL
             figures = _compiled_figures(lowered, on_target, config if config.step == "train" else None,
                                         granules(getattr(problem, "mesh", None)),
-                                        gpu=on_target and (get_target(config.target).platform != "tpu"
+                                        schedule=on_target and (get_target(config.target).platform != "tpu"
                                                            or bool(config.collective_overlap)))
             _PROGRAMS.put(text_key, figures)
             return figures, False
