@@ -224,29 +224,66 @@ def measure(out: Path, only: list[str], repeats: int, warmup: int, limit_s: floa
               f"{measured.get('error', '')[-300:]}", flush=True)
 
 
+KERNELS = HERE / "chip" / "tpu-v5e-kernels.json.gz"
+_ROW = ("kind", "direction", "dtype", "precision", "flops", "bytes", "runs")
+
+
 def deviceless(measured: Path, target: str, only: list[str]) -> None:
-    """The lab's deviceless answer on ``target`` beside each measured line, into the catalogue."""
+    """The lab's deviceless answer on ``target`` beside each measured line, into the catalogue:
+    the program ``run --target`` compiles (``advisor.search.probe``: the training step for
+    ``--step train``), its peak, flops, bound and prediction; its kernels kept for ``fit``."""
     import jax
 
-    from remat_lab.studies.experiment import run_experiment
+    from remat_lab.analysis.estimate import estimate_step
+    from remat_lab.config import get_target
+    from remat_lab.studies.advisor.search import probe
 
     rows = [json.loads(line) for line in measured.read_text().splitlines() if line.strip()]
     old = {r["name"]: r for r in _read(CATALOGUE)}
+    kernels = _kernels()
+    tgt = get_target(target)
     for row in rows:
         if only and row["name"] not in only:
             row = old.get(row["name"], row)
         elif "error" not in row["measured"]:
             t0 = time.perf_counter()
-            doc = run_experiment(_config(row["args"]).replace(target=target), timing=False)
-            timing = doc["timing"]
-            row["deviceless"] = {"jax": jax.__version__, "peak_bytes": doc["memory"]["peak_bytes"],
-                                 "flops": doc["flops"], "predicted_s": timing["predicted_s"],
-                                 "bound_s": timing["bound_s"],
-                                 "kernel_s": (timing.get("prediction") or {}).get("kernel_s"),
+            config = _config(row["args"]).replace(target=target)
+            found = probe(config)
+            est = estimate_step(found["flops"], found.get("bytes_accessed"), tgt, config.dtype,
+                                found.get("traffic"))
+            ks = [[r[k] for k in _ROW] for r in found["kernels"] or []]
+            kernels[row["name"]] = {"kernels": ks, "bound_s": est["estimate_s"],
+                                    "transfers_s": (est.get("collectives_s") or 0.0)
+                                    + (est.get("offload_s") or 0.0)}
+            row["deviceless"] = {"jax": jax.__version__, "peak_bytes": found["peak_bytes"],
+                                 "flops": found["flops"],
+                                 "predicted_s": predicted(kernels[row["name"]], tgt, tgt.step_model),
+                                 "bound_s": est["estimate_s"],
                                  "wall_s": round(time.perf_counter() - t0, 1)}
-            print(row["name"], _line(row), flush=True)
+            print(_line(row), flush=True)
         old[row["name"]] = row
-    for row in old.values():  # the step's own memory, from the statistics each line kept
+        _write(old, kernels)
+
+
+def predicted(entry: dict, target, model: dict) -> float:
+    """A program's step from its kernels at ``model``'s rates (``analysis/predict.py``'s model):
+    the kernels one after another, never under the transfers nor the roofline bound."""
+    from remat_lab.analysis.predict import kernels_seconds
+
+    rows = [dict(zip(_ROW, r)) for r in entry["kernels"]]
+    return max(kernels_seconds(rows, target, model)["kernels_s"], entry["transfers_s"],
+               entry["bound_s"])
+
+
+def _kernels() -> dict:
+    if not KERNELS.exists():
+        return {}
+    with gzip.open(KERNELS, "rt") as f:
+        return json.load(f)
+
+
+def _write(rows: dict, kernels: dict) -> None:
+    for row in rows.values():  # the step's own memory, from the statistics each line kept
         m = row["measured"]
         if "error" not in m and "allocator_how" not in m:
             m["allocator_process_peak_bytes"] = m.get("allocator_peak_bytes")
@@ -254,11 +291,62 @@ def deviceless(measured: Path, target: str, only: list[str]) -> None:
     CATALOGUE.parent.mkdir(parents=True, exist_ok=True)
     order = [n for n, _, _ in CONFIGS]
     with CATALOGUE.open("w") as f:
-        for name in sorted(old, key=lambda n: order.index(n) if n in order else len(order)):
-            r = old[name]
+        for name in sorted(rows, key=lambda n: order.index(n) if n in order else len(order)):
+            r = rows[name]
             r["measured"] = {k: v for k, v in r["measured"].items()
                              if k not in ("samples", "loops", "allocator_stats", "memory")}
             f.write(json.dumps(r) + "\n")
+    with gzip.open(KERNELS, "wt") as f:
+        json.dump(kernels, f)
+
+
+def fit(target_name: str, write: bool) -> dict:
+    """The MXU efficiency (GEMMs and attention alike) that minimises the squared log ratio of
+    predicted to measured step over the lines not held out; every line's ratio at it."""
+    import math
+
+    from remat_lab.config import get_target
+
+    target, kernels = get_target(target_name), _kernels()
+    rows = [r for r in _read(CATALOGUE) if r.get("deviceless") and r["name"] in kernels]
+    hbm = (target.step_model or {}).get("hbm_efficiency", 0.9)
+    model = lambda e: {"gemm_efficiency": e, "attention_forward_efficiency": e,
+                       "attention_backward_efficiency": e, "hbm_efficiency": hbm}
+    fitted = [r for r in rows if not r["held_out"]]
+    loss = lambda e: sum(math.log(predicted(kernels[r["name"]], target, model(e))
+                                  / r["measured"]["step_s"]) ** 2 for r in fitted)
+    grid = [0.30 + 0.005 * i for i in range(141)]  # 0.30 .. 1.00
+    best = min(grid, key=loss)
+    out = {"target": target_name, "mxu_efficiency": round(best, 3), "hbm_efficiency": hbm,
+           "fitted_on": [r["name"] for r in fitted], "rows": []}
+    for r in rows:
+        step = predicted(kernels[r["name"]], target, model(best))
+        out["rows"].append({"name": r["name"], "held_out": r["held_out"],
+                            "predicted_over_measured": step / r["measured"]["step_s"]})
+    if write:
+        path = HERE.parent / "src" / "remat_lab" / "config" / "targets.json"
+        doc = json.loads(path.read_text())
+        for t in doc["targets"]:
+            if t["name"] == target_name:
+                t["step_model"] = {**model(out["mxu_efficiency"]), "source": (
+                    f"fitted on a {t['device_kind']} chip: the MXU efficiency that minimises the "
+                    f"squared log error of the predicted step over the {len(fitted)} configurations "
+                    f"of benchmarks/chip/{target_name}.jsonl not held out (measured "
+                    f"{datetime.date.today().isoformat()}, benchmarks/chip_catalogue.py fit); HBM "
+                    "at libtpu's own 0.9 of the spec")}
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        for r in _read(CATALOGUE):  # the catalogue's predictions at the fitted rates
+            if r["name"] in kernels and r.get("deviceless"):
+                r["deviceless"]["predicted_s"] = predicted(kernels[r["name"]], target,
+                                                           model(out["mxu_efficiency"]))
+                _replace(r)
+    return out
+
+
+def _replace(row: dict) -> None:
+    rows = {r["name"]: r for r in _read(CATALOGUE)}
+    rows[row["name"]] = row
+    _write(rows, _kernels())
 
 
 def step_memory(m: dict) -> tuple[int | None, str]:
@@ -320,6 +408,9 @@ def main() -> int:
     o.add_argument("--out", type=Path, required=True)
     o.add_argument("--repeats", type=int, default=10)
     o.add_argument("--warmup", type=int, default=3)
+    fp = sub.add_parser("fit")
+    fp.add_argument("--target", default="tpu-v5e")
+    fp.add_argument("--write", action="store_true", help="store the fit in config/targets.json")
     d = sub.add_parser("deviceless")
     d.add_argument("--measured", type=Path, required=True)
     d.add_argument("--target", default="tpu-v5e")
@@ -334,6 +425,8 @@ def main() -> int:
         print(json.dumps(measure_one(a.name, args, a.out, a.repeats, a.warmup), default=float))
     elif a.command == "deviceless":
         deviceless(a.measured, a.target, only)
+    elif a.command == "fit":
+        print(json.dumps(fit(a.target, a.write), indent=1))
     else:
         for r in _read(CATALOGUE):
             print(_line(r))

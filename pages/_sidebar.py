@@ -199,11 +199,9 @@ def _render_controls(page: str | None = None) -> RunConfig:
     if not over:  # on a named target nothing is allocated: this server's memory does not limit it
         allowed = f" (this server allows {human_bytes(b)})" if (b := budget_or_none()) else ""
         need = human_bytes(estimate_bytes(cfg.replace(compile_only=False)))
-        on_device = (f"On this accelerator the compile's own memory analysis decides whether it "
-                     f"fits{f' the {human_bytes(b)} the device holds' if b else ''}. "
-                     if _device_limit() is not None else None)
         sb.caption((f"Compiled for the {cfg.target} without it: nothing is allocated here. "
-                    if cfg.target != LOCAL else on_device if on_device else
+                    if cfg.target != LOCAL else f"On this accelerator the compile's memory analysis "
+                    f"decides if it fits ({human_bytes(b or 0)}). " if _device_limit() is not None else
                     f"Compile only: nothing is allocated; running it would "
                     f"need about {need}{allowed}. " if cfg.compile_only else
                     f"Estimated memory need: {need}{allowed}. ")

@@ -125,7 +125,8 @@ def _llm_bytes(config: RunConfig) -> int:
     fixed = 2 * n * pitem + optimizer_state_bytes(config) + (n * 4 if config.microbatches > 1 else 0)
     w, hd = config.width, config.head_dim_used
     block = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd) * item
-    block += moe_activation_bytes(config, rows, item) if config.experts else rows * 4 * config.mlp_dim_used * item
+    mlp = rows * 4 * config.mlp_dim_used * item
+    block += moe_activation_bytes(config, rows, item) if config.experts else mlp
     keys = config.seq if config.attention == "full" else min(config.attention_block, config.seq)
     scores = 3 * b * config.heads * config.seq * keys * 4
     block += scores

@@ -1,11 +1,11 @@
-"""A run's checks fitted to the device it ran on: the gradient check on a smaller step when the whole
-one's reference does not fit beside it, and the allocator's measured peak beside the compiled one.
+"""A run's checks fitted to the device it ran on: the gradient check, and the allocator's measure.
 
-On an accelerator the step's own program can fill the device: the plain reference (no remat) then
-does not fit beside it. The check is never fatal for that: it runs again on the same model at half
-the batch, then at half the depth, the policy's own step and the reference both, until a pair fits,
-and says what it checked (``scope``, ``checked``). A check that cannot run at all is skipped with
-its reason (``ok`` None).
+The gradient check runs on a smaller step when the whole one's reference does not fit beside it; the
+allocator's measured peak stands beside the compiled one. On an accelerator the step's own program
+can fill the device: the plain reference (no remat) then does not fit beside it. The check is never
+fatal for that: it runs again on the same model at half the batch, then at half the depth, the
+policy's own step and the reference both, until a pair fits, and says what it checked (``scope``,
+``checked``). A check that cannot run at all is skipped with its reason (``ok`` None).
 """
 
 from __future__ import annotations
@@ -101,38 +101,52 @@ def allocator_before() -> dict | None:
         return None
     if not stats or "peak_bytes_in_use" not in stats:
         return None
-    return {"peak_bytes_in_use": stats["peak_bytes_in_use"], "bytes_in_use": stats.get("bytes_in_use", 0)}
+    return {"peak_bytes_in_use": stats["peak_bytes_in_use"], "bytes_in_use": stats.get("bytes_in_use", 0),
+            "bytes_reserved": stats.get("bytes_reserved")}
 
 
-def allocator_report(before: dict | None, compiled_memory: dict | None, program: str) -> dict | None:
-    """The allocator's peak over the timed calls beside the compiled peak of the same program.
+def allocator_report(before: dict | None, compiled_memory: dict | None, program: str,
+                     after: dict | None = None) -> dict | None:
+    """The allocator's measure of the timed program beside its compiled peak.
 
-    ``measured_peak_bytes``: the device memory in use at the step's peak, less what this process
-    held besides the step's arguments before it ran (other programs' buffers); exact when the step
-    set the process's peak (``step_set_peak``), else an upper bound the earlier peak hides."""
-    after = allocator_before()
+    ``measured_peak_bytes``: the step's buffers at their peak (the allocator's peak in use less what
+    this process held besides the step's arguments before it ran) plus, where the runtime reserves
+    a program's temporaries apart from its buffers (a TPU: ``bytes_reserved``), the reservation the
+    timed calls added. Exact when the step set the process's peak (``step_set_peak``) and its
+    reservation is new; else an upper bound an earlier program hides, and said."""
+    after = after if after is not None else allocator_before()
     if before is None or after is None or not compiled_memory:
         return None
     compiled = compiled_memory.get("peak_bytes")
     args = compiled_memory.get("argument_bytes") or 0
     other = max(0, before["bytes_in_use"] - args)  # alive before the step, not its arguments
     set_peak = after["peak_bytes_in_use"] > before["peak_bytes_in_use"]
-    measured = after["peak_bytes_in_use"] - other
+    top = after["peak_bytes_in_use"] if set_peak else max(after["bytes_in_use"], before["bytes_in_use"])
+    buffers = top - other
+    reserved_after = after.get("bytes_reserved")
+    reserved = None if reserved_after is None else reserved_after - (before.get("bytes_reserved") or 0)
+    fresh = reserved is None or reserved > 0
+    if reserved is not None and reserved <= 0:  # the executable reserved before (a cached run)
+        reserved = reserved_after
+    measured = buffers + (reserved or 0)
     out = {"program": program, "allocator_peak_bytes": after["peak_bytes_in_use"],
            "in_use_before_bytes": before["bytes_in_use"], "other_bytes": other,
+           "buffers_bytes": buffers, "reserved_bytes": reserved,
            "measured_peak_bytes": measured, "compiled_peak_bytes": compiled,
-           "step_set_peak": set_peak}
-    if compiled:
-        diff = measured - compiled
-        out["difference_bytes"] = diff
-        out["text"] = (
-            f"the allocator's peak over the timed calls, less {human_bytes(other)} this process held "
-            f"beside the step's arguments, is {human_bytes(measured)}: {human_bytes(abs(diff))} "
-            f"{'above' if diff >= 0 else 'below'} the compiled peak of the {program} "
-            f"({human_bytes(compiled)}; "
-            + ("the allocator rounds each buffer up and keeps the program's code and its "
-               "arguments' padding; the compiled peak counts the buffers the program assigns)"
-               if set_peak else
-               "an earlier program in this process set the allocator's peak, so this is an upper "
-               "bound: run the step in a fresh process for its own)"))
+           "step_set_peak": set_peak, "exact": set_peak and fresh}
+    if not compiled:
+        return out
+    diff = measured - compiled
+    out["difference_bytes"] = diff
+    parts = (f"its buffers at their peak ({human_bytes(buffers)}: the allocator's peak in use, less "
+             f"{human_bytes(other)} this process held beside the step's arguments)")
+    if reserved is not None:
+        parts += f" and the {human_bytes(reserved)} the runtime reserved for its temporaries"
+    out["text"] = (
+        f"Measured on the device: {parts}, {human_bytes(measured)} in all, "
+        f"{human_bytes(abs(diff))} ({abs(diff) / compiled:.1%}) {'above' if diff >= 0 else 'below'} "
+        f"the compiled peak of the {program} ({human_bytes(compiled)}, XLA's memory analysis)"
+        + ("; the allocator rounds each buffer and reservation up to its block size." if out["exact"]
+           else "; an earlier program in this process set the allocator's peak or reserved its "
+                "temporaries, so this is an upper bound: run the step in a fresh process for its own."))
     return out

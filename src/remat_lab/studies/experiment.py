@@ -159,7 +159,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     result["achieved_flops_per_s"] = flops / median if flops and median else None
     # The roofs are calibrated (measured once per machine, cached): only a timed run needs them.
     # Bytes accessed, like flops, count a loop body once: scaled by the loops' factor (program_flops).
-    result["roofline"] = (roofline_report(flops, bytes_accessed, median) if timing
+    result["roofline"] = (roofline_report(flops, bytes_accessed, median, config.dtype) if timing
                           else None)
     # Against an independent plain-jax.numpy implementation of the model, and structurally: the
     # step's jaxpr has remat equations exactly when the policy asks for remat.
