@@ -96,7 +96,7 @@ def test_a_config_fills_the_fields_and_explicit_values_win():
     cfg = read.config(depth=2, seq=64)
     assert (cfg.model, cfg.width, cfg.depth, cfg.kv_heads, cfg.seq, cfg.preset) == ("llm", 8192, 2, 8, 64, "")
     assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "float32")  # the recipe, as a preset's
-    assert read.config(dtype="float32").param_dtype == ""  # a dtype given: no recipe
+    assert read.config(dtype="float32").param_dtype == "float32"  # a dtype given: that field only
 
 
 def test_yaml_and_defaults_gemma_and_qwen():
@@ -277,3 +277,48 @@ def test_a_mixture_of_experts_config_reads_as_its_preset(text, preset):
                                                                         preset="")
     assert cfg.expert_mlp_dim_used == want.expert_mlp_dim_used and cfg.experts > 0
     assert "router_aux_loss_coef" in read.differences[-1] or "norm_topk_prob" in read.differences[-1]
+
+
+QWEN3_8B = {  # Qwen/Qwen3-8B's config.json, its published values
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+    "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_qwen3_8b_imports_with_its_published_count_and_no_contradicting_note():
+    """Dense Qwen 3 is read (issue 65): 8.19 B parameters within 0.5 % (the per-head q/k norm's 9,216
+    apart), head_dim from the file, and no note about biases the file says it does not have."""
+    read = parse_model_config(json.dumps(QWEN3_8B), "config.json")
+    assert read.source == "a Hugging Face config.json (model_type qwen3)"
+    n = llm_parameters(read.config())
+    assert abs(n - 8.19e9) <= 0.005 * 8.19e9 and n == PRESETS["qwen3-8b"]["parameters"] - 36 * 2 * 128
+    assert read.fields["head_dim"] == 128 and read.fields["tie_embeddings"] is False
+    assert {k: read.fields[k] for k in SHAPE} == {k: PRESETS["qwen3-8b"][k] for k in SHAPE}
+    notes = " ".join(read.notes())
+    assert "bias" not in notes.replace("attention_bias,", "")  # attention_bias false: listed as not used
+    assert "attention_bias" in next(n for n in read.notes() if n.startswith("not used"))
+    assert ("Qwen 3's per-head RMSNorm of queries and keys (q_norm, k_norm) not modelled (36 x 2 x 128"
+            in notes)
+    # the same file said to be Qwen 2 keeps attention_bias false: no q/k/v bias note either
+    as_qwen2 = parse_model_config(json.dumps({**QWEN3_8B, "model_type": "qwen2"}), "config.json")
+    assert not any("bias" in d for d in as_qwen2.differences if not d.startswith("not used"))
+    # a biased file is said with its count; Qwen 3's mixture of experts has the q/k norm note too
+    biased = parse_model_config(json.dumps({**QWEN3_8B, "attention_bias": True}), "config.json")
+    assert any(d.startswith("attention_bias true: no biases here (") for d in biased.differences)
+    moe = parse_model_config(json.dumps({**QWEN3_8B, "model_type": "qwen3_moe", "num_experts": 128,
+                                         "num_experts_per_tok": 8, "moe_intermediate_size": 768}))
+    assert any("per-head RMSNorm" in d for d in moe.differences)
+
+
+def test_every_preset_family_is_read():
+    """Each Hugging Face family a preset names (its source's model_type) reads a file of that shape."""
+    for family in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen3_moe"):
+        read = parse_model_config(json.dumps({"model_type": family, "hidden_size": 256,
+                                              "num_hidden_layers": 2, "num_attention_heads": 4,
+                                              "intermediate_size": 512, "vocab_size": 1000}))
+        assert read.source.endswith(f"(model_type {family})")
