@@ -315,10 +315,45 @@ def test_qwen3_8b_imports_with_its_published_count_and_no_contradicting_note():
     assert any("per-head RMSNorm" in d for d in moe.differences)
 
 
+GEMMA2_2B = {  # google/gemma-2-2b's config.json
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+    "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2",
+    "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+    "torch_dtype": "float32", "transformers_version": "4.42.4", "use_cache": True, "vocab_size": 256000}
+GPT2 = {  # openai-community/gpt2's config.json
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+    "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+    "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+    "summary_use_proj": True, "vocab_size": 50257,
+    "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}}}
+
+
 def test_every_preset_family_is_read():
-    """Each Hugging Face family a preset names (its source's model_type) reads a file of that shape."""
+    """Each Hugging Face family a preset names reads a file of that shape; Gemma 2's and GPT-2's
+    published files as their presets read them, every difference said (issue 65)."""
     for family in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen3_moe"):
         read = parse_model_config(json.dumps({"model_type": family, "hidden_size": 256,
                                               "num_hidden_layers": 2, "num_attention_heads": 4,
                                               "intermediate_size": 512, "vocab_size": 1000}))
         assert read.source.endswith(f"(model_type {family})")
+    gemma = parse_model_config(json.dumps(GEMMA2_2B), "config.json")
+    assert {k: gemma.fields[k] for k in SHAPE} == {k: PRESETS["gemma2-2b"][k] for k in SHAPE}
+    assert PRESETS["gemma2-2b"]["parameters"] - llm_parameters(gemma.config()) == 26 * 2 * 2304
+    said = " ".join(gemma.differences)
+    for words in ("attn_logit_softcapping 50.0, final_logit_softcapping 30.0: no soft-capping here",
+                  "sliding_window 4,096 on every other layer", "post-attention and post-MLP norms"):
+        assert words in said
+    gpt2 = parse_model_config(json.dumps(GPT2), "config.json")
+    assert {k: gpt2.fields[k] for k in SHAPE} == {k: PRESETS["gpt2-small"][k] for k in SHAPE}
+    assert gpt2.fields["seq"] == 1024 and gpt2.differences[0].startswith("a Llama-style stand-in, not GPT-2")
+    assert any(d.startswith("attn_pdrop 0.1, embd_pdrop 0.1, resid_pdrop 0.1: no dropout here")
+               for d in gpt2.differences)
+    # a llama file's soft-capping and dropout are still refused (tests above): only these families'
+    with pytest.raises(ConfigError, match="soft-capping"):
+        parse_model_config(json.dumps({**GEMMA2_2B, "model_type": "gemma"}))

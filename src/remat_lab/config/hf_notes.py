@@ -70,3 +70,44 @@ def hf_differences(data: dict, family: str | None) -> dict[str, str]:
             f"partial_rotary_factor {show_value(data['partial_rotary_factor'])}: the lab rotates every "
             "feature (elementwise)")
     return out
+
+
+def gemma2_differences(data: dict) -> dict[str, str]:
+    """Gemma 2's file, read as the gemma2-2b preset is: its soft-capping, its sliding window on
+    every other layer and its two more norms a block, each said (key -> sentence, "" where another
+    key's sentence says it; "(gemma2)" for the norms, which no key names)."""
+    out = {}
+    capped = [f"{k} {show_value(data[k])}" for k in ("attn_logit_softcapping", "final_logit_softcapping")
+              if data.get(k) not in (None, 0, 0.0)]
+    if capped:
+        out["attn_logit_softcapping"] = (f"{', '.join(capped)}: no soft-capping here (a tanh of the scores "
+                                         "and logits; what its backward keeps is memory the lab does not "
+                                         "count)")
+        out["final_logit_softcapping"] = ""
+    window, context = data.get("sliding_window"), data.get("max_position_embeddings")
+    if isinstance(window, int) and not (isinstance(context, int) and window >= context):
+        out["sliding_window"] = (f"sliding_window {window:,} on every other layer: the lab's attention is "
+                                 f"causal over the whole sequence (exact up to {window:,} tokens; past it, "
+                                 "full attention's FLOPs and memory)")
+    layers, width = data["num_hidden_layers"], data["hidden_size"]
+    out["(gemma2)"] = (f"Gemma 2's post-attention and post-MLP norms not modelled ({layers} x 2 x {width} "
+                       f"= {layers * 2 * width:,} parameters; elementwise)")
+    return out  # "" : a key taken, its sentence said with another's
+
+
+def gpt2_differences(data: dict, inner: int, mlp_dim: int) -> dict[str, str]:
+    """GPT-2's file, read as the gpt2-small preset is (a Llama-style stand-in): key -> sentence."""
+    width, positions = data["n_embd"], data.get("n_positions") or 0
+    act = data.get("activation_function", "gelu_new")
+    out = {"activation_function": (
+        f"a Llama-style stand-in, not GPT-2: its MLP ({width} -> {inner:,} -> {width}, {show_value(act)}, "
+        f"not gated) is a gated MLP of mlp_dim {mlp_dim:,} (2/3 x {inner:,}: the same parameters and FLOPs "
+        "a token); RMSNorm without biases for LayerNorm with biases; no linear biases; rotary positions "
+        f"for {positions:,} x {width} learned ones ({positions * width:,} parameters)")}
+    drops = [f"{k} {show_value(data[k])}" for k in ("attn_pdrop", "embd_pdrop", "resid_pdrop")
+             if data.get(k) not in (None, 0, 0.0)]
+    out.update(dict.fromkeys(("attn_pdrop", "embd_pdrop", "resid_pdrop"), ""))
+    if drops:
+        out["attn_pdrop"] = (f"{', '.join(drops)}: no dropout here (its masks are memory the lab does "
+                             "not count)")
+    return out

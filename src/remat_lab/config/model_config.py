@@ -10,14 +10,17 @@ Every key of the file is accounted for, never silently dropped. Each is one of:
   reports (or, for biases, norms and an activation, a negligible share, said with its size): the
   rotary base and rope scaling (frequencies only), the MLP's activation (elementwise), Qwen 2's q/k/v
   biases, Qwen 3's per-head q/k norm, Gemma's embedding scale and norm offset, MaxText's sharding
-  rules (``config/hf_notes.py`` writes a Hugging Face file's). ``ModelConfig.
-  differences`` lists them, and the CLI and the app show them;
+  rules (``config/hf_notes.py`` writes a Hugging Face file's). Gemma 2's soft-capping, alternating
+  window and extra norms, and GPT-2 as a Llama-style stand-in, are read as their presets are: each
+  said, with the memory the lab does not count. ``ModelConfig.differences`` lists them, and the CLI
+  and the app show them;
 - **unused**: metadata with no bearing on the step (token ids, ``torch_dtype``, ``use_cache``, the
   norm's epsilon, ...), listed in one difference line;
 - **refused**: a ``ConfigError`` naming every such key and why: dense and expert layers mixed, a
   sliding attention window shorter than the context, logit or attention soft-capping, dropout, extra
-  norms, a non-gated MLP, a family the lab has no block for (``model_type``/``decoder_block``),
-  and any key this module does not know (it cannot say that key leaves the step unchanged).
+  norms, a non-gated MLP (outside Gemma 2's and GPT-2's files), a family the lab has no block for
+  (``model_type``/``decoder_block``), and any key this module does not know (it cannot say that key
+  leaves the step unchanged).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import yaml
 
 from .catalog import DENSE, RECIPE
 from .errors import ConfigError
-from .hf_notes import LAB_ROPE_BASE, hf_differences
+from .hf_notes import LAB_ROPE_BASE, gemma2_differences, gpt2_differences, hf_differences
 from .hf_notes import show_value as _value
 from .mesh_text import _show
 from .moe_config import HF_MOE_FIELDS, MOE_FAMILIES, MOE_UNUSED, MT_MOE_FIELDS, dense_if_single
@@ -51,6 +54,13 @@ HF_UNUSED = {"architectures", "model_type", "transformers_version", "_name_or_pa
              "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
              "rms_norm_eps", "pretraining_tp", "max_window_layers", "use_sliding_window", "tokenizer_class",
              "attn_implementation", "cache_implementation", "rope_traditional"} | MOE_UNUSED
+# GPT-2 (the gpt2-small preset's file): its keys, read as the lab's Llama-style stand-in.
+GPT2_FIELDS = {"n_embd": "width", "n_layer": "depth", "n_head": "heads", "vocab_size": "vocab"}
+GPT2_UNUSED = {"architectures", "transformers_version", "_name_or_path", "torch_dtype", "bos_token_id",
+               "eos_token_id", "pad_token_id", "initializer_range", "layer_norm_epsilon", "use_cache",
+               "n_ctx", "summary_activation", "summary_first_dropout", "summary_proj_to_labels",
+               "summary_type", "summary_use_proj", "task_specific_params", "scale_attn_weights",
+               "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "tokenizer_class"}
 # MaxText: the modelled keys, and base.yml's values for those a model YAML leaves out (MaxText's own
 # defaults, src/maxtext/configs/base.yml at e591f30cbbf217ed67ef71263ec0538239f9c3b8).
 MT_FIELDS = {"base_emb_dim": "width", "base_num_decoder_layers": "depth", "base_num_query_heads": "heads",
@@ -126,6 +136,8 @@ def parse_model_config(text: str, name: str = "the model config") -> ModelConfig
     if len(text.encode("utf-8", "replace")) > MAX_BYTES:
         raise ConfigError(f"{_show(name)} is over {MAX_BYTES:,} bytes; a model config file is smaller.")
     data = _load(text, name)
+    if data.get("model_type") == "gpt2":
+        return _gpt2(data, name)
     if any(k in data for k in ("hidden_size", "num_hidden_layers", "model_type")):
         return _hugging_face(data, name)
     if any(str(k).startswith("base_") for k in data) or "decoder_block" in data:
@@ -268,6 +280,10 @@ def _hugging_face(data: dict, name: str) -> ModelConfig:
             r.differences.append(why)
         elif key in data:  # off, or the lab's own value
             r.unused.append(key)
+    if family == "gemma2":  # its soft-capping, window and extra norms: said as the preset says them
+        for key, why in gemma2_differences(data).items():
+            r.take(key)
+            r.differences += [why] if why else []
     _hf_window(r)
     if r.take("layer_types"):  # newer files list each layer's attention: all full, or refused
         kinds = data["layer_types"]
@@ -281,9 +297,31 @@ def _hugging_face(data: dict, name: str) -> ModelConfig:
     return r.finish(f"a Hugging Face config.json (model_type {family or 'not given'})", seq, note)
 
 
+def _gpt2(data: dict, name: str) -> ModelConfig:
+    """GPT-2's file (``n_embd``, ``n_layer``, ...) as the gpt2-small preset reads it: the lab's
+    Llama-style stand-in, every difference said (``hf_notes.gpt2_differences``)."""
+    r = _Reading(data, name, GPT2_FIELDS)
+    r.take("model_type")
+    missing = [k for k in GPT2_FIELDS if data.get(k) is None]
+    if missing:
+        raise ConfigError(f"{name}: a GPT-2 config.json needs {', '.join(missing)}.")
+    r.shape()
+    inner = data.get("n_inner") if r.take("n_inner") else None
+    inner = 4 * r.out["width"] if inner is None else _integer(data, "n_inner", name, "mlp_dim")
+    r.out.update(mlp_dim=2 * inner // 3, kv_heads=r.out["heads"], tie_embeddings=True)
+    for key, why in gpt2_differences(data, inner, 2 * inner // 3).items():
+        r.take(key)
+        r.differences += [why] if why else []
+    context = data.get("n_positions") if r.take("n_positions") else None
+    seq, note = _seq(context, "n_positions")
+    r.rest(GPT2_UNUSED)
+    return r.finish("a Hugging Face config.json (model_type gpt2, as the lab's Llama-style stand-in)",
+                    seq, note)
+
+
 def _hf_window(r: _Reading) -> None:
     """``sliding_window``: refused when it applies (on, and shorter than the context)."""
-    if not r.take("sliding_window"):
+    if "sliding_window" in r.done or not r.take("sliding_window"):
         return
     window, data = r.data["sliding_window"], r.data
     context = data.get("max_position_embeddings")
