@@ -8,7 +8,9 @@ optimizer state like its parameters, ``mesh.state_specs``), one device's shard e
 per-device budget nothing fits at any batch: ``fit`` then says the fewest devices whose shards
 fit the same budget (more fsdp, the other axes kept), what bfloat16 moments would need, and
 which targets have the memory at this device count. The advisor answers with it before any batch
-search; an out-of-memory error of a preset is translated with it (``backend.xla_error``).
+search; an out-of-memory error of a preset is translated with it (``backend.xla_error``). A model
+loaded in the app's sidebar starts at a batch and seq that fit, or is told why none does
+(``starting_shape``).
 """
 
 from __future__ import annotations
