@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from pages._budget import budget_or_none
-from remat_lab.config import PRESET_FIELDS, ConfigError
+from remat_lab.config import LOCAL, PRESET_FIELDS, ConfigError
 from remat_lab.config.catalog import RECIPE
 from remat_lab.program.footprint import starting_shape
 
@@ -29,8 +29,8 @@ def on_load() -> None:
         return
     found = starting_shape(cfg, budget_or_none())
     ss["batch"], ss["seq"], ss["microbatches"] = found["batch"], found["seq"], 1
-    if found["compile_only"]:
-        ss["compile_only"] = True
+    if last.target == LOCAL:  # compile only where nothing fits this server; run what fits
+        ss["compile_only"] = found["compile_only"]
     ss[NOTE] = (found["text"], found["batch"], found["seq"], found["fits"])
 
 
