@@ -313,6 +313,11 @@ def test_qwen3_8b_imports_with_its_published_count_and_no_contradicting_note():
     moe = parse_model_config(json.dumps({**QWEN3_8B, "model_type": "qwen3_moe", "num_experts": 128,
                                          "num_experts_per_tok": 8, "moe_intermediate_size": 768}))
     assert any("per-head RMSNorm" in d for d in moe.differences)
+    assert ("intermediate_size 12288 (a dense layer's) is not used: every layer is a mixture of experts of "
+            "moe_intermediate_size 768") in moe.differences
+    unnormed = parse_model_config(json.dumps({**QWEN3_8B, "model_type": "qwen3_moe", "num_experts": 4,
+                                              "num_experts_per_tok": 2, "norm_topk_prob": False}))
+    assert any(d.startswith("norm_topk_prob false: the lab renormalises") for d in unnormed.differences)
 
 
 GEMMA2_2B = {  # google/gemma-2-2b's config.json

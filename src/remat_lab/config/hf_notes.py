@@ -55,6 +55,14 @@ def hf_differences(data: dict, family: str | None) -> dict[str, str]:
     if family == "qwen2" and "attention_bias" not in data:  # Qwen 2's q, k and v always have biases
         out["(qwen2)"] = (f"Qwen 2's q/k/v biases not modelled ({per_block * hd * (heads + 2 * kv):,} "
                           "parameters; elementwise adds)")
+    experts = data.get("num_experts") or data.get("num_local_experts") or 0
+    if isinstance(experts, int) and experts > 1 and data.get("moe_intermediate_size"):
+        out["(dense mlp)"] = (f"intermediate_size {show_value(data['intermediate_size'])} (a dense layer's) "
+                              "is not used: every layer is a mixture of experts of moe_intermediate_size "
+                              f"{show_value(data['moe_intermediate_size'])}")
+    if data.get("norm_topk_prob") is False:
+        out["norm_topk_prob"] = ("norm_topk_prob false: the lab renormalises the top k's weights (a scale "
+                                 "a token; the same shapes)")
     if family in QK_NORM_FAMILIES:
         out["(qk_norm)"] = (f"{QK_NORM_FAMILIES[family]}'s per-head RMSNorm of queries and keys (q_norm, "
                             f"k_norm) not modelled ({per_block} x 2 x {hd} = {per_block * 2 * hd:,} "
