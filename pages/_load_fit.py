@@ -7,6 +7,7 @@ import streamlit as st
 from pages._budget import budget_or_none
 from remat_lab.config import LOCAL, PRESET_FIELDS, ConfigError
 from remat_lab.config.catalog import RECIPE
+from remat_lab.config.moe_config import MOE_DEFAULTS, MOE_FIELDS
 from remat_lab.program.footprint import starting_shape
 
 NOTE = "_load_fit_note"  # (the sentence, the batch and seq it set): shown while they stand
@@ -22,9 +23,10 @@ def on_load() -> None:
     last = ss.get(FINAL)
     if last is None:
         return
-    try:
+    rest = {} if ss["experts"] else {k: MOE_DEFAULTS[k] for k in MOE_FIELDS if k not in PRESET_FIELDS}
+    try:  # a dense model leaves a mixture of experts' other fields at rest (pages/_moe.py)
         cfg = last.replace(model="llm", preset=ss.get("preset") or "", microbatches=1, compile_only=False,
-                           **{k: ss[k] for k in PRESET_FIELDS}, **RECIPE)
+                           **{k: ss[k] for k in PRESET_FIELDS}, **RECIPE, **rest)
     except ConfigError:  # the mesh does not split this shape: the mesh's own message says so
         return
     found = starting_shape(cfg, budget_or_none())

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from remat_lab.config import PRESETS, RunConfig, llm_parameters, parameter_counts, parameters_text
+from remat_lab.config import (
+    BUDGET_ENV,
+    PRESETS,
+    RunConfig,
+    llm_parameters,
+    parameter_counts,
+    parameters_text,
+)
 from remat_lab.program.footprint import starting_shape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +87,12 @@ QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "hea
             "vocab_size": 151936}
 
 
+@pytest.fixture(autouse=True)
+def _budget(monkeypatch):
+    """This server's budget pinned (12 GiB), so what fits does not depend on the machine."""
+    monkeypatch.setenv(BUDGET_ENV, "12GiB")
+
+
 def _guide() -> AppTest:
     at = AppTest.from_file(str(ROOT / "pages" / "guide.py"), default_timeout=300)
     at.run()
@@ -127,3 +140,14 @@ def test_start_keeps_the_models_length_for_a_bad_start_seq_and_counts_the_model(
     assert any("`start_seq`" in w.value and "the model's own" in w.value for w in at.warning)
     assert any(c.value == "qwen3-30b-a3b: 30.53 B parameters, 3.35 B active (8 of 128 experts a token), "
                "counted from its shape." for c in at.caption)
+
+
+def test_a_dense_model_after_a_mixture_of_experts_leaves_its_fields_at_rest():
+    at = _guide()
+    at.radio(key="model").set_value("llm").run()
+    at.selectbox(key="preset").set_value("qwen3-30b-a3b").run()
+    at.number_input(key="capacity_factor").set_value(1.25).run()
+    at.selectbox(key="preset").set_value("gpt2-small").run()
+    assert not at.exception and not at.warning, [w.value for w in at.warning]
+    assert (at.session_state["capacity_factor"], at.session_state["batch"], at.session_state["seq"]) == (
+        0.0, 1, 1024)
