@@ -151,3 +151,21 @@ def test_a_dense_model_after_a_mixture_of_experts_leaves_its_fields_at_rest():
     assert not at.exception and not at.warning, [w.value for w in at.warning]
     assert (at.session_state["capacity_factor"], at.session_state["batch"], at.session_state["seq"]) == (
         0.0, 1, 1024)
+
+
+SECTION = """
+import sys
+sys.path.insert(0, {root!r})
+from pages._llm_views import model_section
+from remat_lab.config import RunConfig
+cfg = RunConfig(model="llm", width=64, depth=2, heads=4, vocab=128, seq=16, batch=2, experts=4,
+                experts_per_token=2, expert_mlp_dim=32)
+model_section(cfg, {{"model": {{"parameters": 229824, "active_parameters": 131520,
+                                "parameter_bytes": 919296, "optimizer_state_bytes": 0}}, "memory": {{}}}})
+"""
+
+
+def test_explores_model_section_says_the_active_count():
+    at = AppTest.from_string(SECTION.format(root=str(ROOT)), default_timeout=60).run()
+    assert not at.exception, at.exception
+    assert at.metric[0].value == "230 k (132 k active)"
