@@ -24,7 +24,6 @@ def show_value(v: object) -> str:
     return _show(v)
 
 
-
 def hf_differences(data: dict, family: str | None) -> dict[str, str]:
     """Keys the lab does not reproduce but that change no shape, memory or FLOPs it reports (or a
     negligible share, with its size): key -> the sentence ("" = the lab's own value)."""
