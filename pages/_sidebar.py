@@ -188,6 +188,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
     cfg = _user_block.apply(cfg)
     ss["_last_config"] = cfg
     cfg = _with_target(_mesh.apply(cfg, ss["target"]), ss["target"])  # several devices or a target
+    ss["_sidebar_config"] = cfg  # what a model loaded next is fitted to (pages/_load_fit.py)
     for text in warnings:
         st.warning(text)
     write_url(cfg)

@@ -37,6 +37,36 @@ def llm_parameters(config: RunConfig, active: bool = False) -> int:
     return config.depth * block + embed + w
 
 
+def parameter_counts(config: RunConfig) -> dict[str, int]:
+    """The llm's parameters from its shape: ``parameters`` (every one) and, for a mixture of
+    experts, ``active_parameters`` (those one token uses); ``{}`` for the other models."""
+    if config.model != "llm":
+        return {}
+    out = {"parameters": llm_parameters(config)}
+    if config.experts:
+        out["active_parameters"] = llm_parameters(config, active=True)
+    return out
+
+
+def human_count(n: float) -> str:
+    """``8190726144`` -> ``'8.19 B'``, ``124439808`` -> ``'124.44 M'`` (parameters)."""
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
+def parameters_text(config: RunConfig) -> str:
+    """The count in words: ``'8.19 B parameters'``; a mixture of experts' with its active ones,
+    ``'30.53 B parameters, 3.35 B active (8 of 128 experts a token)'``; ``""`` for other models."""
+    counts = parameter_counts(config)
+    if not counts:
+        return ""
+    text = f"{human_count(counts['parameters'])} parameters"
+    if "active_parameters" in counts:
+        shared = f" and {config.shared_experts} shared" if config.shared_experts else ""
+        text += (f", {human_count(counts['active_parameters'])} active ({config.experts_per_token} of "
+                 f"{config.experts} experts{shared} a token)")
+    return text
+
+
 def llm_model_flops(config: RunConfig, causal: bool = True) -> float:
     """One training step's model flops as MaxText counts a decoder (``calculate_tflops_training_per_
     device``): 3 x (2 x tokens x the matrix weights one token uses: the attention projections, the
