@@ -1,0 +1,229 @@
+"""The docs' tables of figures, generated from the files that hold the figures.
+
+    python benchmarks/doc_tables.py           # rewrite every table block in README.md and docs/*.md
+    python benchmarks/doc_tables.py --check   # exit 1, naming the blocks, when a file and its table disagree
+
+A block sits between ``<!-- table:NAME:start -->`` and ``<!-- table:NAME:end -->``; NAME is one of
+``TABLES``. Each is built from one file or folder: the stored published checks
+(``benchmarks/published_checks/*.json``), the TPU schedule walk
+(``benchmarks/tpu_step_model/schedule-*.jsonl``) and the chip's catalogue
+(``benchmarks/chip/tpu-v5e.jsonl``). Standard library only: no JAX, no Streamlit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+WORDS = ("none", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+         "nineteen", "twenty", "twenty-one", "twenty-two", "twenty-three", "twenty-four")
+BLOCK = re.compile(r"(<!-- table:([a-z-]+):start -->\n)(.*?)(<!-- table:\2:end -->)", re.S)
+CHIP = Path("benchmarks/chip/tpu-v5e.jsonl")
+
+
+def _word(n: int) -> str:
+    return WORDS[n] if n < len(WORDS) else str(n)
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.3f} s" if s < 10 else f"{s:.2f} s"
+
+
+def _ratio(s: float | None, measured: float | None) -> str:
+    if s is None:
+        return "-"
+    return _seconds(s) + (f" ({s / measured:.3f}×)" if measured else "")
+
+
+def _bytes(b: float | None) -> str:
+    return "-" if b is None else f"{b / GIB:.2f} GiB"
+
+
+def published_checks(root: Path = ROOT) -> list[dict]:
+    """Every stored check (``benchmarks/published_checks/NAME.json``), by name."""
+    return [json.loads(p.read_text()) for p in sorted((root / "benchmarks" / "published_checks").glob("*.json"))]
+
+
+def fitted_runs(root: Path = ROOT) -> set[str]:
+    """The published runs a TPU generation's rate is fitted to (named in its step model's source)."""
+    targets = json.loads((root / "src" / "remat_lab" / "config" / "targets.json").read_text())["targets"]
+    sources = " ".join(str((t.get("step_model") or {}).get("source", ""))
+                       for t in targets.values() if isinstance(t, dict) and t.get("platform") == "tpu")
+    return {d["name"] for d in published_checks(root) if d["name"] in sources}
+
+
+def table_published(root: Path = ROOT) -> str:
+    """One row per stored check: chips, per-device batch, fit, measured, predicted and bound steps."""
+    fitted = fitted_runs(root)
+    rows = ["| run | chips | per-device batch | fits (peak / HBM) or refused | measured step "
+            "| predicted (÷ measured) | bound (÷ measured) | checked |",
+            "|---|---|---|---|---|---|---|---|"]
+    for d in published_checks(root):
+        c, on = d["config"], d["measured_on"]
+        devices = c.get("target_devices") or 1
+        fit = (f"fits: {d['peak_bytes'] / GIB:.2f} / {d['hbm_bytes'] / GIB:.1f} GiB" if d.get("fits")
+               else f"refused: {_bytes(d.get('temp_bytes'))} of temporaries" if d.get("temp_bytes")
+               else "refused")
+        measured = d.get("measured_step_s")
+        predicted = _ratio(d.get("predicted_s"), measured)
+        if d["name"] in fitted:
+            predicted += ", the rate's calibration"
+        rows.append(f"| `{d['name']}` | {devices} × {c.get('target', 'local')} | {c['batch'] // devices} | {fit} "
+                    f"| {_seconds(measured) if measured else 'none published'} | {predicted} "
+                    f"| {_ratio(d.get('bound_s'), measured)} | {on['date'][:10]}, JAX {on['jax']} |")
+    return "\n".join(rows)
+
+
+def table_published_error(root: Path = ROOT) -> str:
+    """The prediction's error over the held-out runs (those no rate was fitted to), in one paragraph."""
+    fitted = fitted_runs(root)
+    ratios, bounded = {}, 0
+    for d in published_checks(root):
+        if d.get("predicted_s") and d.get("measured_step_s"):
+            bounded += d["bound_s"] < d["measured_step_s"]
+            if d["name"] not in fitted:
+                ratios[d["name"]] = d["predicted_s"] / d["measured_step_s"]
+    if not ratios:
+        return "No stored check has both a measured and a predicted step."
+    off = {n: abs(1 - r) for n, r in ratios.items()}
+    worst = max(off, key=off.get)
+    outside = [n for n, o in off.items() if o > 0.2]
+    n = _word(len(ratios))
+    verb = "is" if len(outside) <= 1 else "are"
+    calibrations = ", ".join(f"`{f}`" for f in sorted(fitted))
+    checked = sum(1 for d in published_checks(root) if d.get("predicted_s") and d.get("measured_step_s"))
+    return (f"**The model's error over the published runs**: over the {n} with a measured step that "
+            f"no rate was fitted to, the prediction is {min(ratios.values()):.2f}× to "
+            f"{max(ratios.values()):.2f}× the measured step, "
+            f"{statistics.median(off.values()) * 100:.1f} % off at the median and "
+            f"{off[worst] * 100:.0f} % at worst (`{worst}`); {_word(len(outside))} of the {n} {verb} "
+            f"outside 20 %. {calibrations} are calibrations, not predictions: a TPU generation's "
+            f"rate is fitted to each. The bound is under the measured step on "
+            f"{'all ' + _word(checked) if bounded == checked else f'{bounded} of {checked}'}.")
+
+
+def table_schedule(root: Path = ROOT) -> str:
+    """The TPU schedule walk: each run's step with its collectives as libtpu writes them."""
+    paths = sorted((root / "benchmarks" / "tpu_step_model").glob("schedule-*.jsonl"))
+    if not paths:
+        return "No schedule walk is stored."
+    lines = paths[-1].read_text().splitlines()
+    rows = ["| run | measured step | kernels alone | all-gathers beside the kernels | every collective "
+            "as written | collectives (sync / async) |", "|---|---|---|---|---|---|"]
+    for r in map(json.loads, lines[1:]):
+        m = r["measured_step_s"]
+        rows.append(f"| `{r['name']}` | {_seconds(m)} | {_ratio(r['kernels_s'], m)} "
+                    f"| {_ratio(r['all_gathers_beside_s'], m)} | {_ratio(r['as_written_s'], m)} "
+                    f"| {r['synchronous']} / {r['asynchronous']} |")
+    on = json.loads(lines[0])["measured_on"]
+    return (f"From `{paths[-1].relative_to(root)}` ({on['date']}, JAX {on['jax']}, libtpu {on['libtpu']}):\n\n"
+            + "\n".join(rows))
+
+
+def chip_rows(root: Path = ROOT) -> list[dict] | None:
+    """The chip's catalogue, one dict a line; None when the file is not there."""
+    path = root / CHIP
+    if not path.exists():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _args(a) -> str:
+    return " ".join(map(str, a)) if isinstance(a, list) else str(a)
+
+
+def _chip_caption(rows: list[dict]) -> str:
+    kinds = sorted({r["measured"]["device_kind"] for r in rows})
+    dates = sorted(r["measured"]["date"][:10] for r in rows)
+    jax = sorted({r["measured"]["jax"] for r in rows})
+    deviceless = sorted({r["deviceless"]["jax"] for r in rows})
+    span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    return (f"Measured on {', '.join(kinds)} ({span}, JAX {', '.join(jax)}); predicted deviceless "
+            f"(JAX {', '.join(deviceless)}). Held-out runs were not used to fit any rate. "
+            f"From `{CHIP}`:")
+
+
+def table_chip(root: Path = ROOT) -> str:
+    """The chip's catalogue in full: step measured against predicted, compiled against allocator peak, flops."""
+    rows = chip_rows(root)
+    if rows is None:
+        return f"No chip catalogue yet: `{CHIP}` is not there."
+    out = ["| run | arguments | held out | measured step (p25–p75) | predicted (÷ measured) "
+           "| bound (÷ measured) | compiled peak | allocator peak | deviceless peak | flops: chip / deviceless |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m, d = r["measured"], r["deviceless"]
+        flops = (f"{m['flops']:.3e} / {d['flops']:.3e}" if m.get("flops") and d.get("flops") else "-")
+        out.append(f"| `{r['name']}` | `{_args(r['args'])}` | {'yes' if r.get('held_out') else 'no'} "
+                   f"| {_seconds(m['step_s'])} ({_seconds(m['step_p25'])}–{_seconds(m['step_p75'])}) "
+                   f"| {_ratio(d.get('predicted_s'), m['step_s'])} | {_ratio(d.get('bound_s'), m['step_s'])} "
+                   f"| {_bytes(m.get('compiled_peak_bytes'))} | {_bytes(m.get('allocator_peak_bytes'))} "
+                   f"| {_bytes(d.get('peak_bytes'))} | {flops} |")
+    return _chip_caption(rows) + "\n\n" + "\n".join(out)
+
+
+def table_chip_short(root: Path = ROOT) -> str:
+    """The chip's catalogue, short: step measured against predicted, compiled against allocator peak."""
+    rows = chip_rows(root)
+    if rows is None:
+        return f"No chip catalogue yet: `{CHIP}` is not there."
+    out = ["| run | measured step | predicted (÷ measured) | compiled peak | allocator peak |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        m, d = r["measured"], r["deviceless"]
+        out.append(f"| `{r['name']}` | {_seconds(m['step_s'])} | {_ratio(d.get('predicted_s'), m['step_s'])} "
+                   f"| {_bytes(m.get('compiled_peak_bytes'))} | {_bytes(m.get('allocator_peak_bytes'))} |")
+    return _chip_caption(rows) + "\n\n" + "\n".join(out)
+
+
+TABLES = {"published": table_published, "published-error": table_published_error,
+          "schedule": table_schedule, "chip": table_chip, "chip-short": table_chip_short}
+
+
+def rewrite(text: str, root: Path = ROOT) -> str:
+    """``text`` with every table block's body generated again; an unknown NAME is a ValueError."""
+    def body(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in TABLES:
+            raise ValueError(f"unknown table {name!r}: the tables are {', '.join(TABLES)}")
+        return f"{match.group(1)}{TABLES[name](root)}\n{match.group(4)}"
+    return BLOCK.sub(body, text)
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    """The files whose tables are generated: README.md and every docs/*.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """The documents whose tables disagree with their files."""
+    return [str(p.relative_to(root)) for p in documents(root) if rewrite(p.read_text(), root) != p.read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only say which documents disagree with their files")
+    args = parser.parse_args(argv)
+    if args.check:
+        for name in (bad := stale()):
+            print(f"{name}: a table disagrees with its file; run python benchmarks/doc_tables.py", file=sys.stderr)
+        return 1 if bad else 0
+    for path in documents():
+        text = path.read_text()
+        if (new := rewrite(text)) != text:
+            path.write_text(new)
+            print(f"rewrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
