@@ -35,6 +35,8 @@ def _word(n: int) -> str:
 def _seconds(s: float | None) -> str:
     if s is None:
         return "-"
+    if s < 0.1:
+        return f"{s * 1e3:.2f} ms"
     return f"{s:.3f} s" if s < 10 else f"{s:.2f} s"
 
 
@@ -57,8 +59,20 @@ def fitted_runs(root: Path = ROOT) -> set[str]:
     """The published runs a TPU generation's rate is fitted to (named in its step model's source)."""
     targets = json.loads((root / "src" / "remat_lab" / "config" / "targets.json").read_text())["targets"]
     sources = " ".join(str((t.get("step_model") or {}).get("source", ""))
-                       for t in targets.values() if isinstance(t, dict) and t.get("platform") == "tpu")
+                       for t in targets if t.get("platform") == "tpu")
     return {d["name"] for d in published_checks(root) if d["name"] in sources}
+
+
+def _chips(config: dict) -> str:
+    """``256 × tpu-v6e``; a TPU run over several slices as ``2 × 256 tpu-v6e`` (its ``dcn_*`` axes)."""
+    devices, target = config.get("target_devices") or 1, config.get("target", "local")
+    slices = 1
+    for part in filter(None, (config.get("mesh") or "").split(",")):
+        axis, _, size = part.partition("=")
+        slices *= int(size) if axis.startswith("dcn_") else 1
+    if target.startswith("tpu") and slices > 1:
+        return f"{slices} slices × {devices // slices} {target}"
+    return f"{devices} × {target}"
 
 
 def table_published(root: Path = ROOT) -> str:
@@ -77,7 +91,7 @@ def table_published(root: Path = ROOT) -> str:
         predicted = _ratio(d.get("predicted_s"), measured)
         if d["name"] in fitted:
             predicted += ", the rate's calibration"
-        rows.append(f"| `{d['name']}` | {devices} × {c.get('target', 'local')} | {c['batch'] // devices} | {fit} "
+        rows.append(f"| `{d['name']}` | {_chips(c)} | {c['batch'] // devices} | {fit} "
                     f"| {_seconds(measured) if measured else 'none published'} | {predicted} "
                     f"| {_ratio(d.get('bound_s'), measured)} | {on['date'][:10]}, JAX {on['jax']} |")
     return "\n".join(rows)
@@ -127,6 +141,29 @@ def table_schedule(root: Path = ROOT) -> str:
     on = json.loads(lines[0])["measured_on"]
     return (f"From `{paths[-1].relative_to(root)}` ({on['date']}, JAX {on['jax']}, libtpu {on['libtpu']}):\n\n"
             + "\n".join(rows))
+
+
+def table_maxtext_compile(root: Path = ROOT) -> str:
+    """The catalogued runs' temporaries in MaxText's own compile (``maxtext_compile``) beside the lab's."""
+    runs = json.loads((root / "src" / "remat_lab" / "config" / "published.json").read_text())["runs"]
+    checks = {d["name"]: d for d in published_checks(root)}
+    rows = ["| run (per-device batch) | MaxText's own | with the run's libtpu flags | the lab | lab / MaxText "
+            "| measured with |", "|---|---|---|---|---|---|"]
+    for run in runs:
+        if not (mt := run.get("maxtext_compile")) or run["name"] not in checks:
+            continue
+        d = checks[run["name"]]
+        verdict = "fits" if mt.get("fits") else "refused"
+        lab = d.get("temp_bytes")
+        flagged = mt.get("temp_bytes_with_flags")
+        rows.append(f"| `{run['name']}` ({d['config']['batch'] // (d['config'].get('target_devices') or 1)}) "
+                    f"| {_bytes(mt['temp_bytes'])} ({verdict}) "
+                    f"| {_bytes(flagged) + ' (' + verdict + ')' if flagged else '-'} "
+                    f"| {_bytes(lab)} ({'fits' if d.get('fits') else 'refused'}) "
+                    f"| {lab / mt['temp_bytes']:.3f} | {mt.get('measured_with') or 'none published'} |")
+    return (f"HLO temporaries per chip (MaxText {runs[0].get('maxtext_compile', {}).get('maxtext', '0.2.5')} "
+            "compiled with the lab's JAX and libtpu):\n\n" + "\n".join(rows)) if len(rows) > 2 else \
+        "No catalogued run names MaxText's own compile."
 
 
 def chip_rows(root: Path = ROOT) -> list[dict] | None:
@@ -186,7 +223,7 @@ def table_chip_short(root: Path = ROOT) -> str:
 
 
 TABLES = {"published": table_published, "published-error": table_published_error,
-          "schedule": table_schedule, "chip": table_chip, "chip-short": table_chip_short}
+          "schedule": table_schedule, "maxtext-compile": table_maxtext_compile, "chip": table_chip, "chip-short": table_chip_short}
 
 
 def rewrite(text: str, root: Path = ROOT) -> str:
