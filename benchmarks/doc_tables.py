@@ -52,7 +52,8 @@ def _bytes(b: float | None) -> str:
 
 def published_checks(root: Path = ROOT) -> list[dict]:
     """Every stored check (``benchmarks/published_checks/NAME.json``), by name."""
-    return [json.loads(p.read_text()) for p in sorted((root / "benchmarks" / "published_checks").glob("*.json"))]
+    folder = root / "benchmarks" / "published_checks"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
 def fitted_runs(root: Path = ROOT) -> set[str]:
@@ -139,16 +140,16 @@ def table_schedule(root: Path = ROOT) -> str:
                     f"| {_ratio(r['all_gathers_beside_s'], m)} | {_ratio(r['as_written_s'], m)} "
                     f"| {r['synchronous']} / {r['asynchronous']} |")
     on = json.loads(lines[0])["measured_on"]
-    return (f"From `{paths[-1].relative_to(root)}` ({on['date']}, JAX {on['jax']}, libtpu {on['libtpu']}):\n\n"
-            + "\n".join(rows))
+    source = f"From `{paths[-1].relative_to(root)}` ({on['date']}, JAX {on['jax']}, libtpu {on['libtpu']}):"
+    return source + "\n\n" + "\n".join(rows)
 
 
 def table_maxtext_compile(root: Path = ROOT) -> str:
     """The catalogued runs' temporaries in MaxText's own compile (``maxtext_compile``) beside the lab's."""
     runs = json.loads((root / "src" / "remat_lab" / "config" / "published.json").read_text())["runs"]
     checks = {d["name"]: d for d in published_checks(root)}
-    rows = ["| run (per-device batch) | MaxText's own | with the run's libtpu flags | the lab | lab / MaxText "
-            "| measured with |", "|---|---|---|---|---|---|"]
+    rows = ["| run (per-device batch) | MaxText's own | with the run's libtpu flags | the lab "
+            "| lab / MaxText | measured with |", "|---|---|---|---|---|---|"]
     for run in runs:
         if not (mt := run.get("maxtext_compile")) or run["name"] not in checks:
             continue
@@ -190,12 +191,14 @@ def _chip_caption(rows: list[dict]) -> str:
 
 
 def table_chip(root: Path = ROOT) -> str:
-    """The chip's catalogue in full: step measured against predicted, compiled against allocator peak, flops."""
+    """The chip's catalogue in full: step measured against predicted, compiled peak against the
+    allocator's, flops."""
     rows = chip_rows(root)
     if rows is None:
         return f"No chip catalogue yet: `{CHIP}` is not there."
     out = ["| run | arguments | held out | measured step (p25–p75) | predicted (÷ measured) "
-           "| bound (÷ measured) | compiled peak | allocator peak | deviceless peak | flops: chip / deviceless |",
+           "| bound (÷ measured) | compiled peak | allocator peak | deviceless peak "
+           "| flops: chip / deviceless |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m, d = r["measured"], r["deviceless"]
@@ -223,7 +226,8 @@ def table_chip_short(root: Path = ROOT) -> str:
 
 
 TABLES = {"published": table_published, "published-error": table_published_error,
-          "schedule": table_schedule, "maxtext-compile": table_maxtext_compile, "chip": table_chip, "chip-short": table_chip_short}
+          "schedule": table_schedule, "maxtext-compile": table_maxtext_compile, "chip": table_chip,
+          "chip-short": table_chip_short}
 
 
 def rewrite(text: str, root: Path = ROOT) -> str:
@@ -243,16 +247,19 @@ def documents(root: Path = ROOT) -> list[Path]:
 
 def stale(root: Path = ROOT) -> list[str]:
     """The documents whose tables disagree with their files."""
-    return [str(p.relative_to(root)) for p in documents(root) if rewrite(p.read_text(), root) != p.read_text()]
+    return [str(p.relative_to(root)) for p in documents(root)
+            if rewrite(p.read_text(), root) != p.read_text()]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only say which documents disagree with their files")
+    parser.add_argument("--check", action="store_true",
+                        help="only say which documents disagree with their files")
     args = parser.parse_args(argv)
     if args.check:
         for name in (bad := stale()):
-            print(f"{name}: a table disagrees with its file; run python benchmarks/doc_tables.py", file=sys.stderr)
+            print(f"{name}: a table disagrees with its file; run python benchmarks/doc_tables.py",
+                  file=sys.stderr)
         return 1 if bad else 0
     for path in documents():
         text = path.read_text()

@@ -1,4 +1,4 @@
-"""The README and docs/: short README, generated tables equal to their files, every doc linked, no broken link."""
+"""README.md and docs/: a short README, tables equal to their files, every doc linked, no broken link."""
 
 from __future__ import annotations
 
@@ -176,3 +176,29 @@ def test_the_chip_tables_come_from_its_jsonl_and_say_when_there_is_none(tmp_path
 def test_an_unknown_table_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown table 'nope'"):
         _tables().rewrite("<!-- table:nope:start -->\n<!-- table:nope:end -->")
+
+
+def test_the_guide_page_shows_the_docs_words_and_keeps_no_copy():
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from pages import _docs
+
+    sections = [_docs.section("guide.md", name) for name in ("timeline", "reading")]
+    for text in sections:
+        assert text.startswith("### ") and not text.startswith("*This part")
+        relative = [t for t in LINK.findall(text) if not re.match(r"[a-z]+:|/", t)]
+        assert not relative, relative  # a docs-relative link would be broken in the app
+    at = AppTest.from_file(str(ROOT / "pages" / "guide.py"), default_timeout=120).run()
+    assert not at.exception, at.exception
+    shown = [m.value for m in at.markdown]
+    assert all(text in shown for text in sections)
+    page = (ROOT / "pages" / "guide.py").read_text()
+    assert "The batch-dims rule" not in page and "Memory over the program** chart" not in page
+
+
+def test_a_missing_docs_section_is_said_not_raised():
+    from pages import _docs
+
+    assert "docs/nope.md" in _docs.section("nope.md", "reading")
+    assert "docs/guide.md" in _docs.section("guide.md", "no-such-section")
