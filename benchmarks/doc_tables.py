@@ -80,7 +80,7 @@ def table_published(root: Path = ROOT) -> str:
     """One row per stored check: chips, per-device batch, fit, measured, predicted and bound steps."""
     fitted = fitted_runs(root)
     rows = ["| run | chips | per-device batch | fits (peak / HBM) or refused | measured step "
-            "| predicted (÷ measured) | bound (÷ measured) | checked |",
+            "| predicted (÷ measured) | bound (÷ measured) | checked (date, JAX, wall time) |",
             "|---|---|---|---|---|---|---|---|"]
     for d in published_checks(root):
         c, on = d["config"], d["measured_on"]
@@ -94,7 +94,8 @@ def table_published(root: Path = ROOT) -> str:
             predicted += ", the rate's calibration"
         rows.append(f"| `{d['name']}` | {_chips(c)} | {c['batch'] // devices} | {fit} "
                     f"| {_seconds(measured) if measured else 'none published'} | {predicted} "
-                    f"| {_ratio(d.get('bound_s'), measured)} | {on['date'][:10]}, JAX {on['jax']} |")
+                    f"| {_ratio(d.get('bound_s'), measured)} | {on['date'][:10]}, JAX {on['jax']}"
+                    + (f", {on['wall_s']} s" if on.get("wall_s") else "") + " |")
     return "\n".join(rows)
 
 
