@@ -24,7 +24,7 @@ GIB = 2**30
 WORDS = ("none", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
          "nineteen", "twenty", "twenty-one", "twenty-two", "twenty-three", "twenty-four")
-BLOCK = re.compile(r"(<!-- table:([a-z-]+):start -->\n)(.*?)(<!-- table:\2:end -->)", re.S)
+BLOCK = re.compile(r"(<!-- table:([a-z0-9-]+):start -->\n)(.*?)(<!-- table:\2:end -->)", re.S)
 CHIP = Path("benchmarks/chip/tpu-v5e.jsonl")
 
 
@@ -168,6 +168,26 @@ def table_maxtext_compile(root: Path = ROOT) -> str:
         "No catalogued run names MaxText's own compile."
 
 
+def table_h200(root: Path = ROOT) -> str:
+    """The H200's measured programs: the step, and the real compile's peak against the deviceless one's."""
+    paths = sorted(p for p in (root / "benchmarks" / "device_truth_h200").glob("*.json") if p.stem != "rates")
+    rows = ["| program | configuration | measured step (min–max) | real compile's peak | deviceless peak "
+            "| deviceless ÷ real |", "|---|---|---|---|---|---|"]
+    for path in paths:
+        d = json.loads(path.read_text())
+        c, step = d["config"], d["step_s"]
+        what = (f"{c['model']} width {c['width']}, depth {c['depth']} ({c['stack']}), batch {c['batch']}"
+                + (f", seq {c['seq']}" if c["model"] == "llm" else "") + f", {c['dtype']}, `{c['policy']}`")
+        real, lab = d["real_memory"]["peak_bytes"], d["deviceless"]["memory"]["peak_bytes"]
+        rows.append(f"| `{d['name']}` | {what} | {_seconds(step['median'])} ({_seconds(step['min'])}–"
+                    f"{_seconds(step['max'])}) | {_bytes(real)} | {_bytes(lab)} | {lab / real:.3f} |")
+    if not paths:
+        return "No H200 measurement is stored."
+    device = json.loads(paths[0].read_text())
+    return (f"Measured on one {device['device']} (JAX {device['jax']}), from "
+            "`benchmarks/device_truth_h200/`:\n\n" + "\n".join(rows))
+
+
 def chip_rows(root: Path = ROOT) -> list[dict] | None:
     """The chip's catalogue, one dict a line; None when the file is not there."""
     path = root / CHIP
@@ -228,7 +248,7 @@ def table_chip_short(root: Path = ROOT) -> str:
 
 TABLES = {"published": table_published, "published-error": table_published_error,
           "schedule": table_schedule, "maxtext-compile": table_maxtext_compile, "chip": table_chip,
-          "chip-short": table_chip_short}
+          "chip-short": table_chip_short, "h200": table_h200}
 
 
 def rewrite(text: str, root: Path = ROOT) -> str:

@@ -106,7 +106,7 @@ def test_images_are_there_and_small():
 def test_every_generated_table_equals_its_file():
     tables = _tables()
     assert tables.stale() == [], "run python benchmarks/doc_tables.py"
-    names = {m for p in _documents() for m in re.findall(r"<!-- table:([a-z-]+):start -->", p.read_text())}
+    names = {m for p in _documents() for m in re.findall(r"<!-- table:([a-z0-9-]+):start -->", p.read_text())}
     assert names == set(tables.TABLES)  # every table is somewhere, and nothing else is a table
 
 
