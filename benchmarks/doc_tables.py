@@ -188,6 +188,23 @@ def table_h200(root: Path = ROOT) -> str:
             "`benchmarks/device_truth_h200/`:\n\n" + "\n".join(rows))
 
 
+def table_load(root: Path, stem: str) -> str:
+    """One load benchmark's rows (``tests/load/STEM.json``): each step's time, RSS and cgroup peak."""
+    path = root / "tests" / "load" / f"{stem}.json"
+    if not path.exists():
+        return f"No load benchmark is stored as `tests/load/{stem}.json`."
+    doc = json.loads(path.read_text())
+    rows = doc if isinstance(doc, list) else (doc.get("load_bench") or doc)["rows"]
+    out = ["| step | seconds | server RSS | worker RSS | cgroup peak | OOM kills | load (1 min) |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        step = re.sub(r"^issue \d+: ", "", r["step"])
+        seconds = f"{r['seconds']:.1f}" if r.get("seconds") is not None else "-"
+        out.append(f"| {step} | {seconds} | {r['server_rss_mib']:.1f} MiB | {r['worker_rss_mib']:.1f} MiB "
+                   f"| {r['cgroup_peak_mib']:.1f} MiB | {r['oom_kills']} | {r['load_avg_1m']:.2f} |")
+    return f"From `tests/load/{stem}.json`:\n\n" + "\n".join(out)
+
+
 def chip_rows(root: Path = ROOT) -> list[dict] | None:
     """The chip's catalogue, one dict a line; None when the file is not there."""
     path = root / CHIP
@@ -255,6 +272,8 @@ def rewrite(text: str, root: Path = ROOT) -> str:
     """``text`` with every table block's body generated again; an unknown NAME is a ValueError."""
     def body(match: re.Match) -> str:
         name = match.group(2)
+        if name.startswith("load-"):  # a load benchmark's rows: load-STEM for tests/load/STEM.json
+            return f"{match.group(1)}{table_load(root, name[len('load-'):])}\n{match.group(4)}"
         if name not in TABLES:
             raise ValueError(f"unknown table {name!r}: the tables are {', '.join(TABLES)}")
         return f"{match.group(1)}{TABLES[name](root)}\n{match.group(4)}"
