@@ -33,8 +33,10 @@ def budget_or_none() -> int | None:
 
 def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
     """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None. On a
-    named target nothing is allocated: never too large (compile-only, ``targets.compile_only_bytes``)."""
-    if cfg.target != LOCAL:
+    named target nothing is allocated: never too large (compile-only, ``targets.compile_only_bytes``).
+    On an attached GPU or TPU never flagged before the compile: its memory analysis answers (a
+    compile costs seconds; the run refuses a program over the device's memory)."""
+    if cfg.target != LOCAL or device_limit() is not None:  # an accelerator: the compile answers
         return None
     need, budget = estimate_bytes(cfg), budget_or_none()
     return (need, budget) if budget is not None and need > budget else None

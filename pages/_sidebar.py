@@ -188,6 +188,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
     cfg = _user_block.apply(cfg)
     ss["_last_config"] = cfg
     cfg = _with_target(_mesh.apply(cfg, ss["target"]), ss["target"])  # several devices or a target
+    ss["_sidebar_config"] = cfg  # what a model loaded next is fitted to (pages/_load_fit.py)
     for text in warnings:
         st.warning(text)
     write_url(cfg)
@@ -200,7 +201,9 @@ def _render_controls(page: str | None = None) -> RunConfig:
         allowed = f" (this server allows {human_bytes(b)})" if (b := budget_or_none()) else ""
         need = human_bytes(estimate_bytes(cfg.replace(compile_only=False)))
         sb.caption((f"Compiled for the {cfg.target} without it: nothing is allocated here. "
-                    if cfg.target != LOCAL else f"Compile only: nothing is allocated; running it would "
+                    if cfg.target != LOCAL else f"On this accelerator the compile's memory analysis "
+                    f"decides if it fits ({human_bytes(b or 0)}). " if _device_limit() is not None else
+                    f"Compile only: nothing is allocated; running it would "
                     f"need about {need}{allowed}. " if cfg.compile_only else
                     f"Estimated memory need: {need}{allowed}. ")
                    + "The link in the address bar restores these settings.")

@@ -133,8 +133,27 @@ def _step_parts(xla_flops: float | None, text: str) -> tuple[float, float] | Non
     kernels = kernel_flops.kernel_flops(text, runs)
     bodies = body_costs(text, xla_flops)
     if bodies is None:
-        return xla_flops + hlo.loop_flops_left_out(text), kernels
+        return xla_flops + loop_products_left_out(text, runs), kernels
     return xla_flops + sum((runs.get(name, 1) - 1) * own for name, own in bodies.items()), kernels
+
+
+def loop_products_left_out(text: str, runs: dict[str, int] | None = None) -> float:
+    """The product flops XLA's cost analysis leaves out by counting each loop body once: over the
+    products in loop bodies (and the fusions they call), (runs - 1) x each one's flops, read as
+    ``traffic`` reads a product: a dot, a GEMM call or a convolution (libtpu writes a layer's
+    products as convolutions, their operands' shapes only at their definitions)."""
+    from remat_lab.analysis import traffic
+
+    runs = hlo.executions(text)[0] if runs is None else runs
+    module, left_out = traffic.Module(text), 0.0
+    for comp, ops in module.comps.items():
+        extra = runs.get(comp, 1) - 1
+        if extra <= 0:
+            continue
+        for op in ops:
+            if op.opcode in ("dot", "convolution") or (op.opcode == "custom-call" and traffic.is_gemm(op)):
+                left_out += extra * (traffic.product_flops(module, op) or 0.0)
+    return left_out
 
 
 def _loops(text: str) -> list[tuple[str, str, str]]:

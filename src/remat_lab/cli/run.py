@@ -109,8 +109,9 @@ def _config_line(c: dict) -> str:
 def _model_line(m: dict | None) -> list[str]:
     if not m:
         return []
-    return [f"model: {m['parameters']:,} parameters ({human_bytes(m['parameter_bytes'])}); optimizer "
-            f"state {human_bytes(m['optimizer_state_bytes'])}"]
+    active = f", {m['active_parameters']:,} active a token" if m.get("active_parameters") else ""
+    return [f"model: {m['parameters']:,} parameters{active} ({human_bytes(m['parameter_bytes'])}); "
+            f"optimizer state {human_bytes(m['optimizer_state_bytes'])}"]
 
 
 def format_run(result: dict) -> str:
