@@ -32,18 +32,18 @@ def _word(n: int) -> str:
     return WORDS[n] if n < len(WORDS) else str(n)
 
 
-def _seconds(s: float | None) -> str:
+def _seconds(s: float | None, ms_below: float = 0.1) -> str:
     if s is None:
         return "-"
-    if s < 0.1:
+    if s < ms_below:
         return f"{s * 1e3:.2f} ms"
     return f"{s:.3f} s" if s < 10 else f"{s:.2f} s"
 
 
-def _ratio(s: float | None, measured: float | None) -> str:
+def _ratio(s: float | None, measured: float | None, ms_below: float = 0.1) -> str:
     if s is None:
         return "-"
-    return _seconds(s) + (f" ({s / measured:.3f}×)" if measured else "")
+    return _seconds(s, ms_below) + (f" ({s / measured:.3f}×)" if measured else "")
 
 
 def _bytes(b: float | None) -> str:
@@ -241,9 +241,10 @@ def table_chip(root: Path = ROOT) -> str:
     for r in rows:
         m, d = r["measured"], r["deviceless"]
         flops = (f"{m['flops']:.3e} / {d['flops']:.3e}" if m.get("flops") and d.get("flops") else "-")
+        step, spread = _seconds(m["step_s"], 1), f"{_seconds(m['step_p25'], 1)}–{_seconds(m['step_p75'], 1)}"
+        predicted, bound = (_ratio(d.get(k), m["step_s"], 1) for k in ("predicted_s", "bound_s"))
         out.append(f"| `{r['name']}` | `{_args(r['args'])}` | {'yes' if r.get('held_out') else 'no'} "
-                   f"| {_seconds(m['step_s'])} ({_seconds(m['step_p25'])}–{_seconds(m['step_p75'])}) "
-                   f"| {_ratio(d.get('predicted_s'), m['step_s'])} | {_ratio(d.get('bound_s'), m['step_s'])} "
+                   f"| {step} ({spread}) | {predicted} | {bound} "
                    f"| {_bytes(m.get('compiled_peak_bytes'))} | {_bytes(m.get('allocator_peak_bytes'))} "
                    f"| {_bytes(d.get('peak_bytes'))} | {flops} |")
     return _chip_caption(rows) + "\n\n" + "\n".join(out)
@@ -258,7 +259,8 @@ def table_chip_short(root: Path = ROOT) -> str:
            "|---|---|---|---|---|"]
     for r in rows:
         m, d = r["measured"], r["deviceless"]
-        out.append(f"| `{r['name']}` | {_seconds(m['step_s'])} | {_ratio(d.get('predicted_s'), m['step_s'])} "
+        predicted = _ratio(d.get("predicted_s"), m["step_s"], 1)
+        out.append(f"| `{r['name']}` | {_seconds(m['step_s'], 1)} | {predicted} "
                    f"| {_bytes(m.get('compiled_peak_bytes'))} | {_bytes(m.get('allocator_peak_bytes'))} |")
     return _chip_caption(rows) + "\n\n" + "\n".join(out)
 
