@@ -38,7 +38,7 @@ def _tpu_peak(out: dict, xla_peak: int | None) -> None:
     program over ``xla_tpu_max_hbm_size_mib`` with "Used X of Y hbm"), measured for mlp and
     transformer steps on v4, v5e, v5p and v6e, one chip and four (libtpu 0.0.52: for the program
     it compiles under the cap, which, within about 2.5 GiB of the program's need, holds less temp
-    than the program compiled for the whole chip that is read here; README). ``temp_bytes`` is
+    than the program compiled for the whole chip that is read here; docs/methods.md). ``temp_bytes`` is
     then the rest of the peak, so that the peak is still argument + output - alias + temp +
     generated_code."""
     total, fixed = out["peak_bytes"], out["peak_bytes"] - out["temp_bytes"]

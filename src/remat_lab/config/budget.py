@@ -220,7 +220,7 @@ def estimate_process_bytes(config: RunConfig, on_device: bool = False) -> int:
     check's reference program (its parameters, gradients and activations: about the step's size
     again), the no_remat witness compile, host copies of the parameters and gradients, the program
     texts, and XLA's compile workspace (a fixed allowance). Checked against measured peak RSS by
-    ``tests/load/memory_model.py`` (README, Limits and safety).
+    ``tests/load/memory_model.py`` (docs/limits.md).
     """
     if on_device and not (config.compile_only or config.target != LOCAL):
         return int(PROCESS_FACTOR * 3 * 4 * _parameter_count(config)) + COMPILE_WORKSPACE
@@ -229,7 +229,7 @@ def estimate_process_bytes(config: RunConfig, on_device: bool = False) -> int:
 
 # Measured growth was at most 1.66x the device estimate (the default configuration, whose device
 # estimate is small) plus ~10 MiB, over 13 configurations; 1.25x + 64 MiB stays at least 1.2x above
-# every measurement (README, Limits and safety), where 2x + 48 MiB refused width-2048 models that use
+# every measurement (docs/limits.md), where 2x + 48 MiB refused width-2048 models that use
 # a third of it.
 PROCESS_FACTOR = 1.25
 COMPILE_WORKSPACE = 64 << 20
