@@ -161,8 +161,8 @@ def format_run(result: dict) -> str:
                          + (f", the {net} network)" if (net := (result.get("target") or {}).get("network"))
                             else ")"))
         lines.append(f"gradient check: not run ({g['reason']})")
-    elif g.get("ok") is None:  # a user block: no independent reference
-        lines.append(g["reason"])
+    elif g.get("ok") is None:  # skipped, with its reason
+        lines.append(f"gradient check: skipped ({g['reason']})" if g.get("skipped") else g["reason"])
     else:
         loss_err = "" if g["loss_err"] is None else f"loss error {g['loss_err']:.3g}, "
         remat = ("remat applied" if g["remat_applied"] else "no remat") + (
@@ -171,6 +171,10 @@ def format_run(result: dict) -> str:
                      f"({loss_err}gradients max abs {g['grad_max_abs_err']:.3g}, max rel "
                      f"{g['grad_max_rel_err']:.3g}; {remat})")
         lines += [f"  {f}" for f in g["failures"]]
+        if g.get("scope"):
+            lines.append(f"  checked: {g['scope']}")
+    if result.get("memory_measured") and result["memory_measured"].get("text"):
+        lines.append(result["memory_measured"]["text"])
     if mem:
         lines.append(
             f"memory: peak {human_bytes(mem['peak_bytes'])} = argument "
