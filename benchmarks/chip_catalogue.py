@@ -106,22 +106,11 @@ def measure_one(name: str, args: str, out: Path, repeats: int, warmup: int, roun
     with gzip.open(out / f"{name}.hlo.txt.gz", "wt") as f:
         f.write(text)
     costs = step_costs(compiled, text)
-    try:  # how the loop scaling went on this stack (a scanned stack counted once is a bug)
-        from remat_lab.analysis import hlo
-        from remat_lab.analysis.costs import body_costs
-        from remat_lab.analysis.hlotext import joined
-
-        runs = hlo.executions(joined(text))[0]
-        bodies = body_costs(text, cost_of(compiled)["flops"] or 0.0)
-        loops = {"runs": {k: v for k, v in runs.items() if v != 1}, "bodies": bodies}
-    except Exception as err:
-        loops = {"error": repr(err)}
     res = {"device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
            "date": datetime.date.today().isoformat(), "compile_s": compile_s,
            "compiled_peak_bytes": (memory_report(compiled) or {}).get("peak_bytes"),
            "memory": memory_report(compiled), "flops": costs["flops"],
-           "flops_source": costs["source"], "xla_cost": cost_of(compiled),
-           "loops": loops}
+           "flops_source": costs["source"], "xla_cost": cost_of(compiled)}
     stats1 = jax.devices()[0].memory_stats() or {}  # the arguments allocated, nothing run yet
     if config.step == "train":  # donated state: each call's output is the next call's input
         state = fargs

@@ -115,7 +115,7 @@ def test_default_budget_is_half_a_1gb_container(monkeypatch):
     monkeypatch.setattr(limits, "cgroup_memory", lambda root="/": {"limit": 1 << 30})
     monkeypatch.delenv(config.BUDGET_ENV, raising=False)
     assert config.resolve_budget(None, None) == 512 << 20
-    assert config.resolve_budget(None, 80 << 30) == 40 << 30  # a GPU's bytes_limit wins
+    assert config.resolve_budget(None, 80 << 30) == 80 << 30  # a GPU's bytes_limit wins, whole
 
 
 def test_small_budget_is_refused_in_the_app(monkeypatch):
