@@ -172,7 +172,7 @@ class MoeMlp(nnx.Module):
         self.wi_1 = nnx.Param(stacked(rngs.params(), (experts, width, mlp_dim), param_dtype))
         self.wo = nnx.Param(stacked(rngs.params(), (experts, mlp_dim, width), param_dtype))
         kw = dict(use_bias=False, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.layout: ExpertLayout | None = None  # set on a mesh with an expert axis
+        self.layout: ExpertLayout | None = None  # set on a mesh (mesh.expert_layout)
         self.shared = None if not shared else nnx.List([
             nnx.Linear(width, shared * mlp_dim, **kw), nnx.Linear(width, shared * mlp_dim, **kw),
             nnx.Linear(shared * mlp_dim, width, **kw)])
