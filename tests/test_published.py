@@ -484,16 +484,19 @@ def test_a_run_naming_only_its_weight_dtype_computes_in_maxtexts_bfloat16():
 
 def test_a_run_reads_the_defaults_of_the_maxtext_it_ran_and_says_so():
     """gpu-recipes' Mixtral ran NVIDIA's jax:maxtext-2025-01-10 image, whose MaxText predates
-    ``sparse_matmul`` (today's default true): read as false, its program is the dense dispatch the
-    lab compiles, no difference; without the catalogue's ``maxtext_defaults`` it would be named one.
+    ``sparse_matmul`` (today's default true): read as false, its program is the lab's dense
+    dispatch at its capacity, no difference; without the catalogue's ``maxtext_defaults`` it
+    would be the grouped dispatch, its capacity named as unused.
     The CLI's check and the Published page both say which default was read and why."""
     from remat_lab.cli.published import format_check
 
     run = pub.RUNS["mixtral-8x7b-a3ultra-256"]
     assert run["maxtext_defaults"] == {"sparse_matmul": False}
-    assert pub.translate(run)[1] == []
+    fields, diff = pub.translate(run)
+    assert diff == [] and (fields["moe_dispatch"], fields["capacity_factor"]) == ("dense", 1.0)
     today = {k: v for k, v in run.items() if not k.startswith("maxtext_defaults")}
-    assert any(d.startswith("sparse_matmul:") for d in pub.translate(today)[1])
+    fields, diff = pub.translate(today)  # today's MaxText: sparse_matmul, the lab's grouped dispatch
+    assert fields["moe_dispatch"] == "grouped" and any(d.startswith("capacity_factor 1:") for d in diff)
     assert pub.defaults_text(today) is None
     said = pub.defaults_text(run)
     assert said.startswith("read as sparse_matmul: false, its MaxText's default: ") and "2025-01-10" in said
