@@ -232,6 +232,7 @@ def test_grouped_flops_on_a_tpu_are_the_routed_work():
     count of its routed products, 3 x the forward's (k of the E experts a token, not E); the dense
     dispatch, dropless, multiplies every expert over every slot: above twice that."""
     from remat_lab.analysis.costs import step_costs
+    from remat_lab.analysis.kernels import kernels_of
     from remat_lab.program.step import jit_step, problem_for
 
     shape = dict(model="llm", width=128, heads=2, kv_heads=1, seq=128, batch=4, depth=2, vocab=256,
@@ -246,5 +247,12 @@ def test_grouped_flops_on_a_tpu_are_the_routed_work():
         problem = problem_for(RunConfig(**shape, moe_dispatch=dispatch))
         compiled = jit_step(problem).lower(*problem.args).compile()
         flops[dispatch] = step_costs(compiled, compiled.as_text())["flops"]
+        if dispatch == "grouped":  # libtpu's ragged-dot kernels: GEMMs of the routed pairs' products
+            rows = [r for r in kernels_of(compiled.as_text())
+                    if "ragged-dot" in r["name"] and r["flops"]]  # not the metadata kernels
+            assert len(rows) == 9, rows  # 3 forward, 2 x 3 backward (no_remat: none recomputed)
+            pairs = t * 2  # k = 2 copies of each token
+            kinds = {(r["kind"], r["flops"], r["dtype"]) for r in rows}
+            assert kinds == {("gemm", 2 * pairs * w * f, "bf16")}, kinds
     assert flops["grouped"] == pytest.approx(hand, rel=0.05), (flops, hand)
     assert flops["dense"] > 2 * hand
