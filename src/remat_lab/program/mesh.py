@@ -298,7 +298,8 @@ def grouped_on_devices(config: RunConfig, mesh: Mesh) -> ExpertLayout | None:
     """``(fn, h, weights, idx, wi_0, wi_1, wo) -> fn(...)`` run on each device's own tokens, as
     MaxText's ``sparse_matmul`` runs in a ``shard_map``: the tokens and their routing split over the
     batch axes (data x fsdp x expert, ``input_spec``), the experts' weights whole on every device
-    (gathered as FSDP gathers a dense MLP's; their gradients reduced back). Each device sorts its
+    (gathered as FSDP gathers a dense MLP's; their gradients all-reduced back, whole on every
+    device: not yet MaxText's all-to-all of the tokens to their experts' devices). Each device sorts its
     tokens by expert and multiplies them with ``ragged_dot``: no sort or product across devices
     (under XLA's partitioner alone a sort of the whole batch gathers every token). None without a
     batch axis."""
