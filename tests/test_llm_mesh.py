@@ -21,7 +21,8 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY = dict(model="llm", vocab=256, width=64, depth=2, heads=4, kv_heads=2, seq=8, batch=8,
             repeats=1, warmup=0)
 # A mixture of experts (model/moe.py) that drops tokens and adds its load-balance loss.
-MOE = dict(experts=4, experts_per_token=2, capacity_factor=1.25, load_balance_loss_weight=0.01)
+MOE = dict(experts=4, experts_per_token=2, capacity_factor=1.25, load_balance_loss_weight=0.01,
+           moe_dispatch="dense")
 
 
 def test_the_llm_step_train_microbatches_and_compile_only_are_allowed_on_a_mesh():
@@ -97,6 +98,12 @@ out["expert_grad_rel_diff"] = max(float(np.max(np.abs(np.asarray(a, np.float64) 
                                   for a, b in zip(h2, h0))
 out["expert_specs"] = dict(zip(q2.paths, [str(a.sharding.spec) for a in q2.leaves]))
 out["expert_collectives"] = sorted({(r["kind"], r["group"]) for r in collective_rows(expert_step.as_text())})
+# The grouped dispatch (ragged_dot on each device's own tokens, a shard_map) on the expert axis.
+grouped = {**moe, "moe_dispatch": "grouped", "capacity_factor": 0.0}
+n0, k0, _ = grads(RunConfig(**grouped, policy="minimal"))
+n2, k2, _ = grads(RunConfig(**grouped, policy="minimal", mesh="fsdp=2,expert=2"))
+out["grouped_loss"] = [n0, n2]
+out["grouped_grad_rel_diff"] = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in zip(k2, k0))
 # Each collective inside the experts' block, by kind and the scope it came from (dispatch, wo, ...).
 from remat_lab.analysis import hlotext
 from remat_lab.analysis.collectives import KINDS as kinds
@@ -209,6 +216,13 @@ def test_the_expert_axis_splits_the_experts_and_moves_tokens_with_all_to_alls(fo
     assert {scope for kind, scope in moe if kind == "all-to-all"} == {"dispatch", "wo"}, moe
     assert not {(kind, scope) for kind, scope in moe
                 if kind in ("all-gather", "reduce-scatter") and scope != "router"}, moe
+
+
+def test_the_grouped_dispatch_on_the_expert_axis_equals_one_device(four):
+    """fsdp=2 x expert=2, the grouped dispatch (each device sorts and multiplies its own tokens):
+    the loss and every gradient as one device's, float32."""
+    assert four["grouped_loss"][1] == pytest.approx(four["grouped_loss"][0], rel=1e-6)
+    assert four["grouped_grad_rel_diff"] < 1e-5
 
 
 def test_parameters_follow_maxtexts_axes(four):

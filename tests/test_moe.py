@@ -161,20 +161,98 @@ def test_the_llm_with_experts_builds_counts_and_names():
     assert model(tokens).shape == (B, N, 128)
 
 
-def test_the_memory_estimate_covers_the_compiled_step():
-    """budget.py's estimate (the experts' slots, dispatch and combine masks) is above what XLA
-    allocates for the no-remat gradient of a dropless MoE llm whose dispatch buffers dominate."""
+@pytest.mark.parametrize("dispatch", ["dense", "grouped"])
+def test_the_memory_estimate_covers_the_compiled_step(dispatch):
+    """budget.py's estimate (dense: the experts' slots, dispatch and combine masks; grouped: the
+    routed pairs) is above what XLA allocates for the no-remat gradient of a dropless MoE llm
+    whose expert buffers dominate."""
     from remat_lab.config import estimate_bytes
     from remat_lab.model.llm import next_token_loss
 
     cfg = RunConfig(model="llm", width=64, heads=4, seq=128, batch=4, vocab=128, depth=2, experts=8,
-                    expert_mlp_dim=128)
+                    expert_mlp_dim=128, moe_dispatch=dispatch)
     graphdef, params = nnx.split(build_model(cfg.model, cfg.width, cfg.depth, seed=0, dtype=jnp.float32,
                                              stack=cfg.stack, heads=cfg.heads, **llm_options(cfg, DTYPES)))
     tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
     grad = jax.jit(jax.grad(lambda p, t: next_token_loss(nnx.merge(graphdef, p)(t), t)))
     mem = grad.lower(params, tokens).compile().memory_analysis()
     compiled = mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes
-    slots = cfg.batch * cfg.experts * cfg.seq  # dropless: every expert has a slot for every token
+    slots = cfg.batch * cfg.seq * (cfg.experts if dispatch == "dense" else cfg.experts_per_token)
     assert compiled > slots * cfg.expert_mlp_dim * 4  # the experts' hidden values are really there
     assert estimate_bytes(cfg) >= compiled, (estimate_bytes(cfg), compiled)
+
+
+def test_grouped_dispatch_equals_the_dense_at_a_capacity_no_token_exceeds():
+    """The grouped dispatch (sorted tokens, ragged_dot: MaxText's sparse_matmul) against the dense
+    einsums at capacity = the sequence (no token dropped): the output, and every gradient of the
+    parameters and the input with the aux loss, allclose in float32."""
+    h, r = _inputs()
+    out, grads = {}, {}
+    for dispatch in ("grouped", "dense"):
+        graphdef, params = nnx.split(_module(dispatch=dispatch, aux_weight=0.1))
+        lab = lambda p, x, g=graphdef: jnp.sum(nnx.merge(g, p)(x) * r)
+        out[dispatch] = nnx.merge(graphdef, params)(h)
+        grads[dispatch] = jax.grad(lab, argnums=(0, 1))(params, h)
+    _close(out["grouped"], out["dense"], terms=F * K)
+    _close(grads["grouped"][1], grads["dense"][1], terms=F * K)
+    for name in ("gate", "wi_0", "wi_1", "wo"):
+        _close(grads["grouped"][0][name][...], grads["dense"][0][name][...], terms=B * N * K)
+
+
+def _backward_grouped(policy) -> int:
+    """The grouped products (``ragged_dot``) of the grouped layer's backward pass under ``policy``:
+    the recomputed forward ones and the transposes (two a projection)."""
+    graphdef, params = nnx.split(_module(dispatch="grouped"))
+    h, r = _inputs()
+
+    def loss(p, x):
+        return jnp.sum(nnx.remat(lambda m, y: m(y), policy=policy)(nnx.merge(graphdef, p), x) * r)
+
+    _, backward = jax.vjp(loss, params, h)
+    text = str(jax.make_jaxpr(backward)(jnp.float32(1.0)))
+    return text.count("ragged_dot_general[")
+
+
+def test_per_name_remat_reaches_the_grouped_experts():
+    """Under nothing_saveable the grouped backward recomputes the three expert products (and
+    transposes each twice: 9); saving moe_mlpwo (MaxText's name, tagged on ragged_dot's output)
+    removes exactly its recomputation (wi_0's and wi_1's are still needed for wo's gradient);
+    saving the three moe_ names removes all three; the dense names reach them too."""
+    names = jax.checkpoint_policies.save_only_these_names
+    nothing = _backward_grouped(jax.checkpoint_policies.nothing_saveable)
+    assert nothing == 9, nothing
+    assert _backward_grouped(names("moe_mlpwo")) == 8
+    assert _backward_grouped(names("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")) == 6
+    assert _backward_grouped(names("mlpwi_0", "mlpwi_1", "mlpwo")) == 6
+
+
+def test_grouped_flops_on_a_tpu_are_the_routed_work():
+    """Compiled for a v5p (no device): the grouped llm's step flops (the lab's count: XLA's, each
+    loop body scaled, libtpu's ragged-dot kernels by their cost estimates) within 5 % of the hand
+    count of its routed products, 3 x the forward's (k of the E experts a token, not E); the dense
+    dispatch, dropless, multiplies every expert over every slot: above twice that."""
+    from remat_lab.analysis.costs import step_costs
+    from remat_lab.analysis.kernels import kernels_of
+    from remat_lab.program.step import jit_step, problem_for
+
+    shape = dict(model="llm", width=128, heads=2, kv_heads=1, seq=128, batch=4, depth=2, vocab=256,
+                 experts=4, experts_per_token=2, expert_mlp_dim=256, policy="no_remat",
+                 target="tpu-v5p", dtype="bfloat16", param_dtype="float32")
+    t, w, hd, f, n = 4 * 128, 128, 64, 256, 128
+    layer = (2 * t * w * (2 + 2 * 1) * hd + 2 * t * 2 * hd * w + 2 * t * w * 4  # q k v, o, router
+             + 2 * t * 2 * 3 * w * f + 2 * 2 * 4 * 2 * n * n * hd)  # k experts, attention
+    hand = 3 * (2 * layer + 2 * t * w * 256)  # forward and backward (twice): the blocks, the head
+    flops = {}
+    for dispatch in ("grouped", "dense"):
+        problem = problem_for(RunConfig(**shape, moe_dispatch=dispatch))
+        compiled = jit_step(problem).lower(*problem.args).compile()
+        flops[dispatch] = step_costs(compiled, compiled.as_text())["flops"]
+        if dispatch == "grouped":  # libtpu's ragged-dot kernels: GEMMs of the routed pairs' products
+            rows = [r for r in kernels_of(compiled.as_text())
+                    if "ragged-dot" in r["name"] and r["flops"]]  # not the metadata kernels
+            assert len(rows) == 9, rows  # 3 forward, 2 x 3 backward (no_remat: none recomputed)
+            pairs = t * 2  # k = 2 copies of each token
+            kinds = {(r["kind"], r["flops"], r["dtype"]) for r in rows}
+            assert kinds == {("gemm", 2 * pairs * w * f, "bf16")}, kinds
+    assert flops["grouped"] == pytest.approx(hand, rel=0.05), (flops, hand)
+    assert flops["dense"] > 2 * hand

@@ -14,13 +14,18 @@ def test_dense_is_the_default_and_moe_fields_need_experts():
     assert RunConfig(model="llm").experts == 0
     for field, value in (("capacity_factor", 1.25), ("shared_experts", 1), ("router_gating", "sigmoid"),
                          ("experts_per_token", 1), ("expert_mlp_dim", 32),
-                         ("load_balance_loss_weight", 0.01)):
+                         ("load_balance_loss_weight", 0.01), ("moe_dispatch", "dense")):
         with pytest.raises(ConfigError, match=f"{field} is for a mixture of experts"):
             RunConfig(model="llm", **{field: value})
 
 
 def test_moe_fields_are_checked():
-    cfg = RunConfig(**MOE, capacity_factor=1)
+    assert RunConfig(**MOE).moe_dispatch == "grouped"  # dropless grouped matmuls, MaxText's default
+    with pytest.raises(ConfigError, match="grouped dispatch .* is dropless; set moe_dispatch dense"):
+        RunConfig(**MOE, capacity_factor=1.25)
+    with pytest.raises(ConfigError, match="choose one of: grouped, dense"):
+        RunConfig(**MOE, moe_dispatch="sparse")
+    cfg = RunConfig(**MOE, capacity_factor=1, moe_dispatch="dense")
     assert cfg.capacity_factor == 1.0 and isinstance(cfg.capacity_factor, float)
     assert cfg.expert_mlp_dim_used == 4 * 64
     with pytest.raises(ConfigError, match="router picks k"):
@@ -44,13 +49,14 @@ def test_moe_fields_are_checked():
 
 
 def test_moe_from_text_and_back():
-    cfg = coerce_config({k: str(v) for k, v in {**MOE, "capacity_factor": "1.25",
+    cfg = coerce_config({k: str(v) for k, v in {**MOE, "capacity_factor": "1.25", "moe_dispatch": "dense",
                                                  "router_gating": "sigmoid"}.items()})
     assert (cfg.experts, cfg.capacity_factor, cfg.router_gating) == (4, 1.25, "sigmoid")
     with pytest.raises(ConfigError, match="capacity_factor must be a number"):
         coerce_config({**MOE, "capacity_factor": "lots"})
     flags = " ".join(shape_flags(cfg))
     assert "--experts 4 --experts-per-token 2" in flags and "--capacity-factor 1.25" in flags
+    assert "--moe-dispatch dense" in flags
     assert "--experts" not in " ".join(shape_flags(RunConfig(model="llm")))
     assert RunConfig(**cfg.as_dict()) == cfg
 

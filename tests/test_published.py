@@ -56,8 +56,8 @@ def test_mixtral_translates_with_its_capacity_and_maxtexts_moe_flops():
     published 3,899 tokens/s/device (under the full-square attention count MaxText then used)."""
     run = pub.RUNS["mixtral-8x7b-v6e-256"]
     fields, diff = pub.translate(run)
-    assert (fields["preset"], fields["batch"], fields["mesh"], fields["capacity_factor"]) == \
-        ("mixtral-8x7b", 12 * 256, "fsdp=256", 1.25)
+    assert (fields["preset"], fields["batch"], fields["mesh"], fields["capacity_factor"],
+            fields["moe_dispatch"]) == ("mixtral-8x7b", 12 * 256, "fsdp=256", 1.25, "dense")
     assert fields["offload_names"] == ("decoder_layer_input", "query_proj", "key_proj", "value_proj",
                                        "out_proj")
     assert not any("sparse_matmul" in d for d in diff)
@@ -70,12 +70,17 @@ def test_mixtral_translates_with_its_capacity_and_maxtexts_moe_flops():
         + 2 * b * t * d * 32 * 128
     flops = 3 * (32 * layer + 2 * b * t * d * 32000) + 3 * 32 * 4 * b * t * t * 32 * 128 / 2
     assert pub.model_flops_per_device(run) == pytest.approx(flops, rel=1e-12)
-    # MaxText's default sparse path and a capacity of -1 (dropless) are named, not hidden
-    sparse = {**run, "knobs": {**run["knobs"], "sparse_matmul": True, "capacity_factor": -1.0}}
+    # MaxText's default sparse path is the lab's grouped dispatch, dropless, with no capacity;
+    # its megablox kernel (the knob's default) named as a difference
+    sparse = {**run, "knobs": {k: v for k, v in run["knobs"].items() if k != "megablox"} | {
+        "sparse_matmul": True, "capacity_factor": -1.0}}
     fields, diff = pub.translate(sparse)
-    assert fields["capacity_factor"] == 0.0
-    assert any(d.startswith("sparse_matmul: MaxText multiplies each expert's tokens alone") and
-               "dropless" in d for d in diff)
+    assert (fields["capacity_factor"], fields["moe_dispatch"]) == (0.0, "grouped")
+    assert any(d.startswith("megablox: MaxText multiplies each expert's tokens") for d in diff)
+    assert RunConfig.from_preset(fields.pop("preset"), **fields).moe_dispatch == "grouped"
+    # a knob-given capacity the sparse path does not use is said, not applied
+    fields, diff = pub.translate({**sparse, "knobs": {**sparse["knobs"], "capacity_factor": 1.25}})
+    assert fields["capacity_factor"] == 0.0 and any(d.startswith("capacity_factor 1.25") for d in diff)
 
 
 def test_maxtexts_expert_parallelism_is_the_labs_expert_axis():
@@ -480,16 +485,19 @@ def test_a_run_naming_only_its_weight_dtype_computes_in_maxtexts_bfloat16():
 
 def test_a_run_reads_the_defaults_of_the_maxtext_it_ran_and_says_so():
     """gpu-recipes' Mixtral ran NVIDIA's jax:maxtext-2025-01-10 image, whose MaxText predates
-    ``sparse_matmul`` (today's default true): read as false, its program is the dense dispatch the
-    lab compiles, no difference; without the catalogue's ``maxtext_defaults`` it would be named one.
+    ``sparse_matmul`` (today's default true): read as false, its program is the lab's dense
+    dispatch at its capacity, no difference; without the catalogue's ``maxtext_defaults`` it
+    would be the grouped dispatch, its capacity named as unused.
     The CLI's check and the Published page both say which default was read and why."""
     from remat_lab.cli.published import format_check
 
     run = pub.RUNS["mixtral-8x7b-a3ultra-256"]
     assert run["maxtext_defaults"] == {"sparse_matmul": False}
-    assert pub.translate(run)[1] == []
+    fields, diff = pub.translate(run)
+    assert diff == [] and (fields["moe_dispatch"], fields["capacity_factor"]) == ("dense", 1.0)
     today = {k: v for k, v in run.items() if not k.startswith("maxtext_defaults")}
-    assert any(d.startswith("sparse_matmul:") for d in pub.translate(today)[1])
+    fields, diff = pub.translate(today)  # today's MaxText: sparse_matmul, the lab's grouped dispatch
+    assert fields["moe_dispatch"] == "grouped" and any(d.startswith("capacity_factor 1:") for d in diff)
     assert pub.defaults_text(today) is None
     said = pub.defaults_text(run)
     assert said.startswith("read as sparse_matmul: false, its MaxText's default: ") and "2025-01-10" in said

@@ -102,6 +102,31 @@ def splash_flops(ins: hlotext.Instruction) -> float | None:
     return float(units * 2 * bq * bkv * d * rows * causal_blocks(q[-2], k[-2], bq, bkv))
 
 
+# A Mosaic kernel's own cost estimate (``backend_config``'s ``cost_estimate``), which libtpu's cost
+# analysis counts and the lab's re-analysis on this process's backend does not: the TPU's
+# ``ragged_dot`` (model/moe.py's grouped experts) compiles to such kernels, ``ragged-dot-*``,
+# each estimating its products (``2 x rows x contracted x columns``: the routed work).
+_ESTIMATE = re.compile(r'"cost_estimate":\s*\{\s*"flops":\s*"?(\d+)')
+
+
+def estimated_flops(text: str) -> float:
+    """The flops of the ``tpu_custom_call`` kernels in ``text`` that carry a cost estimate (each
+    call's line once; splash kernels carry none)."""
+    return float(sum(int(m.group(1)) for line in text.splitlines()
+                     if "tpu_custom_call" in line for m in _ESTIMATE.finditer(line)))
+
+
+def estimated_gemm_flops(ins) -> float | None:
+    """A ``tpu_custom_call`` that is a grouped matrix product (``ragged_dot``'s ``ragged-dot-*``
+    kernel: its name or op_name), its cost estimate's flops; None otherwise."""
+    if ins.opcode != "custom-call" or hlotext.call_target(ins.rest) != "tpu_custom_call":
+        return None
+    if "ragged-dot" not in ins.name + " " + hlotext.op_name(ins.rest):
+        return None
+    m = _ESTIMATE.search(ins.rest)
+    return float(m.group(1)) if m else None
+
+
 def is_cudnn_attention(ins) -> bool:
     """Whether ``ins`` (an instruction with ``opcode`` and ``rest``) calls cuDNN's attention."""
     return ins.opcode == "custom-call" and bool(_CUDNN.search(hlotext.call_target(ins.rest)))

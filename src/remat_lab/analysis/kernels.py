@@ -83,6 +83,10 @@ def kernels_of(text: str) -> list[dict]:
             elif (splash := kernel_flops.splash_kernel(op)) is not None:
                 row.update(kind="attention", flops=kernel_flops.splash_flops(op),
                            direction="forward" if splash == "splash_mha_fwd" else "backward")
+            elif (grouped := kernel_flops.estimated_gemm_flops(op)) is not None:
+                operand = hlotext.arrays(module.types.get(op.operands[-1], "")) if op.operands else []
+                row.update(kind="gemm", flops=grouped, dtype=(operand or [("f32", [])])[0][0],
+                           precision="DEFAULT")  # a grouped product (ragged_dot's kernel)
             elif op.opcode == "custom-call" and traffic.is_gemm(op):
                 row["kind"] = "gemm"
                 row["flops"] = traffic.product_flops(module, op)

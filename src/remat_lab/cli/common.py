@@ -333,7 +333,7 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     llm = ("vocab", "kv_heads", "head_dim", "mlp_dim", "tie_embeddings", "step", "microbatches",
            "compile_only", "attention", "attention_block", "loss_chunks", "remat_layers",
            "optimizer_offload", "experts", "experts_per_token", "expert_mlp_dim", "shared_experts",
-           "router_gating", "capacity_factor", "load_balance_loss_weight")
+           "router_gating", "capacity_factor", "load_balance_loss_weight", "moe_dispatch")
     values.update({k: getattr(args, k) for k in llm if hasattr(args, k)})
     values.update({k: getattr(args, k) for k in ("param_dtype", "optimizer_dtype")
                    if getattr(args, k, None)})

@@ -19,7 +19,11 @@ def add_moe_args(p: argparse.ArgumentParser, d, int_arg, Given) -> None:
                    action=Given, help="llm, --experts: experts every token also goes through")
     p.add_argument("--router-gating", choices=CHOICES["router_gating"], default=d.router_gating,
                    action=Given, help="llm, --experts: softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3)")
+    p.add_argument("--moe-dispatch", choices=CHOICES["moe_dispatch"], default=d.moe_dispatch,
+                   action=Given, help="llm, --experts: grouped (tokens sorted by expert, ragged_dot, "
+                   "dropless: MaxText's sparse_matmul) or dense (einsums over each expert's capacity)")
     p.add_argument("--capacity-factor", type=float, default=d.capacity_factor,
-                   help="llm, --experts: an expert's capacity, x tokens * k / experts (0 = dropless)")
+                   help="llm, --experts --moe-dispatch dense: an expert's capacity, x tokens * k / "
+                   "experts (0 = dropless)")
     p.add_argument("--load-balance-loss-weight", type=float, default=d.load_balance_loss_weight,
                    help="llm, --experts: the auxiliary load-balancing loss's coefficient (MaxText's 0)")

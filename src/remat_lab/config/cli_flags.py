@@ -28,7 +28,7 @@ def shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
     if cfg.model == "llm" and cfg.experts:  # a mixture of experts: every field of it
         parts += [f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in (
             "experts", "experts_per_token", "expert_mlp_dim", "shared_experts", "router_gating",
-            "capacity_factor", "load_balance_loss_weight")]
+            "capacity_factor", "load_balance_loss_weight", "moe_dispatch")]
     if cfg.optimizer_dtype:  # AdamW's moments, when not the parameters' dtype by default
         parts.append(f"--optimizer-dtype {cfg.optimizer_dtype}")
     if cfg.model == "llm":  # loss_chunks always (a preset field); the attention's when not default

@@ -10,15 +10,21 @@ from .mesh_text import _show
 # A mixture of experts' router (llm, experts > 0): softmax over the experts (Mixtral, Qwen3-MoE) or
 # an independent sigmoid per expert (DeepSeek-V3); either way the top k's weights are renormalised.
 ROUTER_GATINGS = ("softmax", "sigmoid")
+# How the tokens reach their experts (model/moe.py): "grouped", sorted by expert and multiplied by
+# jax.lax.ragged_dot, dropless (MaxText's sparse_matmul: true, its default); "dense", MaxText's
+# einsum dispatch over every expert's capacity slots (sparse_matmul: false; capacity_factor).
+MOE_DISPATCHES = ("grouped", "dense")
+MOE_CHOICES = {"router_gating": ROUTER_GATINGS, "moe_dispatch": MOE_DISPATCHES}  # RunConfig's CHOICES
 # name -> (lowest, highest) for the fractional fields (a whole number is accepted too).
 FLOAT_LIMITS = {
     "capacity_factor": (0.0, 64.0),  # MoE: tokens an expert takes, x tokens * k / experts; 0 = dropless
     "load_balance_loss_weight": (0.0, 1.0),  # MoE: the auxiliary loss's coefficient (MaxText's, 0)
 }
 MOE_FIELDS = ("experts_per_token", "expert_mlp_dim", "shared_experts", "capacity_factor",
-              "router_gating", "load_balance_loss_weight")  # only with experts > 0
+              "router_gating", "load_balance_loss_weight", "moe_dispatch")  # only with experts > 0
 MOE_DEFAULTS = {"experts_per_token": 2, "expert_mlp_dim": 0, "shared_experts": 0, "capacity_factor": 0.0,
-                "router_gating": "softmax", "load_balance_loss_weight": 0.0}  # RunConfig's
+                "router_gating": "softmax", "load_balance_loss_weight": 0.0,
+                "moe_dispatch": "grouped"}  # RunConfig's
 
 # A published config's mixture-of-experts keys (config/model_config.py): Hugging Face's (Mixtral's
 # num_local_experts, Qwen3-MoE's num_experts and moe_intermediate_size) and MaxText's.
@@ -81,6 +87,11 @@ def check_moe(config) -> None:
     if config.experts_per_token > config.experts:
         raise ConfigError(f"experts_per_token {config.experts_per_token} is more than the "
                           f"{config.experts} experts; the router picks k of them (k <= experts).")
+    if config.capacity_factor and config.moe_dispatch == "grouped":
+        raise ConfigError(f"capacity_factor {config.capacity_factor:g} is the dense dispatch's: the "
+                          "grouped dispatch (moe_dispatch grouped, the default) is dropless; set "
+                          "moe_dispatch dense (--moe-dispatch dense) to give the experts a capacity, "
+                          "or leave capacity_factor at 0.")
 
 
 def check_expert_axis(config, expert: int) -> None:
@@ -94,9 +105,14 @@ def check_expert_axis(config, expert: int) -> None:
 def moe_activation_bytes(config, rows: int, item: int) -> int:
     """A mixture of experts' activations in one block of ``rows`` tokens (``budget.py``'s estimate):
     the dispatched tokens, the experts' three hidden values and output over every slot
-    (experts x capacity a sequence), the float32 dispatch and combine masks, the router's float32
-    logits and scores, and the shared experts' hidden values."""
+    (grouped: the ``rows x k`` routed pairs; dense: experts x capacity a sequence, and the float32
+    dispatch and combine masks), the router's float32 logits and scores, and the shared experts'
+    hidden values."""
     e, f, seqs = config.experts, config.expert_mlp_dim_used, rows // config.seq
+    if config.moe_dispatch == "grouped":
+        pairs = rows * config.experts_per_token
+        return (pairs * (2 * config.width + 3 * f) * item + pairs * 8 + rows * e * 8
+                + rows * 4 * config.shared_experts * f * item)
     slots = seqs * e * capacity(config.seq, e, config.experts_per_token, config.capacity_factor)
     return (slots * (2 * config.width + 3 * f) * item + 2 * rows * slots // seqs * 4 + rows * e * 8
             + rows * 4 * config.shared_experts * f * item)

@@ -271,18 +271,24 @@ def _mesh_knob(knob: str) -> bool:
 
 
 def _experts(knobs: dict, fields: dict) -> list[str]:
-    """A mixture of experts' knobs into ``fields`` (``capacity_factor``: MaxText's -1, dropless, is
-    the lab's 0), and the differences: the lab's MoE is MaxText's dense einsum dispatch
-    (``sparse_matmul: false``); MaxText's sparse path (grouped matmuls over the tokens each expert
-    got, megablox or ragged_dot) is not in the lab."""
+    """A mixture of experts' knobs into ``fields``, and the differences. ``sparse_matmul`` (MaxText's
+    default true): the lab's grouped dispatch (tokens sorted by expert, ``ragged_dot``, dropless);
+    false: the dense einsum dispatch at ``capacity_factor`` (MaxText's -1, dropless, is the lab's 0).
+    MaxText's sparse path has no capacity, and its megablox kernel is the lab's ragged_dot."""
     factor = float(knobs.get("capacity_factor", -1.0))
-    fields["capacity_factor"] = max(factor, 0.0)
-    if knobs.get("sparse_matmul", True):
-        return ["sparse_matmul: MaxText multiplies each expert's tokens alone (grouped matmuls, "
-                f"{'megablox' if knobs.get('megablox', True) else 'ragged_dot'}); the lab's experts "
-                "use the dense einsum dispatch over every slot of every expert, "
-                + ("dropless (capacity = the sequence)" if factor <= 0 else f"capacity factor {factor:g}")]
-    return []
+    if not knobs.get("sparse_matmul", True):
+        fields.update(moe_dispatch="dense", capacity_factor=max(factor, 0.0))
+        return []
+    fields.update(moe_dispatch="grouped", capacity_factor=0.0)
+    diff = []
+    if knobs.get("megablox", True):
+        diff.append("megablox: MaxText multiplies each expert's tokens with its Pallas megablox "
+                    "kernel; the lab with jax.lax.ragged_dot (libtpu's own grouped kernel), the "
+                    "same products")
+    if factor > 0:
+        diff.append(f"capacity_factor {factor:g}: not used by MaxText's sparse_matmul path, which "
+                    "is dropless, as the lab's grouped dispatch")
+    return diff
 
 
 def compiler_difference(mt: dict) -> str:

@@ -34,7 +34,7 @@ from .mesh_text import (  # noqa: F401 (re-exported: the mesh text's home is mes
     mesh_slices,
     parse_mesh,
 )
-from .moe_config import FLOAT_LIMITS, ROUTER_GATINGS, check_expert_axis, check_moe, checked_float  # noqa: F401
+from .moe_config import FLOAT_LIMITS, MOE_CHOICES, check_expert_axis, check_moe, checked_float  # noqa: F401
 from .targets import GPUS_PER_HOST, LOCAL, MAX_TARGET_DEVICES, TARGET_NAMES, TARGETS, check_network
 from .userblock import checked_input_shape
 
@@ -79,7 +79,7 @@ LLM_LIMITS = {"seq": (1, 32768), "depth": (1, 128)}
 CHOICES = {
     "model": MODELS, "stack": STACKS, "dtype": DTYPES, "policy": POLICY_IDS, "objective": OBJECTIVES,
     "target": TARGET_NAMES, "param_dtype": PARAM_DTYPES, "optimizer_dtype": OPTIMIZER_DTYPES,
-    "attention": ATTENTIONS, "step": STEPS, "preset": PRESET_NAMES, "router_gating": ROUTER_GATINGS,
+    "attention": ATTENTIONS, "step": STEPS, "preset": PRESET_NAMES, **MOE_CHOICES,
 }
 
 
@@ -155,7 +155,8 @@ class RunConfig:
     # experts_per_token, plus shared_experts every token goes through. capacity_factor: an expert
     # takes at most ceil(tokens * k / experts * factor) tokens of a sequence, the rest dropped
     # (MaxText's dense dispatch); 0 = dropless. load_balance_loss_weight: the auxiliary loss's
-    # coefficient in the gradient (MaxText's default 0).
+    # coefficient in the gradient (MaxText's default 0). moe_dispatch: grouped (sorted tokens,
+    # ragged_dot, dropless: MaxText's sparse_matmul) or dense (einsums at the capacity).
     experts: int = 0
     experts_per_token: int = 2
     expert_mlp_dim: int = 0
@@ -163,6 +164,7 @@ class RunConfig:
     capacity_factor: float = 0.0
     router_gating: str = "softmax"
     load_balance_loss_weight: float = 0.0
+    moe_dispatch: str = "grouped"
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunConfig:

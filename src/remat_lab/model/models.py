@@ -151,7 +151,8 @@ def llm_options(config, dtypes: dict) -> dict:
         ("experts", config.experts), ("k", config.experts_per_token),
         ("mlp_dim", config.expert_mlp_dim_used), ("shared", config.shared_experts),
         ("capacity_factor", config.capacity_factor), ("gating", config.router_gating),
-        ("aux_weight", config.load_balance_loss_weight))}  # hashable: the step caches on it
+        ("aux_weight", config.load_balance_loss_weight),
+        ("dispatch", config.moe_dispatch))}  # hashable: the step caches on it
     return {"vocab": config.vocab, "kv_heads": config.kv_heads_used,
             "head_dim": config.head_dim_used, "mlp_dim": config.mlp_dim_used,
             "tie_embeddings": config.tie_embeddings,

@@ -276,7 +276,9 @@ def expert_layout(config: RunConfig, mesh: Mesh) -> ExpertLayout | None:
     experts' weights to the tokens instead (an all-gather of every expert's weights and a
     reduce-scatter of their gradients on each block) and, with only the second, gathered a whole
     batch's combined output (40 GiB a device on Mixtral 8x7B over 256 GPUs). None without an
-    expert axis."""
+    expert axis. The grouped dispatch: ``grouped_on_devices``."""
+    if config.moe_dispatch == "grouped":
+        return grouped_on_devices(config, mesh)
     sizes = parse_mesh(config.mesh)
     if "expert" not in sizes:
         return None
@@ -290,6 +292,27 @@ def expert_layout(config: RunConfig, mesh: Mesh) -> ExpertLayout | None:
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return constrain
+
+
+def grouped_on_devices(config: RunConfig, mesh: Mesh) -> ExpertLayout | None:
+    """``(fn, h, weights, idx, wi_0, wi_1, wo) -> fn(...)`` run on each device's own tokens, as
+    MaxText's ``sparse_matmul`` runs in a ``shard_map``: the tokens and their routing split over the
+    batch axes (data x fsdp x expert, ``input_spec``), the experts' weights whole on every device
+    (gathered as FSDP gathers a dense MLP's; their gradients all-reduced back, whole on every
+    device: not yet MaxText's all-to-all of the tokens to their experts' devices). Each device sorts its
+    tokens by expert and multiplies them with ``ragged_dot``: no sort or product across devices
+    (under XLA's partitioner alone a sort of the whole batch gathers every token). None without a
+    batch axis."""
+    rows = input_spec(config)[0]
+    if rows is None:
+        return None
+    split, whole = PartitionSpec(rows, None, None), PartitionSpec()
+
+    def run(fn: Callable, *args: jax.Array) -> jax.Array:
+        return jax.shard_map(fn, mesh=mesh, in_specs=(split,) * 3 + (whole,) * 3, out_specs=split,
+                             check_vma=False)(*args)
+
+    return run
 
 
 def jit_step(problem, step: Callable) -> Callable:
