@@ -184,6 +184,8 @@ def format_run(result: dict) -> str:
         if kinds:
             lines.append("memory by kind at the peak: " + ", ".join(
                 f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in kinds.items() if k != "method"))
+        if parts := mem.get("by_kind_other"):  # what other holds, as XLA's buffer assignment names it
+            lines.append("  other holds: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in parts.items()))
     else:
         lines.append("memory: this backend gives no compiled memory analysis")
     if result.get("sharding"):

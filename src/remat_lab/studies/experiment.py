@@ -285,8 +285,8 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
                                train=config.step == "train", logits_bytes=logits,
                                timeline=result.get("memory_timeline"),
                                buffers=buffers if config.step == "train" else None)
-        result["memory"]["by_kind"] = kinds
-        result["memory"]["by_kind_source"] = by_kind_source(kinds)
+        result["memory"].update(by_kind=kinds, by_kind_source=by_kind_source(kinds),  # other's parts
+                                by_kind_other=(buffers or {}).get("other_parts") if kinds else None)
     return result
 
 
