@@ -6,7 +6,8 @@ writes benchmarks/published_checks/NAME.json.
 
 Each check runs in its own process (as a user runs it), timed; its document is stored with
 ``measured_on`` (date, this machine, the versions of jax, jaxlib and libtpu, the command, its
-wall time) ahead of the check's own fields. The README's published-runs tables are read from these.
+wall time) ahead of the check's own fields. docs/published.md's tables are generated from these
+(python benchmarks/doc_tables.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ walk, a collective without a start / done pair holding the kernels for its whole
 fitted rates of ``targets.json``; once as written and once with the all-gathers beside the
 kernels, as MaxText's continuation fusion ran them (``CF_FOR_ALL_GATHER`` in its
 ``benchmarks/xla_flags_library.py``, which libtpu 0.0.52 refuses on a v6e). A diagnosis, not the
-model: see the README.
+model: see docs/methods.md.
 """
 
 from __future__ import annotations

@@ -33,8 +33,10 @@ def budget_or_none() -> int | None:
 
 def over_budget(cfg: RunConfig) -> tuple[int, int] | None:
     """``(estimate, budget)`` in bytes when ``cfg`` is too large for this server, else None. On a
-    named target nothing is allocated: never too large (compile-only, ``targets.compile_only_bytes``)."""
-    if cfg.target != LOCAL:
+    named target nothing is allocated: never too large (compile-only, ``targets.compile_only_bytes``).
+    On an attached GPU or TPU never flagged before the compile: its memory analysis answers (a
+    compile costs seconds; the run refuses a program over the device's memory)."""
+    if cfg.target != LOCAL or device_limit() is not None:  # an accelerator: the compile answers
         return None
     need, budget = estimate_bytes(cfg), budget_or_none()
     return (need, budget) if budget is not None and need > budget else None
@@ -45,3 +47,18 @@ def budget_message(need: int, budget: int, model: str = "seq_mixer") -> str:
     knobs = "width, batch, seq or depth" if model in SEQ_MODELS else "width, batch or depth"
     return (f"**This configuration cannot run here.** Estimated {human_bytes(need)}, over the "
             f"memory budget of {human_bytes(budget)} on this server: lower {knobs}.")
+
+
+def memory_caption(cfg: RunConfig) -> str:
+    """The sidebar's sentence on memory: nothing allocated on a named target or compile-only; on an
+    attached accelerator the compile's memory analysis decides; else the estimate and the budget."""
+    allowed = f" (this server allows {human_bytes(b)})" if (b := budget_or_none()) else ""
+    need = human_bytes(estimate_bytes(cfg.replace(compile_only=False)))
+    if cfg.target != LOCAL:
+        return f"Compiled for the {cfg.target} without it: nothing is allocated here. "
+    if device_limit() is not None:
+        return (f"On this accelerator the compile's memory analysis decides whether it fits the "
+                f"{human_bytes(b or 0)} the device holds. ")
+    if cfg.compile_only:
+        return f"Compile only: nothing is allocated; running it would need about {need}{allowed}. "
+    return f"Estimated memory need: {need}{allowed}. "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import _model_config
+from pages import _load_fit, _model_config, _moe
 from remat_lab.config import (
     LIMITS,
     LOCAL,
@@ -15,7 +15,8 @@ from remat_lab.config import (
     ConfigError,
     RunConfig,
     human_bytes,
-    llm_parameters,
+    parameter_counts,
+    parameters_text,
 )
 from remat_lab.config.run import LLM_LIMITS
 
@@ -34,12 +35,15 @@ def _apply_preset() -> None:
             ss[key] = PRESETS[name][key]
         ss["width_exact"] = ss["width"]
         _model_config.forget()
+        _load_fit.on_load()  # a batch and seq that fit it, or why none does
 
 
 def preset_label(name: str) -> str:
     if not name:
         return "none (the fields as set)"
-    return f"{name} ({PRESETS[name]['parameters'] / 1e9:.2f} B parameters)"
+    p = PRESETS[name]
+    active = f", {p['active_parameters'] / 1e9:.2f} B active" if p.get("active_parameters") else ""
+    return f"{name} ({p['parameters'] / 1e9:.2f} B parameters{active})"
 
 
 def limits(key: str, model: str) -> tuple[int, int]:
@@ -74,6 +78,7 @@ def preset_control(sb) -> None:
     if ss["preset"] and PRESETS[ss["preset"]].get("differences"):
         sb.caption(f"Not modelled: {PRESETS[ss['preset']]['differences']}.")
     _model_config.controls(sb)  # or the shape from a published config file
+    _load_fit.note(sb)
 
 
 def shape_controls(sb) -> None:
@@ -101,26 +106,34 @@ def shape_controls(sb) -> None:
                        step=1, key="vocab", help="Tokens; the logits are batch × seq × vocabulary.")
     sb.toggle("Tied embeddings", key="tie_embeddings",
               help="The vocabulary projection is the embedding's transpose (one matrix, not two).")
+    _moe.controls(sb)  # a mixture of experts' fields, when the model has experts
     said = parameters_said(ss)
     if said:
         sb.caption(said)
 
 
+SHAPE_KEYS = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab", "tie_embeddings",
+              "experts", "experts_per_token", "expert_mlp_dim", "shared_experts")
+
+
 def parameters_said(ss) -> str:
     """The shape's parameter count, as a preset's is said ("8.03 B parameters"), for an llm typed
-    by hand or edited from its preset ("" while the preset's own count stands, or the shape is not
-    valid yet)."""
+    by hand or edited from its preset; a mixture of experts' always, with the active ones ("" while
+    a dense preset's own count stands, or the shape is not valid yet)."""
     try:
-        n = llm_parameters(RunConfig(model="llm", seq=2, **{k: ss[k] for k in (
-            "width", "depth", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab", "tie_embeddings")}))
+        cfg = RunConfig(model="llm", seq=2, **{k: ss[k] for k in SHAPE_KEYS})
     except (ConfigError, KeyError, TypeError, ValueError):
         return ""
-    published = PRESETS.get(ss.get("preset") or "", {}).get("parameters")
-    if published and abs(n - published) <= 0.005 * published:
+    counts, preset = parameter_counts(cfg), PRESETS.get(ss.get("preset") or "", {})
+    published = preset.get("parameters")
+    if published and not cfg.experts and abs(counts["parameters"] - published) <= 0.005 * published:
         return ""
-    unit, scale = ("B", 1e9) if n >= 1e8 else ("M", 1e6)
-    return (f"{n / scale:.2f} {unit} parameters, counted from this shape"
-            + (f" ({ss['preset']} publishes {published / 1e9:.2f} B)" if published else "") + ".")
+    said = ""
+    if published:
+        active = preset.get("active_parameters")
+        said = (f" ({ss['preset']} publishes {published / 1e9:.2f} B"
+                + (f", {active / 1e9:.2f} B active" if active else "") + ")")
+    return f"{parameters_text(cfg)}, counted from this shape{said}."
 
 
 def step_controls(sb) -> None:

@@ -30,8 +30,11 @@ def model_section(cfg: RunConfig, result: dict) -> None:
     if model and (cfg.model == "llm" or cfg.step == "train"):
         st.subheader("The model")
         cols = st.columns(3)
-        cols[0].metric("Parameters", count(model["parameters"]),
-                       help="Every weight of the model, counted from the built parameters")
+        active = model.get("active_parameters")  # a mixture of experts: those one token uses
+        said = count(model["parameters"]) + (f" ({count(active)} active)" if active else "")
+        cols[0].metric("Parameters", said,
+                       help="Every weight of the model, counted from the built parameters"
+                            + ("; active: those one token uses (its k experts)" if active else ""))
         preset = PRESETS.get(cfg.preset) if cfg.preset else None
         changed = ", ".join(f"{k} {a} → {b}" for k, (a, b) in cfg.preset_overrides.items()
                             if k != "seq")

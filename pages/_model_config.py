@@ -12,6 +12,7 @@ from __future__ import annotations
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
+from pages import _load_fit
 from remat_lab.config import PRESET_FIELDS, ConfigError
 from remat_lab.config.catalog import RECIPE
 from remat_lab.config.model_config import MAX_BYTES, parse_model_config
@@ -39,6 +40,7 @@ def _apply(text: str, name: str) -> None:
     ss.update({k: read.fields[k] for k in PRESET_FIELDS})
     ss.update(width_exact=read.fields["width"], preset="", **RECIPE)
     ss[READ] = (name, read.source, read.notes())
+    _load_fit.on_load()  # a batch and seq that fit it, or why none does
 
 
 def _from_paste() -> None:

@@ -110,7 +110,8 @@ class _CachedKind:
     def __call__(self, items: tuple, progress=None) -> dict:
         cfg = RunConfig(**dict(items))
         return cached_call(self.kind, _caches()[self.kind], items, {"config": cfg.as_dict()},
-                           progress, need=(estimate_process_bytes(cfg) if cfg.target == "local"
+                           progress, need=(estimate_process_bytes(cfg, _device_limit() is not None)
+                                           if cfg.target == "local"
                                            else targets.compile_only_bytes(cfg.target)), clean=self.clean)
 
     def clear(self) -> None:
@@ -141,7 +142,9 @@ def run_config(cfg: RunConfig, status, prefix: str = "", keep_texts: bool = Fals
     progress.tick = getattr(say, "tick", None)
 
     # The budget is checked before the cache too: lowering it refuses cached configurations as well.
-    check_budget(cfg, resolve_budget(None, _device_limit()))
+    limit = _device_limit()
+    if limit is None:  # on an accelerator the compile's memory analysis answers (run_experiment)
+        check_budget(cfg, resolve_budget(None, limit))
     items = tuple(sorted(cfg.as_dict().items()))
     return (_cached_programs if keep_texts else _cached_run if timed else _cached_untimed)(items, progress)
 

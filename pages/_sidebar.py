@@ -13,7 +13,7 @@ from pathlib import Path
 import streamlit as st
 
 from pages import _attention, _llm, _mesh, _precision, _user_block
-from pages._budget import budget_message, budget_or_none, over_budget
+from pages._budget import budget_message, memory_caption, over_budget
 from pages._budget import device_limit as _device_limit  # noqa: F401 - the pages ask for it here
 from pages._url import CONTROL_KEYS, DEFAULT, LLM_KEYS, read_url_once, write_url
 from remat_lab.config import (
@@ -24,8 +24,6 @@ from remat_lab.config import (
     TARGET_NAMES,
     ConfigError,
     RunConfig,
-    estimate_bytes,
-    human_bytes,
     mesh_devices,
 )
 from remat_lab.model.models import SEQ_MODELS, names_of
@@ -188,6 +186,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
     cfg = _user_block.apply(cfg)
     ss["_last_config"] = cfg
     cfg = _with_target(_mesh.apply(cfg, ss["target"]), ss["target"])  # several devices or a target
+    ss["_sidebar_config"] = cfg  # what a model loaded next is fitted to (pages/_load_fit.py)
     for text in warnings:
         st.warning(text)
     write_url(cfg)
@@ -197,13 +196,7 @@ def _render_controls(page: str | None = None) -> RunConfig:
     if not drawn:
         _llm.compile_only_toggle(sb, disabled=cfg.target != LOCAL or bool(cfg.mesh))
     if not over:  # on a named target nothing is allocated: this server's memory does not limit it
-        allowed = f" (this server allows {human_bytes(b)})" if (b := budget_or_none()) else ""
-        need = human_bytes(estimate_bytes(cfg.replace(compile_only=False)))
-        sb.caption((f"Compiled for the {cfg.target} without it: nothing is allocated here. "
-                    if cfg.target != LOCAL else f"Compile only: nothing is allocated; running it would "
-                    f"need about {need}{allowed}. " if cfg.compile_only else
-                    f"Estimated memory need: {need}{allowed}. ")
-                   + "The link in the address bar restores these settings.")
+        sb.caption(memory_caption(cfg) + "The link in the address bar restores these settings.")
     return cfg
 
 

@@ -159,9 +159,9 @@ def read_url_once() -> list[str]:
         values["model"] = "llm"  # a preset is an llm's shape
     _fallback_heads(values, warnings)
     _fit_together(values, warnings)
-    if values.get("preset") and values["model"] == "llm":  # the preset fills what is not given,
-        recipe = {} if any(k in st.query_params for k in RECIPE) else RECIPE  # its dtypes too
-        values = {**{k: PRESETS[values["preset"]][k] for k in PRESET_FIELDS}, **recipe, **values}
+    if values.get("preset") and values["model"] == "llm":  # the preset fills what is not given, its
+        # dtypes too (RECIPE): a dtype in the link replaces that one only
+        values = {**{k: PRESETS[values["preset"]][k] for k in PRESET_FIELDS}, **RECIPE, **values}
     for key in NAME_FIELDS:  # custom's names: checked against the URL's model
         if key not in st.query_params:
             continue

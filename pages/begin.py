@@ -10,7 +10,7 @@ import streamlit as st  # noqa: E402
 
 from pages import _page_state, _shared, _url  # noqa: E402
 from pages._begin_link import start_params  # noqa: E402
-from remat_lab.config import PRESETS, TARGETS, ConfigError  # noqa: E402
+from remat_lab.config import PRESETS, TARGETS, ConfigError, RunConfig, parameters_text  # noqa: E402
 from remat_lab.config.targets import MAX_TARGET_DEVICES  # noqa: E402
 
 FIELDS = ("start_preset", "start_seq", "start_target", "start_devices", "start_recipe")
@@ -52,8 +52,7 @@ for k, v in ss.get("_start_kept", {}).items():  # back from another page: Stream
     if k not in ss:
         ss[k] = v
 ss.setdefault("start_preset", next(iter(PRESETS)))
-if "start_seq" not in url:
-    ss.setdefault("start_seq", _preset_seq(ss["start_preset"]))
+ss.setdefault("start_seq", _preset_seq(ss["start_preset"]))  # a link's bad value too: the model's own
 ss.setdefault("start_target", "h100")
 ss.setdefault("start_devices", 8)
 ss.setdefault("start_recipe", True)
@@ -64,6 +63,7 @@ with left:
                           on_change=lambda: st.session_state.update(
                               start_seq=_preset_seq(st.session_state["start_preset"])))
     seq = st.number_input("Sequence length", 2, 32768, step=512, key="start_seq")
+    st.caption(f"{preset}: {parameters_text(RunConfig.from_preset(preset))}, counted from its shape.")
 with right:
     names = ["local", *TARGETS]
     target = st.selectbox("Accelerator", names, key="start_target",

@@ -43,7 +43,9 @@ def _compare(cfg: RunConfig, policies: list[str], say) -> dict:
     Every policy's executable is alive during the interleaved timing: the need counts the
     device program once per policy on top of one run's process estimate.
     """
-    need = estimate_process_bytes(cfg) + (len(policies) - 1) * estimate_bytes(cfg)
+    on_device = _sidebar._device_limit() is not None  # the programs in the device's memory, not here
+    need = estimate_process_bytes(cfg, on_device) + (0 if on_device else (len(policies) - 1)
+                                                     * estimate_bytes(cfg))
     return _running.cached_call("compare", _cached_compare(),
                                 (tuple(sorted(cfg.as_dict().items())), tuple(policies)),
                                 {"config": cfg.as_dict(), "policies": list(policies)}, say, need=need)
@@ -51,8 +53,9 @@ def _compare(cfg: RunConfig, policies: list[str], say) -> dict:
 
 def _too_large(cfg: RunConfig) -> str | None:
     """Advice a web user can act on when ``cfg`` is over this server's memory budget."""
-    need, budget = estimate_bytes(cfg), resolve_budget(None, _sidebar._device_limit())
-    if need <= budget:
+    limit = _sidebar._device_limit()
+    need, budget = estimate_bytes(cfg), resolve_budget(None, limit)
+    if limit is not None or need <= budget:  # on an accelerator each compile answers
         return None
     return (f"**This configuration is too large for this server.** It needs about {human_bytes(need)} "
             f"of memory; this server runs configurations of up to {human_bytes(budget)}. Lower the "

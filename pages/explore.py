@@ -99,6 +99,8 @@ versus_base = versus_no_remat(result)
 row1[1].caption((f"temp {human_bytes(mem.get('temp_bytes', 0))}" if mem else "no memory analysis")
                 + (f" · {versus_base['peak']}" if versus_base["peak"] else "")
                 + (" · bf16 products run in float32 on CPU" if hlo.get("bf16_upcast") else ""))
+if (measured := result.get("memory_measured") or {}).get("text"):  # an accelerator's allocator
+    row1[1].caption(measured["text"])
 row1[2].metric("Activation residuals", short_bytes(tot["activation_residual_bytes"]),
                help="Forward values kept for the backward pass, parameters, the input and zero "
                     "broadcasts (which XLA folds away) left out; those are in the caption")
@@ -127,16 +129,19 @@ row2[1].metric("Saved / recomputed", f"{tot['dots_saved']} / {tot['dots_recomput
                     "(before XLA optimises; the compiled program may differ)")
 row2[1].caption("forward dots, per the jaxpr")
 if grad["ok"] is None:  # compiled for a target: nothing ran to check
-    row2[2].metric("Gradient check", "not run", help=grad.get("reason"))
+    row2[2].metric("Gradient check", "skipped" if grad.get("skipped") else "not run",
+                   help=grad.get("reason"))
     row2[2].caption(f"not run: {grad.get('reason')}")
 else:
     row2[2].metric("Gradient check", "ok" if grad["ok"] else "MISMATCH",
                    help=f"Loss and every gradient leaf vs {grad['reference']}, with bounds from the "
                         f"dtype's precision (rtol {grad['rtol']:.2g}); and the step has remat exactly "
-                        "when the policy asks for it")
+                        "when the policy asks for it. Checked: " + grad.get("scope", "the whole step"))
     loss_err = "no loss (grad)" if grad["loss_err"] is None else f"loss err {grad['loss_err']:.2g}"
     remat = "remat applied" if grad["remat_applied"] else "no remat"
-    row2[2].caption(f"grad rel err {grad['grad_max_rel_err']:.2g} · {loss_err} · {remat}")
+    row2[2].caption(f"grad rel err {grad['grad_max_rel_err']:.2g} · {loss_err} · {remat}"
+                    + (f" · checked at batch {c['batch']}, depth {c['depth']} (the whole step's "
+                       "reference did not fit the device)" if (c := grad.get("checked")) else ""))
 
 row3[0].metric("Compile time", short_seconds(result["compile"]["compile_s"]),
                help="XLA compile of the step (a persistent-cache hit is fast)")

@@ -10,7 +10,7 @@ from urllib.parse import urlencode  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
-from pages import _llm_views, _mesh, _shared  # noqa: E402
+from pages import _docs, _llm_views, _mesh, _shared  # noqa: E402
 
 _shared.page_start("Guide", "How to read Remat Lab.")
 
@@ -55,20 +55,8 @@ dots_with_no_batch_dims_saveable, one step in about 8 ms on 2 cores; Compare sho
    [the Advisor](/advisor?{urlencode(dict(STACK, stack="scan"))}).
 """)
 
+st.markdown(_docs.section("guide.md", "timeline"))
 st.markdown(f"""
-### Memory over the program
-Explore's **Memory over the program** chart follows XLA's schedule of the compiled step (x: the
-instruction index) and stacks the bytes live at each instruction by what they are: **parameter**
-(the weights and the input), **output** (the gradients and the loss being written), **forward**
-(activations the forward pass keeps for the backward pass), **recomputed** (values the backward
-pass computes again under remat) and **backward** (the backward pass's temporaries). The dashed
-line marks the peak; the table under it lists the buffers live there, largest first, with the
-instruction that produced each and its `op_name`. Compare overlays the policies' totals (x: the
-fraction of the program, so programs of different lengths line up) and says what each holds at
-its peak. The live peak can sit below XLA's memory analysis: that counts allocations (a temp
-block reserved for the whole program, with gaps where value lifetimes do not fit), the timeline
-counts values; the caption under the chart gives both.
-
 What to look for, on the default stack (mlp 256 × 128, depth 8):
 - **Scan against loop.** Under scan the peak sits in the backward pass and its *forward* band is
   the policy's doing: nothing_saveable keeps only each layer's input (plus a little recomputed),
@@ -111,109 +99,9 @@ policies and targets side by side and says so in words when the ranking itself c
 """)
 
 _llm_views.guide_lesson()
-st.markdown(r"""
-### What a checkpoint policy controls
-Reverse-mode autodiff runs the forward pass, keeps some intermediate values (the **residuals**)
-and uses them in the backward pass. `nnx.remat` (`jax.checkpoint`) wraps a block so that autodiff
-asks a **policy** about every value the block computes: *save it* (keep it in memory until the
-backward pass), *offload it* (keep it in another memory space, e.g. host memory) or *recompute it*
-(run that part of the forward pass again inside the backward pass). The policy trades memory for
-compute; it never changes the math, so the gradients must match the no-remat baseline.
-
-### The batch-dims rule
-`dots_with_no_batch_dims_saveable` lets a `dot_general` result be saved only when the product has
-**no batch dimensions**, i.e. no axis that appears on both operands and is paired rather than
-contracted. What counts is the `dot_general`'s dimension numbers, not whether your data has a batch:
-
-| product | batch dims? | saveable under the rule? |
-|---|---|---|
-| `(D,) @ (D,F)`: one vector times a shared matrix | none | yes |
-| `(B,D) @ (D,F)`: rows times a shared matrix | none; B is a free axis of the left operand | yes |
-| `(B,N,D) @ (B,D,F)`: batched matmul (token mixing) | **B is paired** (both sides) | no: recomputed |
-
-So a dense layer's product is saveable whatever the batch size, while the token-mixing products of
-`seq_mixer` are not. `dots_saveable` allows all of them. *Saveable* is permission, not an order: JAX
-still keeps only what the backward pass needs, which is why the per-dot table shows the verdict and
-what was saved side by side.
-
-### Why `grad` alone makes every policy compile the same products at depth 1
-With `jax.grad` the loss value is not an output, so the forward pass only exists to feed the
-backward pass. With a single block the backward pass starts right where the forward pass ends:
-*saving* a value (compute it in the forward pass and keep it) and *recomputing* it (compute it
-again at the start of the backward pass) leave the same operations in the same order with nothing
-in between, and XLA's dead-code and common-subexpression elimination remove the copy nobody needs.
-Every policy then compiles to the same products, although the jaxprs differ; not quite to the
-same program (jax 0.12, mlp 256 × 64): everything_saveable keeps a relu's mask as booleans where
-the others keep the float32 value it is compared from (48 KiB less memory), and nothing_saveable
-fuses the relu's derivative differently. With `value_and_grad` the loss needs the whole forward
-pass, so a recomputation is real extra work; with depth > 1 later blocks run between a block's
-forward and backward passes, so what it saves must be held meanwhile. The per-dot table shows both
-the jaxpr's verdict and whether the compiled program really recomputes (its `compiled` column);
-the notes explain disagreements.
-
-### How "recomputed in the compiled program" is known
-Not from XLA's `op_name` metadata: XLA drops it on products it rewrites, and when common-subexpression
-elimination merges two copies the survivor may carry either one's name. Remat Lab compiles the
-`no_remat` step of the same configuration and objective as a second program and counts: the
-policy's extra product instructions (and extra flops) are the recomputations that survived. A row
-is marked only when the product's size (result elements, contracted size, batch size) tells it
-apart; otherwise it says *not attributable*. Two programs equal up to names and metadata are
-reported as *the same compiled program*.
-
-### Scan against a Python loop of remat'd blocks
-JAX protects a recomputation with an optimization barrier so the compiler cannot merge it with the
-forward product it repeats. XLA 0.10's CPU compiler removed that barrier early and merged each
-block's recomputation back into its forward product, so in an unrolled stack the policy barely
-moved memory. XLA 0.12 (this app's) keeps the recomputation in both stacks: the dissection shows
-16 recomputed products of 64 (scan) and of 63 (loop) for nothing_saveable at depth 8. Production
-code scans over stacked layers (`jax.lax.scan`); the loop is there to compare with.
-
-That is what the **Stack** setting shows (depth > 1). `scan` (the default) builds the blocks with
-`nnx.vmap`, so every parameter has a leading layer axis, and runs them with `nnx.scan`, the remat
-policy inside the scanned body; `loop` calls separate blocks in a Python loop. Measured with XLA
-CPU (jax 0.12.0.1), mlp width 256, batch 128, depth 8, XLA's temp bytes:
-
-| stack | no_remat | nothing_saveable | dots_with_no_batch_dims_saveable |
-|---|---|---|---|
-| loop | 2.25 MiB | 0.38 MiB | 1.38 MiB |
-| scan | 3.50 MiB | 2.25 MiB (0.64×) | 4.25 MiB (more than no remat) |
-
-Under the loop the temp bytes fall with the policy, but the step's live peak does not (8.4 MiB
-for all three): it comes at the very end, where the parameters and their gradients fill memory.
-Under scan a saveable policy can hold *more* than no remat. No remat keeps exactly what the
-backward pass needs: each layer's input, the first relu's output and the two relu masks (booleans,
-one byte per value). `dots_with_no_batch_dims_saveable` keeps both products' outputs in float32 (the
-relus are then recomputed from them) and still each layer's input: more bytes per layer, times
-every layer in the stacked residuals. Under scan a row of the per-dot and residual tables stands for every
-layer (the `layers` column), and products are counted per execution (XLA's own flop count counts
-a loop body once; the app scales it).
-
-### Why equal forward values prove nothing
-Every policy computes the same forward function, so equal losses say nothing about what was
-saved. Remat Lab checks **gradients** against a second, independent implementation of the model
-in plain `jax.numpy` (no NNX, no remat), with bounds from the dtype's precision tight enough that a
-1 % error on one bfloat16 leaf fails, and checks that the step's jaxpr contains remat exactly when
-the policy asks for it. It reads the residuals from the vjp jaxpr and the recomputations from the
-step jaxpr and from the compiled program compared with the no-remat one.
-
-### How the memory numbers are defined
-From XLA's `compiled.memory_analysis()` of the whole step:
-**peak = generated_code + argument + output − alias + temp**. `alias` is output memory that
-reuses an argument buffer, so it is subtracted. XLA's own `peak_memory_in_bytes` field is shown
-in the JSON as `xla_peak_memory_bytes`; on CPU it leaves out temp, so the app uses the sum above.
-Residual bytes are the sizes of the values the vjp keeps; the headline counts the **activations**
-only, with parameters, the input and broadcast zeros (which XLA folds away) shown apart.
-
-### What CPU can and cannot show
-On CPU, timing is noisy at small sizes (look at the p25–p75 spread), the memory analysis has only
-the fields above and there is no host memory space: `offload_dot_with_no_batch_dims` asks for
-`pinned_host`, but the compiled CPU program keeps every value in device memory, so the app reports
-the offload as a no-op (`offloaded in compiled program` unticked). XLA CPU also computes bfloat16
-products in float32, converting around each dot, so bf16 time and memory on CPU are not a bf16
-accelerator's; the app says so where it sees it. On GPU and
-TPU, offloaded residuals really move to host memory (the `host_*` fields), recomputation costs real
-accelerator time, and the memory analysis reflects device HBM, which is what remat is for.
-""")
+st.markdown(_docs.section("guide.md", "reading"))
+st.caption("The sections above are `docs/guide.md`'s *Reading the numbers*; the whole manual is in the "
+           "repository's `docs/` folder.")
 
 st.markdown(f"""
 ### Device meshes

@@ -12,7 +12,7 @@ import streamlit as st  # noqa: E402
 
 from pages import _advisor_run, _progress, _shared, _views  # noqa: E402
 from remat_lab.config import PRESETS, TARGET_NAMES, ConfigError, RunConfig, get_target, human_bytes  # noqa: E402
-from remat_lab.config.budget import COMPILE_WORKSPACE  # noqa: E402
+from remat_lab.config.budget import COMPILE_WORKSPACE, parameters_text  # noqa: E402
 from remat_lab.program.backend import ExecutionError  # noqa: E402
 from remat_lab.store.bytecache import ByteCache  # noqa: E402
 from remat_lab.studies.plan.space import DEFAULT_PLANS, plan_label  # noqa: E402
@@ -80,6 +80,7 @@ try:
 except ConfigError as err:
     st.error(f"**This question cannot be planned.** {_views.md(str(err))}")
     st.stop()
+a.caption(f"{parameters_text(cfg)}, counted from its shape.")
 command = (f"python -m remat_lab plan --preset {preset} --seq {int(seq)} --target {target} "
            f"--target-devices {int(devices)}" + (f" --slices {int(slices)}" if slices else "")
            + (f" --network {network}" if network else "")

@@ -128,7 +128,9 @@ def _time_cell(cfgs: list[RunConfig], docs: list[dict], say) -> None:
     interval written into its row (``sweep.time_interleaved``); ExecutionError when it fails."""
     say(f"w{cfgs[0].width} b{cfgs[0].batch}: timing {len(cfgs)} "
         f"polic{'y' if len(cfgs) == 1 else 'ies'} interleaved")
-    need = estimate_process_bytes(cfgs[0]) + (len(cfgs) - 1) * estimate_bytes(cfgs[0])
+    on_device = _sidebar._device_limit() is not None  # the programs in the device's memory, not here
+    need = estimate_process_bytes(cfgs[0], on_device) + (0 if on_device else (len(cfgs) - 1)
+                                                         * estimate_bytes(cfgs[0]))
     payload = {"config": cfgs[0].as_dict(), "configs": [c.as_dict() for c in cfgs],
                "flops": [d.get("flops") for d in docs]}
     timed = _running.pool().call("sweep_time", payload, need=need, progress=lambda m: say(str(m)),

@@ -115,3 +115,12 @@ def test_the_engine_knows_nothing_of_streamlit(graph):
         if module.startswith("remat_lab"):
             imported = {m.split(".")[0] for m in graph.find_modules_directly_imported_by(module)}
             assert "streamlit" not in imported, module
+
+
+def test_no_page_shadows_the_standard_library():
+    """A page script named like a standard-library module (``inspect.py``) shadows it wherever
+    ``pages/`` is on the path: an AppTest of a page then cannot start its worker."""
+    import sys
+
+    pages = {p.stem for p in (Path(__file__).resolve().parents[1] / "pages").glob("*.py")}
+    assert not pages & set(sys.stdlib_module_names), pages & set(sys.stdlib_module_names)

@@ -75,6 +75,28 @@ def test_estimate_bounds_the_compiled_peak(run, config):
     assert peak <= estimate <= 12 * peak + (2 << 20), (peak, estimate)
 
 
+@pytest.mark.parametrize("policy", ["dots_with_no_batch_dims_saveable", "no_remat", "full"])
+def test_llm_estimate_within_one_and_a_half_times_the_compiled_peak(policy):
+    """The guard's estimate of a preset's training step (its own compile on XLA CPU, abstract
+    inputs: nothing allocated) is above the compiled peak and within 1.5x of it."""
+    from remat_lab.analysis.costs import memory_report
+    from remat_lab.program.step import jit_program, problem_for, program_args
+
+    config = RunConfig.from_preset("gpt2-small", step="train", seq=256, batch=16, policy=policy)
+    problem = problem_for(config.replace(compile_only=True))
+    peak = memory_report(jit_program(problem).lower(*program_args(problem)).compile())["peak_bytes"]
+    assert peak <= estimate_bytes(config) <= 1.5 * peak, (estimate_bytes(config) / peak)
+
+
+def test_compiled_guard_names_the_compiled_figure():
+    from remat_lab.config import check_compiled
+
+    config = RunConfig(width=64, batch=8)
+    check_compiled(config, {"peak_bytes": 1 << 20}, 2 << 20)  # fits: nothing raised
+    with pytest.raises(MemoryBudgetError, match="compiled program needs 3.0 MiB .* budget of 2.0 MiB"):
+        check_compiled(config, {"peak_bytes": 3 << 20}, 2 << 20)
+
+
 def test_over_budget_is_refused_fast_and_before_tracing(monkeypatch):
     from remat_lab.studies import experiment
 
@@ -87,7 +109,8 @@ def test_over_budget_is_refused_fast_and_before_tracing(monkeypatch):
 
 def test_budget_sources(monkeypatch):
     monkeypatch.delenv("REMAT_LAB_MEMORY_BUDGET", raising=False)
-    assert resolve_budget(device_limit=8 << 30) == 4 << 30
+    # on an accelerator the device's whole memory: its compile's memory analysis answers it
+    assert resolve_budget(device_limit=8 << 30) == 8 << 30
     monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "256M")
     assert resolve_budget() == 256 << 20
     assert resolve_budget("1G") == 1 << 30

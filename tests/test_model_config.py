@@ -96,7 +96,7 @@ def test_a_config_fills_the_fields_and_explicit_values_win():
     cfg = read.config(depth=2, seq=64)
     assert (cfg.model, cfg.width, cfg.depth, cfg.kv_heads, cfg.seq, cfg.preset) == ("llm", 8192, 2, 8, 64, "")
     assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "float32")  # the recipe, as a preset's
-    assert read.config(dtype="float32").param_dtype == ""  # a dtype given: no recipe
+    assert read.config(dtype="float32").param_dtype == "float32"  # a dtype given: that field only
 
 
 def test_yaml_and_defaults_gemma_and_qwen():
@@ -277,3 +277,88 @@ def test_a_mixture_of_experts_config_reads_as_its_preset(text, preset):
                                                                         preset="")
     assert cfg.expert_mlp_dim_used == want.expert_mlp_dim_used and cfg.experts > 0
     assert "router_aux_loss_coef" in read.differences[-1] or "norm_topk_prob" in read.differences[-1]
+
+
+QWEN3_8B = {  # Qwen/Qwen3-8B's config.json, its published values
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+    "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_qwen3_8b_imports_with_its_published_count_and_no_contradicting_note():
+    """Dense Qwen 3 is read (issue 65): 8.19 B parameters within 0.5 % (the per-head q/k norm's 9,216
+    apart), head_dim from the file, and no note about biases the file says it does not have."""
+    read = parse_model_config(json.dumps(QWEN3_8B), "config.json")
+    assert read.source == "a Hugging Face config.json (model_type qwen3)"
+    n = llm_parameters(read.config())
+    assert abs(n - 8.19e9) <= 0.005 * 8.19e9 and n == PRESETS["qwen3-8b"]["parameters"] - 36 * 2 * 128
+    assert read.fields["head_dim"] == 128 and read.fields["tie_embeddings"] is False
+    assert {k: read.fields[k] for k in SHAPE} == {k: PRESETS["qwen3-8b"][k] for k in SHAPE}
+    notes = " ".join(read.notes())
+    assert "bias" not in notes.replace("attention_bias,", "")  # attention_bias false: listed as not used
+    assert "attention_bias" in next(n for n in read.notes() if n.startswith("not used"))
+    assert ("Qwen 3's per-head RMSNorm of queries and keys (q_norm, k_norm) not modelled (36 x 2 x 128"
+            in notes)
+    # the same file said to be Qwen 2 keeps attention_bias false: no q/k/v bias note either
+    as_qwen2 = parse_model_config(json.dumps({**QWEN3_8B, "model_type": "qwen2"}), "config.json")
+    assert not any("bias" in d for d in as_qwen2.differences if not d.startswith("not used"))
+    # a biased file is said with its count; Qwen 3's mixture of experts has the q/k norm note too
+    biased = parse_model_config(json.dumps({**QWEN3_8B, "attention_bias": True}), "config.json")
+    assert any(d.startswith("attention_bias true: no biases here (") for d in biased.differences)
+    moe = parse_model_config(json.dumps({**QWEN3_8B, "model_type": "qwen3_moe", "num_experts": 128,
+                                         "num_experts_per_tok": 8, "moe_intermediate_size": 768}))
+    assert any("per-head RMSNorm" in d for d in moe.differences)
+    assert ("intermediate_size 12288 (a dense layer's) is not used: every layer is a mixture of experts of "
+            "moe_intermediate_size 768") in moe.differences
+    unnormed = parse_model_config(json.dumps({**QWEN3_8B, "model_type": "qwen3_moe", "num_experts": 4,
+                                              "num_experts_per_tok": 2, "norm_topk_prob": False}))
+    assert any(d.startswith("norm_topk_prob false: the lab renormalises") for d in unnormed.differences)
+
+
+GEMMA2_2B = {  # google/gemma-2-2b's config.json
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+    "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2",
+    "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+    "torch_dtype": "float32", "transformers_version": "4.42.4", "use_cache": True, "vocab_size": 256000}
+GPT2 = {  # openai-community/gpt2's config.json
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+    "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+    "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+    "summary_use_proj": True, "vocab_size": 50257,
+    "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}}}
+
+
+def test_every_preset_family_is_read():
+    """Each Hugging Face family a preset names reads a file of that shape; Gemma 2's and GPT-2's
+    published files as their presets read them, every difference said (issue 65)."""
+    for family in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen3_moe"):
+        read = parse_model_config(json.dumps({"model_type": family, "hidden_size": 256,
+                                              "num_hidden_layers": 2, "num_attention_heads": 4,
+                                              "intermediate_size": 512, "vocab_size": 1000}))
+        assert read.source.endswith(f"(model_type {family})")
+    gemma = parse_model_config(json.dumps(GEMMA2_2B), "config.json")
+    assert {k: gemma.fields[k] for k in SHAPE} == {k: PRESETS["gemma2-2b"][k] for k in SHAPE}
+    assert PRESETS["gemma2-2b"]["parameters"] - llm_parameters(gemma.config()) == 26 * 2 * 2304
+    said = " ".join(gemma.differences)
+    for words in ("attn_logit_softcapping 50.0, final_logit_softcapping 30.0: no soft-capping here",
+                  "sliding_window 4,096 on every other layer", "post-attention and post-MLP norms"):
+        assert words in said
+    gpt2 = parse_model_config(json.dumps(GPT2), "config.json")
+    assert {k: gpt2.fields[k] for k in SHAPE} == {k: PRESETS["gpt2-small"][k] for k in SHAPE}
+    assert gpt2.fields["seq"] == 1024 and gpt2.differences[0].startswith("a Llama-style stand-in, not GPT-2")
+    assert any(d.startswith("attn_pdrop 0.1, embd_pdrop 0.1, resid_pdrop 0.1: no dropout here")
+               for d in gpt2.differences)
+    # a llama file's soft-capping and dropout are still refused (tests above): only these families'
+    with pytest.raises(ConfigError, match="soft-capping"):
+        parse_model_config(json.dumps({**GEMMA2_2B, "model_type": "gemma"}))

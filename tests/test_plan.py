@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remat_lab.config import ConfigError, RunConfig
+from remat_lab.config import ConfigError, RunConfig, llm_parameters
 from remat_lab.studies.plan.doc import published_rows
 from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, step_line
 from remat_lab.studies.plan.space import Family, meshes, plan_fields, slices_of, splits
@@ -89,6 +89,7 @@ def tiny_plan():
 def test_plans_are_compiled_fitting_and_split_the_global_batch(tiny_plan):
     doc, lines = tiny_plan
     assert doc["plans"] and all(p["compiled"] and p["fits"] for p in doc["plans"])
+    assert doc["parameters"] == llm_parameters(RunConfig(**TINY)) and "active_parameters" not in doc
     rates = [p["predicted_tokens_per_s_per_device"] for p in doc["plans"]]
     assert rates == sorted(rates, reverse=True)
     for p in doc["plans"]:

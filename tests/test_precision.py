@@ -134,8 +134,10 @@ def test_presets_and_the_llm_training_step_start_from_the_recipe():
     cfg = RunConfig.from_preset("llama3-8b")
     assert (cfg.dtype, cfg.param_dtype_used, cfg.optimizer_dtype_used) == (
         "bfloat16", "float32", "float32") == tuple(RECIPE.values())
-    assert RunConfig.from_preset("llama3-8b", dtype="bfloat16").param_dtype_used == "bfloat16"
+    # A dtype given replaces that field only: the recipe's others stay (issue 65).
+    assert RunConfig.from_preset("llama3-8b", dtype="bfloat16").param_dtype_used == "float32"
     assert RunConfig.from_preset("llama3-8b", dtype="float32").optimizer_dtype_used == "float32"
+    assert RunConfig.from_preset("llama3-8b", param_dtype="bfloat16").dtype == "bfloat16"
     parse = build_parser().parse_args
     for argv, want in [
         (["run", "--preset", "llama3.2-1b"], ("bfloat16", "float32", "float32")),
@@ -144,7 +146,14 @@ def test_presets_and_the_llm_training_step_start_from_the_recipe():
         (["run", "--model", "mlp", "--step", "train"], ("float32", "float32", "float32")),
         (["run", "--preset", "llama3.2-1b", "--dtype", "float32"], ("float32", "float32", "float32")),
         (["run", "--model", "llm", "--step", "train", "--optimizer-dtype", "bfloat16"],
-         ("float32", "float32", "bfloat16")),
+         ("bfloat16", "float32", "bfloat16")),
+        # one dtype flag on a preset changes that field only: the compute stays bfloat16
+        (["run", "--preset", "mixtral-8x7b", "--param-dtype", "bfloat16"],
+         ("bfloat16", "bfloat16", "float32")),
+        (["run", "--preset", "llama3.2-1b", "--optimizer-dtype", "bfloat16"],
+         ("bfloat16", "float32", "bfloat16")),
+        (["run", "--model", "llm", "--step", "train", "--dtype", "float32"],
+         ("float32", "float32", "float32")),
         (["run", "--preset", "llama3.2-1b", "--dtype", "bfloat16", "--param-dtype", "float32",
           "--optimizer-dtype", "bfloat16"], ("bfloat16", "float32", "bfloat16")),
     ]:
@@ -199,11 +208,13 @@ def test_the_app_starts_a_preset_from_the_recipe_and_says_so():
     assert any(c.value == "Recipe: float32 master weights and moments, bfloat16 compute (the common "
                "mixed-precision recipe)." for c in at.sidebar.caption)
     assert (at.query_params["param_dtype"], at.query_params["optimizer_dtype"]) == ("float32", "float32")
-    # A link that gives a dtype keeps it (and the others' defaults): no recipe.
+    # A link that gives a dtype replaces that one only: the recipe's others stay.
     given = AppTest.from_file(page, default_timeout=300)
-    given.query_params.update(model="llm", preset="llama3.2-1b", seq="64", batch="1", dtype="float32")
+    given.query_params.update(model="llm", preset="llama3.2-1b", seq="64", batch="1", param_dtype="bfloat16")
     given.run()
-    assert given.radio(key="dtype").value == "float32" and given.selectbox(key="param_dtype").value == ""
+    assert given.radio(key="dtype").value == "bfloat16"
+    assert given.selectbox(key="param_dtype").value == "bfloat16"
+    assert given.selectbox(key="optimizer_dtype").value == "float32"
     # Choosing another preset in the sidebar starts it from the recipe again.
     given.selectbox(key="preset").set_value("gpt2-small").run()
     assert given.radio(key="dtype").value == "bfloat16"

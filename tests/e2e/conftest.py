@@ -7,8 +7,8 @@ Environment:
                           same renderer without the browser around it, about a quarter less CPU
                           per page; else /usr/bin/chromium, else ``chromium`` on PATH)
   REMAT_LAB_E2E_ARTIFACTS where screenshots and the server log go (default test-artifacts/e2e)
-  REMAT_LAB_SCREENSHOTS   also write the page screenshots here (``docs/screenshots`` refreshes the
-                          README's images)
+  REMAT_LAB_SCREENSHOTS   also write the page screenshots here (the docs' own images, docs/img/, are
+                          taken at 1440 px wide: docs/ARCHITECTURE.md, How to test)
 """
 
 from __future__ import annotations

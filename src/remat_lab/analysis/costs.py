@@ -38,7 +38,7 @@ def _tpu_peak(out: dict, xla_peak: int | None) -> None:
     program over ``xla_tpu_max_hbm_size_mib`` with "Used X of Y hbm"), measured for mlp and
     transformer steps on v4, v5e, v5p and v6e, one chip and four (libtpu 0.0.52: for the program
     it compiles under the cap, which, within about 2.5 GiB of the program's need, holds less temp
-    than the program compiled for the whole chip that is read here; README). ``temp_bytes`` is
+    than the program compiled for the whole chip that is read here; docs/methods.md). ``temp_bytes`` is
     then the rest of the peak, so that the peak is still argument + output - alias + temp +
     generated_code."""
     total, fixed = out["peak_bytes"], out["peak_bytes"] - out["temp_bytes"]
@@ -133,8 +133,27 @@ def _step_parts(xla_flops: float | None, text: str) -> tuple[float, float] | Non
     kernels = kernel_flops.kernel_flops(text, runs)
     bodies = body_costs(text, xla_flops)
     if bodies is None:
-        return xla_flops + hlo.loop_flops_left_out(text), kernels
+        return xla_flops + loop_products_left_out(text, runs), kernels
     return xla_flops + sum((runs.get(name, 1) - 1) * own for name, own in bodies.items()), kernels
+
+
+def loop_products_left_out(text: str, runs: dict[str, int] | None = None) -> float:
+    """The product flops XLA's cost analysis leaves out by counting each loop body once: over the
+    products in loop bodies (and the fusions they call), (runs - 1) x each one's flops, read as
+    ``traffic`` reads a product: a dot, a GEMM call or a convolution (libtpu writes a layer's
+    products as convolutions, their operands' shapes only at their definitions)."""
+    from remat_lab.analysis import traffic
+
+    runs = hlo.executions(text)[0] if runs is None else runs
+    module, left_out = traffic.Module(text), 0.0
+    for comp, ops in module.comps.items():
+        extra = runs.get(comp, 1) - 1
+        if extra <= 0:
+            continue
+        for op in ops:
+            if op.opcode in ("dot", "convolution") or (op.opcode == "custom-call" and traffic.is_gemm(op)):
+                left_out += extra * (traffic.product_flops(module, op) or 0.0)
+    return left_out
 
 
 def _loops(text: str) -> list[tuple[str, str, str]]:

@@ -250,8 +250,22 @@ def stated_peak(dtype: str = "float32", identity: dict | None = None) -> dict:
 # ---------------------------------------------------------------- one step under the roofs
 
 
+def _for_dtype(roofs: dict, dtype: str) -> dict:
+    """The roofs with the peak of the program's compute ``dtype``: the calibration's matmul is
+    float32's; on a catalogued accelerator a bfloat16 program is placed under the vendor's dense
+    bfloat16 peak (``stated_peak``), its bandwidth the calibration's. Else unchanged."""
+    if dtype == "float32" or roofs.get("peak_source") != "calibrated":
+        return roofs
+    stated = stated_peak(dtype)
+    if stated["peak_kind"] != "vendor":  # a CPU, or an accelerator the lab does not catalogue
+        return roofs
+    return {**roofs, "peak_flops_per_s": stated["peak_flops_per_s"], "peak_source": "vendor",
+            "peak_note": f"{stated['peak_source']}: the program computes in {dtype}; the calibrated "
+                         f"float32 matmul rate is {roofs['peak_flops_per_s'] / 1e12:.1f} TFLOP/s"}
+
+
 def roofline_report(flops: float | None, bytes_accessed: float | None,
-                    median_s: float | None) -> dict:
+                    median_s: float | None, dtype: str = "float32") -> dict:
     """Where one step sits under this machine's roofs: the engine's ``result["roofline"]``.
 
     Wiring in ``run_experiment``, after timing and outside ``timing_slot`` (it may calibrate)::
@@ -263,7 +277,8 @@ def roofline_report(flops: float | None, bytes_accessed: float | None,
     body once: the caller passes numbers already scaled by trip counts. ``median_s`` is the
     median step time. Keys (None where an input is missing, never an error):
 
-    - ``peak_flops_per_s``, ``peak_source`` ("calibrated" or "spec"), ``peak_note``,
+    - ``peak_flops_per_s``, ``peak_source`` ("calibrated", "spec", or "vendor": a catalogued
+      accelerator's dense peak of the program's compute ``dtype`` when it is not float32), ``peak_note``,
       ``bandwidth_bytes_per_s``, ``ridge_intensity`` (peak / bandwidth), ``calibrated_at``;
     - ``flops``, ``bytes_accessed``, ``median_s`` (the inputs, as used);
     - ``arithmetic_intensity`` = flops / bytes accessed (FLOP/byte);
@@ -286,7 +301,7 @@ def roofline_report(flops: float | None, bytes_accessed: float | None,
         roofs = calibrate()
     except Exception as err:  # noqa: BLE001 - a report without roofs rather than no result
         roofs = {"peak_source": None, "peak_note": f"no roofs: {type(err).__name__}: {err}"}
-    report = _place(roofs, flops, bytes_accessed, median_s)
+    report = _place(_for_dtype(roofs, dtype), flops, bytes_accessed, median_s)
     stale = bool(report["achieved_fraction"] and report["achieved_fraction"] > 1.0)
     if stale and report["peak_source"] == "calibrated":
         with _LOCK:
@@ -296,7 +311,7 @@ def roofline_report(flops: float | None, bytes_accessed: float | None,
             before = report["peak_flops_per_s"]
             with contextlib.suppress(Exception):
                 roofs = _calibrate(True, previous=roofs)
-                report = _place(roofs, flops, bytes_accessed, median_s)
+                report = _place(_for_dtype(roofs, dtype), flops, bytes_accessed, median_s)
             notes.append(f"step ran above the calibrated peak {before / 1e9:.1f} GFLOP/s: "
                          f"recalibrated ({(report['peak_flops_per_s'] or 0) / 1e9:.1f} GFLOP/s)")
         stale = bool(report["achieved_fraction"] and report["achieved_fraction"] > 1.0)

@@ -192,8 +192,8 @@ def add_shape_args(p: argparse.ArgumentParser, batch: bool = True) -> None:
     p.add_argument("--stack", choices=STACKS, default=d.stack, action=Given,
                    help="depth > 1: scan over stacked layers (default) or an unrolled Python loop")
     p.add_argument("--dtype", choices=DTYPES, default=d.dtype, action=Given,
-                   help="the compute dtype (an llm preset or llm --step train without dtype flags: "
-                        "bfloat16, with float32 weights and moments)")
+                   help="the compute dtype (an llm preset or llm --step train: bfloat16, with float32 "
+                        "weights and moments; each dtype flag replaces its own field only)")
     add_user_block_args(p)
 
 
@@ -250,7 +250,7 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tie-embeddings", action=GivenBool, default=d.tie_embeddings,
                    help="llm: the vocabulary projection is the embedding's transpose")
     p.add_argument("--param-dtype", choices=DTYPES, default=d.param_dtype or None, action=Given,
-                   help="llm: the master weights and their gradients (default: --dtype)")
+                   help="llm: the master weights and their gradients (default: --dtype; a preset's: float32)")
     p.add_argument("--optimizer-dtype", choices=DTYPES, default=d.optimizer_dtype or None,
                    action=Given, help="step train: AdamW's two moments (default: --param-dtype)")
     p.add_argument("--step", choices=STEPS, default=d.step,
@@ -342,11 +342,11 @@ def config_from(args: argparse.Namespace) -> RunConfig:
     preset, chosen = getattr(args, "preset", None), given(args)
     if getattr(args, "model_config", None):
         return _from_model_config(args.model_config, values, chosen, preset)
-    if not preset:  # an llm training step without dtype flags: the recipe, as a preset's
-        recipe = values["model"] == "llm" and values.get("step") == "train" and not set(RECIPE) & chosen
-        return RunConfig(**{**values, **(RECIPE if recipe else {})})
-    # A preset's fields come from it unless a flag set them; its dtypes too (``RECIPE``).
-    return RunConfig.from_preset(preset, **{k: v for k, v in values.items()
+    if not preset:  # an llm training step: the recipe, as a preset's; a dtype flag replaces its field only
+        train = values["model"] == "llm" and values.get("step") == "train"
+        return RunConfig(**{**values, **({**RECIPE, **{k: values[k] for k in RECIPE if k in chosen}}
+                                         if train else {})})
+    return RunConfig.from_preset(preset, **{k: v for k, v in values.items()  # where no flag set them
                                             if k not in (*PRESET_FIELDS, "model", *RECIPE)
                                             or k in chosen})
 

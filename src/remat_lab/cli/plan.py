@@ -15,7 +15,7 @@ from remat_lab.cli.common import (
     engine_errors,
     list_arg,
 )
-from remat_lab.config import TARGET_NAMES, ConfigError, human_bytes, human_seconds
+from remat_lab.config import TARGET_NAMES, ConfigError, human_bytes, human_count, human_seconds
 from remat_lab.config.targets import MAX_TARGET_DEVICES
 
 
@@ -193,6 +193,10 @@ def format_plan(doc: dict) -> str:
     lines = [f"{doc['config']['preset'] or 'llm'} on {doc['devices']} x {doc['target']} "
              f"({doc['slices']} slice{'s' if doc['slices'] > 1 else ''}), global batch "
              + (f"{g:,} tokens" if g else "as large as fits") + f"; HBM {human_bytes(doc['hbm_bytes'])}"]
+    if doc.get("parameters"):
+        active = doc.get("active_parameters")
+        lines.append(f"model: {human_count(doc['parameters'])} parameters"
+                     + (f", {human_count(active)} active a token" if active else ""))
     if not doc["plans"]:
         lines.append("No plan compiled fits.")
     for i, r in enumerate(doc["plans"], 1):

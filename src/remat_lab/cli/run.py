@@ -109,8 +109,9 @@ def _config_line(c: dict) -> str:
 def _model_line(m: dict | None) -> list[str]:
     if not m:
         return []
-    return [f"model: {m['parameters']:,} parameters ({human_bytes(m['parameter_bytes'])}); optimizer "
-            f"state {human_bytes(m['optimizer_state_bytes'])}"]
+    active = f", {m['active_parameters']:,} active a token" if m.get("active_parameters") else ""
+    return [f"model: {m['parameters']:,} parameters{active} ({human_bytes(m['parameter_bytes'])}); "
+            f"optimizer state {human_bytes(m['optimizer_state_bytes'])}"]
 
 
 def format_run(result: dict) -> str:
@@ -162,8 +163,8 @@ def format_run(result: dict) -> str:
                          + (f", the {net} network)" if (net := (result.get("target") or {}).get("network"))
                             else ")"))
         lines.append(f"gradient check: not run ({g['reason']})")
-    elif g.get("ok") is None:  # a user block: no independent reference
-        lines.append(g["reason"])
+    elif g.get("ok") is None:  # skipped, with its reason
+        lines.append(f"gradient check: skipped ({g['reason']})" if g.get("skipped") else g["reason"])
     else:
         loss_err = "" if g["loss_err"] is None else f"loss error {g['loss_err']:.3g}, "
         remat = ("remat applied" if g["remat_applied"] else "no remat") + (
@@ -172,6 +173,10 @@ def format_run(result: dict) -> str:
                      f"({loss_err}gradients max abs {g['grad_max_abs_err']:.3g}, max rel "
                      f"{g['grad_max_rel_err']:.3g}; {remat})")
         lines += [f"  {f}" for f in g["failures"]]
+        if g.get("scope"):
+            lines.append(f"  checked: {g['scope']}")
+    if result.get("memory_measured") and result["memory_measured"].get("text"):
+        lines.append(result["memory_measured"]["text"])
     if mem:
         lines.append(
             f"memory: peak {human_bytes(mem['peak_bytes'])} = argument "

@@ -37,6 +37,36 @@ def llm_parameters(config: RunConfig, active: bool = False) -> int:
     return config.depth * block + embed + w
 
 
+def parameter_counts(config: RunConfig) -> dict[str, int]:
+    """The llm's parameters from its shape: ``parameters`` (every one) and, for a mixture of
+    experts, ``active_parameters`` (those one token uses); ``{}`` for the other models."""
+    if config.model != "llm":
+        return {}
+    out = {"parameters": llm_parameters(config)}
+    if config.experts:
+        out["active_parameters"] = llm_parameters(config, active=True)
+    return out
+
+
+def human_count(n: float) -> str:
+    """``8190726144`` -> ``'8.19 B'``, ``124439808`` -> ``'124.44 M'`` (parameters)."""
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
+def parameters_text(config: RunConfig) -> str:
+    """The count in words: ``'8.19 B parameters'``; a mixture of experts' with its active ones,
+    ``'30.53 B parameters, 3.35 B active (8 of 128 experts a token)'``; ``""`` for other models."""
+    counts = parameter_counts(config)
+    if not counts:
+        return ""
+    text = f"{human_count(counts['parameters'])} parameters"
+    if "active_parameters" in counts:
+        shared = f" and {config.shared_experts} shared" if config.shared_experts else ""
+        text += (f", {human_count(counts['active_parameters'])} active ({config.experts_per_token} of "
+                 f"{config.experts} experts{shared} a token)")
+    return text
+
+
 def llm_model_flops(config: RunConfig, causal: bool = True) -> float:
     """One training step's model flops as MaxText counts a decoder (``calculate_tflops_training_per_
     device``): 3 x (2 x tokens x the matrix weights one token uses: the attention projections, the
@@ -111,24 +141,66 @@ def _parameter_count(config: RunConfig) -> int:
     return d * 2 * (w * w + w)
 
 
+# The checkpoint names each policy keeps on the device between the forward and the backward, for the
+# llm's estimate (model/policies.py builds the policies; a remat'd block always keeps its input).
+# ``None``: everything (no remat); "dots": every projection and attention's two batched products.
+_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
+_QKVO = ("query_proj", "key_proj", "value_proj", "out_proj")
+_SAVED = {
+    "no_remat": None, "everything_saveable": None, "dots_saveable": "dots",
+    "dots_with_no_batch_dims_saveable": _PROJECTIONS, "minimal": _PROJECTIONS,
+    "minimal_with_context": (*_PROJECTIONS, "context"),
+    "save_dot_with_context_except_mlp": (*_QKVO, "context"),
+    "save_dot_except_mlpwi": (*_QKVO, "mlpwo"), "save_dot_except_mlp": _QKVO,
+    "save_qkv_proj": _QKVO[:3], "save_out_proj": ("out_proj",),
+}
+# XLA's temporaries beside what the estimate names (the largest ratio of compiled peak to the named
+# bytes over the llm presets on XLA CPU; tests/test_config.py holds the estimate within 1.5x).
+_LLM_MARGIN = 1.05
+
+
+def _name_elements(config: RunConfig) -> dict[str, int]:
+    """Elements per token of each llm checkpoint name in one block."""
+    hd, m = config.head_dim_used, config.mlp_dim_used
+    q, kv = config.heads * hd, config.kv_heads_used * hd
+    return {"query_proj": q, "key_proj": kv, "value_proj": kv, "context": q, "out_proj": config.width,
+            "mlpwi_0": m, "mlpwi_1": m, "mlpwo": config.width}
+
+
 def _llm_bytes(config: RunConfig) -> int:
-    """The llm's estimate: parameters, gradients, a reference copy and adamw's state; per block
-    the projections, the attention scores (full: (B, H, N, N); chunked or flash: (B, H, N, block))
-    and the MLP (or the experts: ``moe_activation_bytes``) of one microbatch; the logits (one of
-    ``loss_chunks`` slices of the sequence) in the dtype with their float32 log-softmax and gradient."""
+    """The llm's estimate: parameters, their gradients and adamw's state (and the accumulated
+    gradients with microbatches); what the policy keeps of each block between the forward and the
+    backward (``_SAVED``: its names, or every activation without remat), one block's activations at
+    once in the backward (the projections, the attention scores (full: (B, H, N, N); chunked or
+    flash: (B, H, N, block)) and the MLP or the experts: ``moe_activation_bytes``, of one
+    microbatch), and the logits (one of ``loss_chunks`` slices of the sequence) in the dtype with
+    their float32 log-softmax and gradient; times a margin for XLA's temporaries. Within 1.5x of the
+    compiled peak for the presets on XLA CPU (``tests/test_config.py``)."""
     item, pitem = _itemsize(config.dtype), _itemsize(config.param_dtype_used)
     n = _parameter_count(config)
     b = config.batch // config.microbatches
     rows = b * config.seq
-    fixed = n * (2 * pitem + item) + optimizer_state_bytes(config) + (n * 4 if config.microbatches > 1 else 0)
+    fixed = 2 * n * pitem + optimizer_state_bytes(config) + (n * 4 if config.microbatches > 1 else 0)
     w, hd = config.width, config.head_dim_used
-    act = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd) * item
+    block = rows * (12 * w + 2 * (config.heads + config.kv_heads_used) * hd) * item
     mlp = rows * 4 * config.mlp_dim_used * item
-    act += moe_activation_bytes(config, rows, item) if config.experts else mlp
+    block += moe_activation_bytes(config, rows, item) if config.experts else mlp
     keys = config.seq if config.attention == "full" else min(config.attention_block, config.seq)
-    act += 3 * b * config.heads * config.seq * keys * 4
+    scores = 3 * b * config.heads * config.seq * keys * 4
+    block += scores
+    policy = config.policy
+    saved_names = tuple(config.save_names) if policy == "custom" else _SAVED.get(policy, ())
+    if saved_names is None:  # no remat: every block's activations stay for the backward
+        kept, block = block, 0
+    else:
+        names = _name_elements(config)
+        if saved_names == "dots":
+            saved_names, extra = _PROJECTIONS, scores // 3 + rows * names["context"] * item
+        else:
+            extra = 0
+        kept = rows * (w + sum(names.get(nm, 0) for nm in saved_names)) * item + extra
     logits = b * -(-config.seq // config.loss_chunks) * config.vocab * (2 * item + 8)
-    return 2 * (fixed + config.depth * act + logits) + (1 << 20)
+    return int(_LLM_MARGIN * (fixed + config.depth * kept + block + logits)) + (1 << 20)
 
 
 def estimate_bytes(config: RunConfig) -> int:
@@ -165,21 +237,27 @@ def estimate_bytes(config: RunConfig) -> int:
     return 2 * (3 * params + config.depth * act + f32_acc) + optimizer_state_bytes(config) + (1 << 20)
 
 
-def estimate_process_bytes(config: RunConfig) -> int:
+def estimate_process_bytes(config: RunConfig, on_device: bool = False) -> int:
     """An upper estimate of how much a worker process grows while running ``config``.
+
+    ``on_device`` (an attached GPU or TPU holds the step): the host holds what the gradient check
+    brings back (the step's gradients, the reference's and the parameters, each at most float32)
+    and XLA's compile workspace; the device's memory is the compile's to answer.
 
     ``estimate_bytes`` (the device program) is one part; the process also holds the gradient
     check's reference program (its parameters, gradients and activations: about the step's size
     again), the no_remat witness compile, host copies of the parameters and gradients, the program
     texts, and XLA's compile workspace (a fixed allowance). Checked against measured peak RSS by
-    ``tests/load/memory_model.py`` (README, Limits and safety).
+    ``tests/load/memory_model.py`` (docs/limits.md).
     """
+    if on_device and not (config.compile_only or config.target != LOCAL):
+        return int(PROCESS_FACTOR * 3 * 4 * _parameter_count(config)) + COMPILE_WORKSPACE
     return int(PROCESS_FACTOR * estimate_bytes(config)) + COMPILE_WORKSPACE
 
 
 # Measured growth was at most 1.66x the device estimate (the default configuration, whose device
 # estimate is small) plus ~10 MiB, over 13 configurations; 1.25x + 64 MiB stays at least 1.2x above
-# every measurement (README, Limits and safety), where 2x + 48 MiB refused width-2048 models that use
+# every measurement (docs/limits.md), where 2x + 48 MiB refused width-2048 models that use
 # a third of it.
 PROCESS_FACTOR = 1.25
 COMPILE_WORKSPACE = 64 << 20
@@ -226,8 +304,9 @@ def budget_text(n: int) -> str:
 
 
 def default_budget_bytes(device_limit: int | None = None) -> int:
-    """Half the memory the backend can use: the device's limit when known, else the system's."""
-    return (device_limit or _system_memory_bytes()) // 2
+    """The memory a run may use: on an accelerator the device's whole limit (the compile's memory
+    analysis answers it: ``check_compiled``), else half the system's (the estimate guards it)."""
+    return device_limit or _system_memory_bytes() // 2
 
 
 def resolve_budget(explicit: str | int | None = None, device_limit: int | None = None) -> int:
@@ -248,6 +327,18 @@ def check_budget(config: RunConfig, budget: int) -> int:
             f"{human_bytes(budget)}; lower width, batch, seq or depth (or raise the budget with "
             f"--memory-budget or {BUDGET_ENV}).")
     return need
+
+
+def check_compiled(config: RunConfig, memory: dict | None, budget: int) -> None:
+    """On an accelerator: refuse ``config`` when its compiled program's peak (XLA's memory analysis,
+    ``memory``) exceeds ``budget``; nothing has run yet."""
+    peak = (memory or {}).get("peak_bytes")
+    if peak and peak > budget:
+        raise MemoryBudgetError(
+            f"this configuration's compiled program needs {human_bytes(peak)} (XLA's memory "
+            f"analysis), over the memory budget of {human_bytes(budget)}; lower width, batch, seq "
+            f"or depth, or choose a policy that saves less (or raise the budget with "
+            f"--memory-budget or {BUDGET_ENV}).")
 
 
 def human_seconds(s: float) -> str:

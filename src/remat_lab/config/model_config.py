@@ -7,16 +7,20 @@ Every key of the file is accounted for, never silently dropped. Each is one of:
   embeddings, the experts, their top k and size (``moe_config``); ``max_position_embeddings`` or
   ``max_target_length`` -> the default seq);
 - **a difference**: the lab does not reproduce it, but it changes no shape, memory or FLOPs the lab
-  reports (or, for biases and an activation, a negligible share, said with its size): the rotary
-  base and rope scaling (frequencies only), the MLP's activation (elementwise), Qwen 2's q/k/v
-  biases, Gemma's embedding scale and norm offset, MaxText's sharding rules. ``ModelConfig.
-  differences`` lists them, and the CLI and the app show them;
+  reports (or, for biases, norms and an activation, a negligible share, said with its size): the
+  rotary base and rope scaling (frequencies only), the MLP's activation (elementwise), Qwen 2's q/k/v
+  biases, Qwen 3's per-head q/k norm, Gemma's embedding scale and norm offset, MaxText's sharding
+  rules (``config/hf_notes.py`` writes a Hugging Face file's). Gemma 2's soft-capping, alternating
+  window and extra norms, and GPT-2 as a Llama-style stand-in, are read as their presets are: each
+  said, with the memory the lab does not count. ``ModelConfig.differences`` lists them, and the CLI
+  and the app show them;
 - **unused**: metadata with no bearing on the step (token ids, ``torch_dtype``, ``use_cache``, the
   norm's epsilon, ...), listed in one difference line;
 - **refused**: a ``ConfigError`` naming every such key and why: dense and expert layers mixed, a
   sliding attention window shorter than the context, logit or attention soft-capping, dropout, extra
-  norms, a non-gated MLP, a family the lab has no block for (``model_type``/``decoder_block``),
-  and any key this module does not know (it cannot say that key leaves the step unchanged).
+  norms, a non-gated MLP (outside Gemma 2's and GPT-2's files), a family the lab has no block for
+  (``model_type``/``decoder_block``), and any key this module does not know (it cannot say that key
+  leaves the step unchanged).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import yaml
 
 from .catalog import DENSE, RECIPE
 from .errors import ConfigError
+from .hf_notes import LAB_ROPE_BASE, gemma2_differences, gpt2_differences, hf_differences
+from .hf_notes import show_value as _value
 from .mesh_text import _show
 from .moe_config import HF_MOE_FIELDS, MOE_FAMILIES, MOE_UNUSED, MT_MOE_FIELDS, dense_if_single
 from .run import LIMITS, LLM_LIMITS, RunConfig
@@ -36,18 +42,25 @@ from .run import LIMITS, LLM_LIMITS, RunConfig
 MAX_BYTES = 256 * 1024  # a config file is a few KiB; anything larger is not one
 SEQ_CAP = 8192  # the default seq when the file's context is longer (give --seq for more)
 LOSS_CHUNK_LOGITS = 2**27  # presets.json's rule: 8 loss chunks where seq x vocab passes this
-LAB_ROPE_BASE = 10000
 
 # Hugging Face: the modelled keys (-> RunConfig field) and the families whose block the llm is.
 HF_FIELDS = {"hidden_size": "width", "num_hidden_layers": "depth", "num_attention_heads": "heads",
              "num_key_value_heads": "kv_heads", "head_dim": "head_dim", "intermediate_size": "mlp_dim",
              "vocab_size": "vocab", **HF_MOE_FIELDS}
 HF_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-HF_TIED = {"llama": False, "mistral": False, "qwen2": False, "gemma": True, "gemma2": True, **MOE_FAMILIES}
+HF_TIED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "gemma": True, "gemma2": True,
+           **MOE_FAMILIES}
 HF_UNUSED = {"architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype",
              "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
              "rms_norm_eps", "pretraining_tp", "max_window_layers", "use_sliding_window", "tokenizer_class",
              "attn_implementation", "cache_implementation", "rope_traditional"} | MOE_UNUSED
+# GPT-2 (the gpt2-small preset's file): its keys, read as the lab's Llama-style stand-in.
+GPT2_FIELDS = {"n_embd": "width", "n_layer": "depth", "n_head": "heads", "vocab_size": "vocab"}
+GPT2_UNUSED = {"architectures", "transformers_version", "_name_or_path", "torch_dtype", "bos_token_id",
+               "eos_token_id", "pad_token_id", "initializer_range", "layer_norm_epsilon", "use_cache",
+               "n_ctx", "summary_activation", "summary_first_dropout", "summary_proj_to_labels",
+               "summary_type", "summary_use_proj", "task_specific_params", "scale_attn_weights",
+               "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "tokenizer_class"}
 # MaxText: the modelled keys, and base.yml's values for those a model YAML leaves out (MaxText's own
 # defaults, src/maxtext/configs/base.yml at e591f30cbbf217ed67ef71263ec0538239f9c3b8).
 MT_FIELDS = {"base_emb_dim": "width", "base_num_decoder_layers": "depth", "base_num_query_heads": "heads",
@@ -98,10 +111,9 @@ class ModelConfig:
         return (*([self.seq_note] if self.seq_note and not seq_given else []), *self.differences)
 
     def config(self, **overrides) -> RunConfig:
-        """The llm of this file with ``overrides`` (explicit values win), in the ``RECIPE`` dtypes
-        unless ``overrides`` gives any dtype field (as ``RunConfig.from_preset``)."""
-        recipe = {} if set(RECIPE) & set(overrides) else RECIPE
-        return RunConfig(**{"model": "llm", **self.fields, **recipe, **overrides})
+        """The llm of this file with ``overrides`` (explicit values win), in the ``RECIPE`` dtypes:
+        a dtype field given replaces that field only (as ``RunConfig.from_preset``)."""
+        return RunConfig(**{"model": "llm", **self.fields, **RECIPE, **overrides})
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
@@ -124,6 +136,8 @@ def parse_model_config(text: str, name: str = "the model config") -> ModelConfig
     if len(text.encode("utf-8", "replace")) > MAX_BYTES:
         raise ConfigError(f"{_show(name)} is over {MAX_BYTES:,} bytes; a model config file is smaller.")
     data = _load(text, name)
+    if data.get("model_type") == "gpt2":
+        return _gpt2(data, name)
     if any(k in data for k in ("hidden_size", "num_hidden_layers", "model_type")):
         return _hugging_face(data, name)
     if any(str(k).startswith("base_") for k in data) or "decoder_block" in data:
@@ -152,16 +166,6 @@ def _load(text: str, name: str) -> dict:
         raise ConfigError(f"{_show(name)} must be a mapping of keys to values (a JSON object, YAML "
                           "keys), not a single value or a list.")
     return {str(k): v for k, v in data.items()}
-
-
-def _value(v: object) -> str:
-    """A file's value for a message: scalars as written (cut short), containers by their kind only
-    (a YAML alias tree is never walked)."""
-    if isinstance(v, dict):
-        return "(a mapping)"
-    if isinstance(v, list):
-        return f"(a list of {len(v)})"
-    return _show(v)
 
 
 def _integer(data: dict, key: str, target: str, llm_field: str) -> int:
@@ -270,12 +274,16 @@ def _hugging_face(data: dict, name: str) -> ModelConfig:
     r.out["tie_embeddings"] = tie
     if family is None:
         r.differences.append("no model_type: read as a Llama-style decoder")
-    for key, why in _hf_differences(data, family).items():
+    for key, why in hf_differences(data, family).items():
         r.take(key)
         if why:
             r.differences.append(why)
         elif key in data:  # off, or the lab's own value
             r.unused.append(key)
+    if family == "gemma2":  # its soft-capping, window and extra norms: said as the preset says them
+        for key, why in gemma2_differences(data).items():
+            r.take(key)
+            r.differences += [why] if why else []
     _hf_window(r)
     if r.take("layer_types"):  # newer files list each layer's attention: all full, or refused
         kinds = data["layer_types"]
@@ -289,52 +297,31 @@ def _hugging_face(data: dict, name: str) -> ModelConfig:
     return r.finish(f"a Hugging Face config.json (model_type {family or 'not given'})", seq, note)
 
 
-def _hf_differences(data: dict, family: str | None) -> dict[str, str]:
-    """Keys the lab does not reproduce but that change no shape, memory or FLOPs it reports (or a
-    negligible share, with its size): key -> the sentence ("" = the lab's own value)."""
-    out = {}
-    base = data.get("rope_theta")
-    if "rope_theta" in data:
-        out["rope_theta"] = "" if base in (None, LAB_ROPE_BASE) else (
-            f"rope_theta {_value(base)}: the lab's rotary base is {LAB_ROPE_BASE} (frequencies only)")
-    for key in ("rope_scaling", "rope_parameters"):
-        if key in data:
-            given = data[key] if isinstance(data[key], dict) else {}
-            kind = given.get("rope_type") or given.get("type")
-            out[key] = "" if data[key] is None else (
-                f"{key} {_value(kind or data[key])}: not modelled (frequencies only)")
-    for key in ("hidden_act", "hidden_activation"):
-        if key in data:
-            out[key] = "" if data[key] in ("silu", "swish", None) else (
-                f"{key} {_value(data[key])}: the gated MLP's activation is SiLU here (elementwise; "
-                "the same shapes)")
-    per_block = data["num_hidden_layers"]
-    heads, width = data["num_attention_heads"], data["hidden_size"]
-    kv, hd = data.get("num_key_value_heads") or heads, data.get("head_dim") or width // heads
-    for key, count in (("attention_bias", per_block * hd * (heads + 2 * kv) + per_block * width),
-                       ("mlp_bias", per_block * (2 * data["intermediate_size"] + width))):
-        if key in data:
-            out[key] = "" if not data[key] else (
-                f"{key} true: no biases here ({count:,} parameters; elementwise adds)")
-    if family == "qwen2":
-        out["(qwen2)"] = (f"Qwen 2's q/k/v biases not modelled ({per_block * hd * (heads + 2 * kv):,} "
-                          "parameters; elementwise adds)")
-    if family in ("gemma", "gemma2"):
-        out["(gemma)"] = ("Gemma's sqrt(width) embedding scale and (1 + scale) norm offset not "
-                          "modelled (elementwise)")
-    if "query_pre_attn_scalar" in data:
-        out["query_pre_attn_scalar"] = (f"query_pre_attn_scalar {_value(data['query_pre_attn_scalar'])}: "
-                                        "the scores are scaled by 1/sqrt(head_dim) here (a constant)")
-    if "partial_rotary_factor" in data:
-        out["partial_rotary_factor"] = "" if data["partial_rotary_factor"] == 1 else (
-            f"partial_rotary_factor {_value(data['partial_rotary_factor'])}: the lab rotates every "
-            "feature (elementwise)")
-    return out
+def _gpt2(data: dict, name: str) -> ModelConfig:
+    """GPT-2's file (``n_embd``, ``n_layer``, ...) as the gpt2-small preset reads it: the lab's
+    Llama-style stand-in, every difference said (``hf_notes.gpt2_differences``)."""
+    r = _Reading(data, name, GPT2_FIELDS)
+    r.take("model_type")
+    missing = [k for k in GPT2_FIELDS if data.get(k) is None]
+    if missing:
+        raise ConfigError(f"{name}: a GPT-2 config.json needs {', '.join(missing)}.")
+    r.shape()
+    inner = data.get("n_inner") if r.take("n_inner") else None
+    inner = 4 * r.out["width"] if inner is None else _integer(data, "n_inner", name, "mlp_dim")
+    r.out.update(mlp_dim=2 * inner // 3, kv_heads=r.out["heads"], tie_embeddings=True)
+    for key, why in gpt2_differences(data, inner, 2 * inner // 3).items():
+        r.take(key)
+        r.differences += [why] if why else []
+    context = data.get("n_positions") if r.take("n_positions") else None
+    seq, note = _seq(context, "n_positions")
+    r.rest(GPT2_UNUSED)
+    return r.finish("a Hugging Face config.json (model_type gpt2, as the lab's Llama-style stand-in)",
+                    seq, note)
 
 
 def _hf_window(r: _Reading) -> None:
     """``sliding_window``: refused when it applies (on, and shorter than the context)."""
-    if not r.take("sliding_window"):
+    if "sliding_window" in r.done or not r.take("sliding_window"):
         return
     window, data = r.data["sliding_window"], r.data
     context = data.get("max_position_embeddings")

@@ -167,11 +167,10 @@ class RunConfig:
     @classmethod
     def from_preset(cls, name: str, **overrides) -> RunConfig:
         """The llm of preset ``name`` (``PRESETS``), with ``overrides`` (explicit values win), in
-        the ``RECIPE`` dtypes unless ``overrides`` gives any dtype field."""
+        the ``RECIPE`` dtypes: a dtype field given replaces that field only."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {_show(name)}; choose one of: {', '.join(PRESETS)}.")
-        recipe = {} if set(RECIPE) & set(overrides) else RECIPE
-        return cls(**{"model": "llm", **preset_fields(name), **recipe, **overrides, "preset": name})
+        return cls(**{"model": "llm", **preset_fields(name), **RECIPE, **overrides, "preset": name})
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -22,7 +22,7 @@ vocabulary), cast to float32 (MaxText's ``cast_logits_to_fp32``), the labels one
 ``softmax - one_hot``); each position weighted (MaxText's ``targets_segmentation != 0``), the sum
 divided by the weights' sum. XLA fuses the float32 work into its neighbours: the step holds the
 logits in the dtype and nothing else of their size (checked against MaxText 0.2.5's own compile
-of ``llama3-8b-8192`` on v6e-256, README).
+of ``llama3-8b-8192`` on v6e-256, docs/published.md).
 ``chunked_next_token_loss`` (``loss_chunks`` > 1; MaxText's vocabulary tiling is the same idea)
 computes the same sum over slices of the sequence, each slice's final norm, projection and loss
 under ``jax.checkpoint`` in a ``lax.scan``, so only one slice's logits are live (the ``logits``

@@ -8,7 +8,9 @@ optimizer state like its parameters, ``mesh.state_specs``), one device's shard e
 per-device budget nothing fits at any batch: ``fit`` then says the fewest devices whose shards
 fit the same budget (more fsdp, the other axes kept), what bfloat16 moments would need, and
 which targets have the memory at this device count. The advisor answers with it before any batch
-search; an out-of-memory error of a preset is translated with it (``backend.xla_error``).
+search; an out-of-memory error of a preset is translated with it (``backend.xla_error``). A model
+loaded in the app's sidebar starts at a batch and seq that fit, or is told why none does
+(``starting_shape``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from remat_lab.config import (
     ConfigError,
     RunConfig,
     batch_rows,
+    estimate_bytes,
     format_mesh,
     human_bytes,
     mesh_dcn,
@@ -182,3 +185,43 @@ def crowded_sentence(found: dict, batch: int) -> str:
             f"{human_bytes(found['static_bytes_per_device'])} of the {human_bytes(found['budget_bytes'])}"
             f" per device; the activations of batch {batch} do not fit beside them: {MORE}, or a "
             "policy that saves less")
+
+
+def starting_shape(config: RunConfig, budget: int | None, largest_batch: int = 8) -> dict:
+    """A batch and seq for a model just loaded (a preset or a file): ``{"batch", "seq",
+    "compile_only", "fits", "text"}``. Locally, the longest of its seq halved (down to 128) at which
+    a batch of one fits ``budget`` (this server's, ``estimate_bytes``), then the most sequences up to
+    ``largest_batch``; where none fits, compile only at batch one and its seq, and why. On a named
+    target (nothing allocated) one sequence per batch row at its seq, and whether its parameters,
+    gradients and optimizer state fit a device (``fit``)."""
+    rows = batch_rows(parse_mesh(config.mesh))
+    base = config.replace(microbatches=1, batch=rows, compile_only=False)
+    if config.target != LOCAL:
+        found = fit(base.replace(compile_only=True), TARGETS[config.target].usable_bytes())
+        text = "" if found["fits"] else f"{config.preset or 'This model'} {no_fit_sentence(found)}."
+        return {"batch": rows, "seq": config.seq, "compile_only": False, "fits": found["fits"], "text": text}
+    if budget is None:
+        return {"batch": rows, "seq": config.seq, "compile_only": False, "fits": True, "text": ""}
+    def need(batch: int, seq: int) -> int | None:
+        try:
+            return estimate_bytes(base.replace(batch=batch, seq=seq))
+        except ConfigError:  # a seq its loss chunks or attention block do not divide: not offered
+            return None
+
+    seqs = [config.seq >> i for i in range(12) if (config.seq >> i) >= min(128, config.seq)]
+    for seq in seqs:
+        n = need(rows, seq)
+        if n is not None and n <= budget:
+            batch = rows
+            while batch * 2 <= max(largest_batch, rows) and (m := need(batch * 2, seq)) and m <= budget:
+                batch *= 2
+            short = "" if seq == config.seq else f" (the model's seq {config.seq} does not fit)"
+            return {"batch": batch, "seq": seq, "compile_only": False, "fits": True,
+                    "text": f"Batch {batch}, seq {seq}: about {human_bytes(need(batch, seq))} of this "
+                            f"server's {human_bytes(budget)}{short}."}
+    least = need(rows, seqs[-1]) or 0
+    return {"batch": rows, "seq": config.seq, "compile_only": True, "fits": False,
+            "text": f"{config.preset or 'This model'} cannot run on this server at any batch or seq: "
+                    f"batch {rows} at seq {seqs[-1]} needs about {human_bytes(least)}, over its "
+                    f"{human_bytes(budget)}. Set to compile only (its memory, nothing run), batch {rows}, "
+                    f"seq {config.seq}; or choose a target."}

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from remat_lab.config import LOCAL, RunConfig, mesh_devices, mesh_slices
+from remat_lab.config import LOCAL, RunConfig, llm_parameters, mesh_devices, mesh_slices
 from remat_lab.model.attention import for_config as attention_for
 from remat_lab.model.llm import chunked_next_token_loss, next_token_loss
 from remat_lab.model.models import build_model, llm_options
@@ -364,7 +364,7 @@ def model_report(problem: Problem, per_device: bool = False) -> dict:
     """The run document's ``model``: the parameter count of the built model (its leaves: real or
     abstract), their bytes, their gradients' (one per parameter, in its dtype), the optimizer
     state's (0 for the gradient step), each at its own dtype (``precision``); the llm's
-    ``attention_used`` (``attention.Attention.describe``)."""
+    ``attention_used`` (``attention.Attention.describe``); a mixture of experts' ``active_parameters``."""
     state, params = problem.opt_state, _nbytes(problem.leaves, per_device)
     report = {"parameters": sum(math.prod(a.shape) for a in problem.leaves),
               "parameter_bytes": params, "gradient_bytes": params,
@@ -372,6 +372,8 @@ def model_report(problem: Problem, per_device: bool = False) -> dict:
               "precision": precision(problem.config)}
     if problem.config.model == "llm":  # the kernel that ran, and why flash fell back
         report["attention_used"] = attention_for(problem.config).describe()
+    if problem.config.experts:  # a mixture of experts: the parameters one token uses, from its shape
+        report["active_parameters"] = llm_parameters(problem.config, active=True)
     return report
 
 

@@ -82,7 +82,7 @@ def deadlines(overrides: Mapping[str, float] | None = None, env: Mapping[str, st
     """Seconds per job kind (None: no deadline), ``$REMAT_LAB_JOB_DEADLINE_S`` applied, then
     ``overrides`` (a pool's own, e.g. tests' tiny deadlines); key ``"default"`` for other kinds.
     A private instance (``$REMAT_LAB_PUBLIC=0``) has no deadlines unless that variable sets them:
-    the README's own llama3-8b advice takes minutes, and its owner is the only one waiting."""
+    the user guide's own llama3-8b advice takes minutes, and its owner is the only one waiting."""
     table: dict[str, float | None] = {**DEADLINES_S, "default": DEFAULT_DEADLINE_S}
     env = os.environ if env is None else env
     text = env.get(DEADLINE_ENV, "").strip().lower()

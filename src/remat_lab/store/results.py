@@ -106,7 +106,8 @@ HLO = {"dot_count": (OPT, NUM), "excess_dots_vs_no_remat": (OPT, NUM),
 RUN = {"config": dict, "environment": ENV, "step_time_s": (OPT, STEP), "memory": (OPT, MEMORY),
        "totals": (OPT, TOTALS), "hlo": (OPT, HLO), "compile": (OPT, {"compile_s": NUM, "log": (OPT, LOG)}),
        "gradient_check": (OPT, {"ok": (OPT, bool)}), "dots": (OPT, list), "residuals": (OPT, list),
-       "memory_timeline": (OPT, dict), "notes": (OPT, list), "flops": (OPT, NUM)}
+       "memory_timeline": (OPT, dict), "notes": (OPT, list), "flops": (OPT, NUM),
+       "memory_measured": (OPT, {"measured_peak_bytes": NUM, "text": (OPT, str)})}
 COMPARE_ROW = {"policy": str, "median_s": NUM, "ci_low_s": NUM, "ci_high_s": NUM, "samples_s": list,
                "peak_bytes": (OPT, NUM), "fastest": bool, "pareto": bool, "same_program_as": (OPT, str)}
 COMPARE = {"config": dict, "environment": ENV, "policies": list, "rows": list, "fastest_reason": str,

@@ -28,7 +28,7 @@ def advise_transformer(config: RunConfig = ADVISE_TRANSFORMER, budget: int = ADV
     factory giving an empty persistent cache directory (``bench.temporary_cache_dir``);
     ``time_budget_s``: the timed advice's budget (default: the Advisor's). The timed
     advice runs every fitting program at its largest batch: over 40 minutes on 2 CPU cores (the
-    README says why), so ``bench --quick`` leaves it out."""
+    docs/performance.md says why), so ``bench --quick`` leaves it out."""
     from contextlib import nullcontext
 
     from remat_lab.studies import advisor

@@ -26,7 +26,15 @@ from remat_lab.analysis.timeline import compile_dumped, memory_timeline
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.analysis.xla_remat import rematerialized, sentence
 from remat_lab.analysis.xla_remat import report as xla_remat_report
-from remat_lab.config import LOCAL, RunConfig, check_budget, get_target, mfu_flops, resolve_budget
+from remat_lab.config import (
+    LOCAL,
+    RunConfig,
+    check_budget,
+    check_compiled,
+    get_target,
+    mfu_flops,
+    resolve_budget,
+)
 from remat_lab.config.budget import sig
 from remat_lab.model.models import block_names
 from remat_lab.program.analysis_compile import compile_unlimited
@@ -59,6 +67,7 @@ from remat_lab.program.timing import (
     timing_slot,
 )
 from remat_lab.program.tracing import TRACING, trace_and_lower
+from remat_lab.studies.device_checks import allocator_before, allocator_report, fitted_check
 from remat_lab.studies.witness_compiles import Witnesses, baseline_program  # noqa: F401 (re-exported)
 
 # The no_remat witness and its cache live in ``witness_compiles`` (beside the main compile).
@@ -89,12 +98,19 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     progress = progress or (lambda stage: None)
     if config.target != LOCAL or config.compile_only:
         return _run_on_target(config, progress)
-    check_budget(config, resolve_budget(budget, device_memory_limit()))
+    # On an accelerator the budget is the device's memory and the compile's own memory analysis
+    # answers it (a compile costs seconds); on a CPU host the estimate guards the host's memory.
+    device_limit = device_memory_limit()
+    budget_bytes = resolve_budget(budget, device_limit)
+    if device_limit is None:
+        check_budget(config, budget_bytes)
 
     progress("building")
     problem = build_problem(config)
     step = jit_step(problem)  # on a mesh: explicit shardings (sharding.py)
-    witnesses = Witnesses(config, problem)  # no_remat's program and the reference, in threads
+    # no_remat's program and (on a CPU host) the reference, in threads; on an accelerator the
+    # reference is not run beside the compile: the device's memory is the step's
+    witnesses = Witnesses(config, problem, reference=device_limit is None)
     progress("lowering")
     t0 = time.perf_counter()
     try:
@@ -109,6 +125,8 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
         witnesses.settle()
         raise xla_error("compiling", err, config) from err
     witnesses.settle()  # before the timed calls: nothing else on the cores meanwhile
+    if device_limit is not None:
+        check_compiled(config, memory_report(compiled), budget_bytes)
 
     result = {"schema": 1, "config": config.as_dict(), "environment": environment(),
               "compile": {"lower_s": t1 - t0, "compile_s": t2 - t1}}
@@ -117,7 +135,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     flops, bytes_accessed, source = program_flops(compiled, text)
     result["compile"]["xla_remat"] = _xla_remat(config, lowered, text, flops, memory_report(compiled))
     try:
-        out = None
+        out, before = None, allocator_before()
         if timing:
             with timing_slot(progress):
                 progress("timing")
@@ -130,6 +148,9 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
         progress("checking")
         if out is None:  # the last timed call's output is the step's (same executable, same inputs)
             out = compiled(*problem.args)
+        result["memory_measured"] = allocator_report(before, memory_report(compiled), "gradient step")
+        if device_limit is not None:  # the gradients on the host: the device's room for the reference
+            out = jax.device_get(out)
     except Exception as err:
         raise xla_error("running", err) from err
     loss, grads = (None, out) if config.objective == "grad" else (float(out[0]), out[1])
@@ -140,42 +161,39 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     result["achieved_flops_per_s"] = flops / median if flops and median else None
     # The roofs are calibrated (measured once per machine, cached): only a timed run needs them.
     # Bytes accessed, like flops, count a loop body once: scaled by the loops' factor (program_flops).
-    result["roofline"] = (roofline_report(flops, bytes_accessed, median) if timing
+    result["roofline"] = (roofline_report(flops, bytes_accessed, median, config.dtype) if timing
                           else None)
     # Against an independent plain-jax.numpy implementation of the model, and structurally: the
     # step's jaxpr has remat equations exactly when the policy asks for remat.
-    if problem.mesh is None:
-        check = check_gradients(problem, grads, loss, traced.jaxpr)  # a user block: vs itself unremat'd
+    if problem.mesh is None:  # a user block: vs itself unremat'd; smaller where the device is full
+        del out
+        check = fitted_check(problem, grads, loss, traced.jaxpr)
     else:
         check, grad_norm = _check_sharded(problem, grads, loss, traced.jaxpr)
     result["loss"] = loss  # None for objective grad: the step returns no loss
     result["memory"] = memory_report(compiled)
 
     progress("dissecting")
-    try:
-        base = witnesses.baseline()
-    except Exception as err:
-        raise xla_error("compiling the no_remat baseline", err) from err
+    base, left_out = witnesses.baseline_or_left_out(device_limit is not None)
     # What holds the peak (timeline.py): from the dump above, or an uncached copy after a cache hit;
     # its phases judged against the no_remat witness (analysis/witness.py).
     t3 = time.perf_counter()
     result["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
                                                  names=block_names(config), paths=problem.paths,
-                                                 witness=base["text"])
+                                                 witness=base and base["text"])
     result["compile"]["timeline_s"] = time.perf_counter() - t3
     dis: Dissection = dissect(problem, text, step_jaxpr=traced.jaxpr, flops=flops, baseline=base,
                               backend=jax.default_backend())
     result["hlo"] = dis.compiled
-    result["baseline"] = {"policy": "no_remat", "flops": base["flops"],
-                          "peak_bytes": (base["memory"] or {}).get("peak_bytes")}
+    result["baseline"] = _baseline_doc(base, left_out)
     result["gradient_check"] = check
     if problem.mesh is not None:
-        result["sharding"] = {**collectives.report(problem, text, result["memory"], base["text"]),
+        result["sharding"] = {**collectives.report(problem, text, result["memory"], base and base["text"]),
                               "grad_norm": grad_norm}
     result["residuals"] = dis.residuals
     result["dots"] = dis.dots
     result["totals"] = dis.totals
-    result["notes"] = [n for n in (_retried(witnesses),) if n] + dis.notes
+    result["notes"] = [n for n in (left_out, _retried(witnesses)) if n] + dis.notes
     result["texts"] = dis.texts
     return _with_program(config, result, problem)
 
@@ -192,22 +210,7 @@ def _compiled_sections(config: RunConfig, problem, traced, lowered, compiled, du
            "costs": costs}
     out["xla_remat"] = _xla_remat(config, lowered, text, flops, out["memory"])
     progress("dissecting")
-    out["witness_left_out"] = None
-    try:
-        base = witnesses.baseline()
-    except Exception as err:
-        # On a target, a no_remat program over the chip's memory is refused by the compiler (libtpu
-        # checks HBM): the policy's own program stands; what needs the witness is left out, and said.
-        if config.target == LOCAL or not out_of_memory(err):
-            raise xla_error("compiling the no_remat baseline", err) from err
-        base = None
-        need = needed_bytes(err)
-        out["witness_left_out"] = (
-            f"The no_remat program, the witness for what this policy recomputes, does not fit one "
-            f"{config.target} device{f' (it needs {need / 2**30:.2f} GiB)' if need else ''}: "
-            "its compile was refused, so the compiled program's recomputation, the recomputed "
-            "phases of the timeline and the collectives against no_remat are left out; the "
-            "memory, flops and estimate are this policy's program's own.")
+    base, out["witness_left_out"] = witnesses.baseline_or_left_out(config.target != LOCAL)
     witness_text = base["text"] if base is not None else None
     t0 = time.perf_counter()
     out["memory_timeline"] = memory_timeline(lowered, compiled=compiled, dump=dump, depth=config.depth,
@@ -366,10 +369,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
         "achieved_flops_per_s": None,
         "roofline": None, "loss": None, "memory": sec["memory"],
         "memory_timeline": sec["memory_timeline"], "hlo": dis.compiled,
-        "baseline": ({"policy": "no_remat", "flops": base["flops"],
-                      "peak_bytes": (base["memory"] or {}).get("peak_bytes")} if base is not None
-                     else {"policy": "no_remat", "flops": None, "peak_bytes": None,
-                           "left_out": sec["witness_left_out"]}),
+        "baseline": _baseline_doc(base, sec["witness_left_out"]),
         "gradient_check": {"ok": None, "reason": reason + " (the check compares computed gradients)"},
     }
     if target is not None:
@@ -380,6 +380,14 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
     result.update(residuals=dis.residuals, dots=dis.dots, totals=dis.totals, notes=notes,
                   texts=dis.texts)
     return _with_program(config, result, problem)
+
+
+def _baseline_doc(base: dict | None, left_out: str | None) -> dict:
+    """The document's ``baseline``: no_remat's flops and peak, or why its compile was left out."""
+    if base is None:
+        return {"policy": "no_remat", "flops": None, "peak_bytes": None, "left_out": left_out}
+    return {"policy": "no_remat", "flops": base["flops"],
+            "peak_bytes": (base["memory"] or {}).get("peak_bytes")}
 
 
 def _retried(witnesses: Witnesses) -> str | None:

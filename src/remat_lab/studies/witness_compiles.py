@@ -11,11 +11,14 @@ from __future__ import annotations
 import functools
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
+import jax
+
 from remat_lab.analysis.costs import memory_report, program_flops
 from remat_lab.analysis.gradcheck import reference_loss_and_grads
 from remat_lab.analysis.xla_remat import rematerialized
 from remat_lab.config import LOCAL, RunConfig, get_target
 from remat_lab.program.analysis_compile import compile_for_analysis, compile_unlimited
+from remat_lab.program.backend import needed_bytes, out_of_memory, xla_error
 from remat_lab.program.step import Problem, jit_step, problem_for
 from remat_lab.program.tracing import trace_and_lower
 
@@ -38,13 +41,16 @@ def baseline_program(config: RunConfig) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def _baseline(ref_cfg: RunConfig) -> dict:
-    problem = problem_for(ref_cfg)
+    # on an attached accelerator from abstract inputs: the witness allocates nothing on the device
+    accelerator = ref_cfg.target == LOCAL and jax.default_backend() != "cpu"
+    problem = problem_for(ref_cfg.replace(compile_only=True) if accelerator else ref_cfg)
     _, lowered = trace_and_lower(jit_step(problem), *problem.args)
     compiled = compile_for_analysis(lowered)
     text = compiled.as_text()
     memory, rewritten = memory_report(compiled), len(rematerialized(text))
     if rewritten:  # XLA's own pass recomputed to fit: the witness is the program as written
-        platform = "cpu" if ref_cfg.target == LOCAL else get_target(ref_cfg.target).platform
+        platform = (jax.default_backend() if ref_cfg.target == LOCAL
+                    else get_target(ref_cfg.target).platform)
         compiled = compile_unlimited(lowered, platform)
         text = compiled.as_text()
     return {"text": text, "flops": program_flops(compiled, text)[0], "memory": memory,
@@ -94,3 +100,22 @@ class Witnesses:
                 raise
             self.retried = True
             return baseline_program(self.config)
+
+    def baseline_or_left_out(self, refusable: bool) -> tuple[dict | None, str | None]:
+        """``(no_remat's program, None)``, or where its compile was refused for the device's memory
+        and ``refusable`` (a named target, or an attached accelerator: its compiler checks the
+        memory), ``(None, why it is left out)``: the policy's own program stands, and what needs
+        the witness is left out and said. Any other failure is raised as XLA's error."""
+        try:
+            return self.baseline(), None
+        except Exception as err:
+            if not (refusable and out_of_memory(err)):
+                raise xla_error("compiling the no_remat baseline", err) from err
+            need = needed_bytes(err)
+        where = "this device" if self.config.target == LOCAL else f"one {self.config.target} device"
+        return None, (
+            f"The no_remat program, the witness for what this policy recomputes, does not fit "
+            f"{where}{f' (it needs {need / 2**30:.2f} GiB)' if need else ''}: its compile was "
+            "refused, so the compiled program's recomputation, the recomputed phases of the "
+            "timeline and the collectives against no_remat are left out; the memory, flops and "
+            "timing are this policy's program's own.")

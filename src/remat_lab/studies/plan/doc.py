@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from remat_lab.analysis.predict import rates
-from remat_lab.config import RunConfig, batch_rows, get_target, llm_model_flops, parse_mesh
+from remat_lab.config import RunConfig, batch_rows, get_target, llm_model_flops, parameter_counts, parse_mesh
 from remat_lab.config import published as pub
 from remat_lab.config.cli_flags import run_command
 from remat_lab.studies.plan.fit import relative_error
@@ -121,6 +121,7 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
                    key=lambda p: p["predicted_tokens_per_s_per_device"], default=None)
     return {
         "schema": 1, "kind": "plan", "config": space.config.as_dict(), "target": space.target.name,
+        **parameter_counts(space.config),  # parameters; a mixture of experts' active_parameters
         "devices": space.devices, "slices": space.slices, "hbm_bytes": space.hbm,
         "global_batch_sequences": space.sequences,
         "global_batch_tokens": space.sequences * space.config.seq if space.sequences else None,

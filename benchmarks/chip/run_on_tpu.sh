@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set a TPU VM up for the lab and measure the chip's catalogue (benchmarks/chip_catalogue.py measure).
+#
+#   bash benchmarks/chip/run_on_tpu.sh OUT_DIR [NAMES] [DEADLINE_S]
+#
+# NAMES: comma-separated configuration names (default all); DEADLINE_S: start none after this many
+# seconds (a command on a lent chip may run 10 minutes). Uses the VM's own JAX and libtpu (the lab's
+# source runs on JAX 0.10 too) and installs the rest of what the lab imports into /tmp/site, after
+# the VM's JAX on PYTHONPATH; PIP_INDEX_URL (default: the lent chip's local index) says from where.
+# The measured lines go to OUT_DIR/measured.jsonl, each program's HLO to OUT_DIR/hlo.tar.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?OUT_DIR}
+index=${PIP_INDEX_URL:-file:///opt/pypi/simple}
+extra=()  # the lent chip's second local index, where it has one
+[ -z "${PIP_INDEX_URL:-}" ] && [ -d /opt/pypi-more/simple ] && extra=(--extra-index-url file:///opt/pypi-more/simple)
+# the Python that has the VM's JAX (a TPU VM may have several)
+py=python3
+for candidate in python3.11 python3; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c 'import jax' 2>/dev/null; then py=$candidate; break; fi
+done
+site=/tmp/site
+if [ ! -d "$site/flax" ]; then
+  PIP_CONFIG_FILE=/dev/null "$py" -m pip install --isolated -q --only-binary=:all: \
+    --index-url "$index" "${extra[@]}" --target "$site" flax optax pandas rich pyyaml streamlit plotly
+fi
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/src:$site"
+export PYTHONUNBUFFERED=1
+"$py" -c 'import jax, sys; print(sys.version, jax.__version__, jax.devices())'
+mkdir -p "$out/hlo"
+"$py" benchmarks/chip_catalogue.py measure --out "$out/hlo" ${2:+--only "$2"} --deadline-s "${3:-1e9}" \
+  ${CHIP_IN_PROCESS:+--in-process} --repeats "${CHIP_REPEATS:-10}"
+mv "$out/hlo/measured.jsonl" "$out/measured.jsonl"
+tar -C "$out" -cf "$out/hlo.tar" hlo && rm -r "$out/hlo"
