@@ -58,6 +58,12 @@ def model_section(cfg: RunConfig, result: dict) -> None:
     source = mem.get("by_kind_source") or "size split (fallback)"
     st.caption(f"XLA's compiled peak{whole}, {human_bytes(mem['peak_bytes'])}, split by kind "
                f"({escape_markdown(source)}). How: {escape_markdown(by_kind.get('method', ''))}.")
+    parts = tables.other_parts_frame(result)
+    if not parts.empty:  # what "other" holds, as XLA's buffer assignment names it
+        st.markdown(f"**What other holds** ({human_bytes(by_kind.get('other') or 0)} at the peak):")
+        st.dataframe(parts.assign(bytes=parts["bytes"].map(human_bytes),
+                                  share=parts["share"].map(lambda x: f"{x:.1%}" if x is not None else "-")),
+                     hide_index=True, width="stretch", key="explore_other_parts")
 
 
 def _explore(**config) -> str:

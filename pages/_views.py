@@ -216,9 +216,10 @@ def advice_view(doc: dict, key: str) -> None:
     st.dataframe(advisor_tables.advice_display_frame(doc), hide_index=True, width="stretch",
                  key=f"{key}_table")
     st.caption("Each number to its precision (examples/s and milliseconds to three significant "
-               "figures); blank where there is no number. MFU = model flops (the no_remat program's) / "
-               "step time / peak; HFU = this program's flops (recomputation included) / step time / "
-               "peak; recompute overhead = hardware flops / model flops − 1.")
+               "figures); blank where there is no number. MFU = model flops (the llm: MaxText's count, "
+               "attention causal; other models: the no_remat program's) / step time / peak; HFU = this "
+               "program's flops (recomputation included) / step time / peak; recompute overhead = "
+               "hardware flops / model flops − 1.")
     search = (doc.get("method") or {}).get("search")
     st.caption(f"Budget {human_bytes(budget)} ({md(doc.get('budget_source', 'given'))})."
                + (f" The search: {md(search)}." if search else "")

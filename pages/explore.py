@@ -12,7 +12,7 @@ import streamlit as st  # noqa: E402
 from streamlit.errors import StreamlitPageNotFoundError  # noqa: E402
 
 from pages import _compile_log, _llm_views, _mesh, _run_tables, _running, _shared, _sidebar  # noqa: E402
-from remat_lab.config import LOCAL, human_bytes, human_seconds  # noqa: E402
+from remat_lab.config import LOCAL, human_bytes, human_seconds, mfu_text  # noqa: E402
 from remat_lab.present import charts, dot_tables, reproduce, tables  # noqa: E402
 from remat_lab.present.peak_diff import versus_no_remat  # noqa: E402
 from remat_lab.present.target_charts import target_name  # noqa: E402
@@ -161,6 +161,8 @@ if tgt:
                     f" ({est.get('bound') or 'un'}-bound at {name}'s spec "
                     f"{short_flops(est.get('peak_flops_per_s') or 0)}FLOP/s, "
                     f"{short_bytes(est.get('bandwidth_bytes_per_s') or 0)}/s: at least this)")
+    if mfu := mfu_text(timing):  # both counts of attention, each named
+        row3[2].caption(f"MFU: {mfu}")
 else:
     row3[2].metric("Achieved FLOP/s", short_flops(rate) if rate else "n/a",
                    help="XLA's flop count of the step / median step time")

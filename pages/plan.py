@@ -36,7 +36,9 @@ def _table(rows: list[dict]) -> pd.DataFrame:
         "model's peak": human_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "-",
         "predicted step (s)": r["predicted_s"] or r["bound_s"],
         "tokens/s/device": round(r["predicted_tokens_per_s_per_device"] or 0),
-        "MFU": f"{r['predicted_mfu']:.1%}" if r.get("predicted_mfu") else "-",
+        "MFU (causal)": f"{r['predicted_mfu']:.1%}" if r.get("predicted_mfu") else "-",
+        "MFU (full square)": f"{r['predicted_mfu_full_attention']:.1%}"
+        if r.get("predicted_mfu_full_attention") else "-",
         "limited by": r.get("limited_by") or "-"} for r in rows])
 
 

@@ -10,7 +10,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from pages import _page_state, _running, _shared  # noqa: E402
-from remat_lab.config import ConfigError, human_bytes  # noqa: E402
+from remat_lab.config import ConfigError, human_bytes, mfu_text  # noqa: E402
 from remat_lab.config import published as pub  # noqa: E402
 from remat_lab.present.reproduce import cli_command  # noqa: E402
 from remat_lab.program.backend import ExecutionError, out_of_memory  # noqa: E402
@@ -114,6 +114,8 @@ if d := pub.mfu_definition(run):  # from the catalogue (a stored check may preda
                f"{d['full_square']:.2%} with attention counted as the full square, {d['causal']:.2%} "
                f"causal (as MaxText counts now). The measured step is the tokens/s's; by the MFU it "
                f"would be {d['step_s_from_mfu']:.2f} s.")
+if mfu := mfu_text(doc.get("timing") or study.mfu_timing(doc)):  # a stored check may predate it
+    st.caption(f"MFU: {mfu}.")
 if doc["refused"] and doc.get("predicted_s"):
     st.caption("Libtpu refuses this program for HBM today; the prediction is read from the program it "
                "writes when told to finish anyway (xla_tpu_no_crash_on_oom): the kernels and "

@@ -7,10 +7,12 @@ it), each accumulating one block in float32 and keeping it in the dtype. It runs
 training step (the lab's blocks, a ``lax.scan`` under ``jax.checkpoint``, ``optax.adamw``, the
 parameters laid out for fsdp), compiled for 8 H100s without them:
 
-* the same plain step with the lab's kernel in place of the twin's holds the same bytes (within
-  0.1 % at the test's size: 256 B apart);
-* the lab's own program of the configuration is no more than 3 % over the plain one (0.970 at the
-  test's size).
+* the same plain step with the lab's kernel in place of the twin's holds the same bytes within
+  1 % (0.61 % at the test's size, 540,672 B: one query block's q and the log-sum-exp and delta
+  rows the lab's kernel slices for its diagonal block's sub-blocks; 256 B apart before issue 67,
+  when it computed whole diagonal blocks as the twin does, 25 % more score work at four blocks);
+* the lab's own program of the configuration is no more than 3 % over the plain one (0.977 at the
+  test's size, 86,714,464 B against 88,795,872; 0.970 before issue 67).
 
 At the issue's scaled recipe (2026-12-05, this file run as a script): the lab 3,663,282,912 B a
 device, the plain step with the twin's kernel 3,631,791,840 (the lab 1.0087 of it, within the
@@ -42,6 +44,7 @@ from remat_lab.config import RunConfig
 
 F32 = jnp.float32
 TOLERANCE = 0.03  # the issue's bound: the lab's peak within 3 % of the twin's
+KERNEL_GAP = 0.01  # the lab's kernel in the plain step against the twin's (see the docstring)
 SMALL = RunConfig(model="llm", width=512, depth=2, heads=4, kv_heads=2, head_dim=128, mlp_dim=1536,
                   vocab=4096, seq=2048, batch=8, dtype="bfloat16", step="train", target="h100",
                   target_devices=8, mesh="fsdp=8", policy="full", attention="chunked",
@@ -252,7 +255,7 @@ def _three(config: RunConfig) -> dict:
 def test_the_llm_program_holds_what_a_flash2_twin_holds():
     peaks = _three(SMALL)
     plain = peaks["plain"]
-    assert abs(peaks["plain_with_labs_kernel"] - plain) <= 0.001 * plain, peaks
+    assert abs(peaks["plain_with_labs_kernel"] - plain) <= KERNEL_GAP * plain, peaks
     assert peaks["lab"] <= (1 + TOLERANCE) * plain, peaks
 
 

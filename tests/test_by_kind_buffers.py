@@ -14,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from remat_lab.analysis import by_kind_buffers
 from remat_lab.analysis.by_kind import memory_by_kind, source
 from remat_lab.analysis.by_kind_buffers import compile_with_dump, kinds_from_buffers, read_kinds
@@ -60,6 +62,26 @@ def test_train_step_kinds_are_read_from_its_buffers_and_match_the_hand_count():
                                                       - memory["alias_bytes"])
     assert found["other"] >= found["detail"]["input_bytes"] == B * W * 4
     assert {k: found[k] for k in KINDS} == kinds  # the run document's, the same program
+
+
+def test_other_is_named_part_by_part_and_the_parts_sum_to_it():
+    """Issue 67: other (5 to 25 % of a small run's peak) named as XLA's buffer assignment can: the
+    input batch, the layer's weights the scan's backward slices out of the stack (one layer's two
+    kernels and biases, float32), the values with no source by producer, what is free at the peak."""
+    from remat_lab.cli.run import format_run
+    from remat_lab.present.tables import other_parts_frame
+
+    doc = run_experiment(RunConfig(**MLP, compile_only=True))
+    parts, other = doc["memory"]["by_kind_other"], _kinds(doc)["other"]
+    assert sum(parts.values()) == other > 0
+    assert parts["input: x"] == B * W * 4
+    assert parts[by_kind_buffers.LAYER_WEIGHTS] == (2 * W * W + 2 * W) * 4
+    assert by_kind_buffers.GAPS in parts and all(v > 0 for v in parts.values())
+    assert all(k.startswith(("input: ", "temporary: ", "temporaries under", "a layer's", "generated",
+                             "not live")) for k in parts)
+    frame = other_parts_frame(doc)  # the Explore page's table
+    assert list(frame["part"]) == list(parts) and frame["share"].sum() == pytest.approx(1, rel=1e-12)
+    assert "other holds: a layer's parameters sliced out of the scan's stack 32.5 KiB" in format_run(doc)
 
 
 def test_on_an_h100_with_mixed_precision_each_kind_is_in_its_own_dtype():

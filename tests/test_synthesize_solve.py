@@ -158,3 +158,46 @@ def test_the_model_is_exact_at_the_batch_it_measured_and_offloaded_bytes_are_on_
     kept.base = meter.base
     model, _ = measure(kept, names, True, False, budget=10_000, at=None)
     assert model.host[("up", "offload")] == 0 and model.bytes[("up", "offload")] == pytest.approx(200)
+
+
+def _with_savings(seed: int, k: int, layers: int = 4) -> Model:
+    """``_model`` with some names' offload lowering the peak below recompute-everything's."""
+    from dataclasses import replace
+
+    model, rng = _model(seed, k=k, layers=layers), random.Random(seed + 7)
+    return replace(model, offload_saving={n: -rng.randint(0, 60) * 1000.0 for n in model.names
+                                          if rng.random() < 0.6})
+
+
+def test_a_plans_offload_saving_is_the_least_of_its_names():
+    """Issue 67: an offloaded name's own saving is kept (the SwiGLU block's gate alone 262 KB per
+    example below recompute-everything), not added across names: the least any of them saves."""
+    from dataclasses import replace
+
+    model = replace(_model(0, k=3), offload_saving={"n0": -5000.0, "n1": -2000.0})
+    peak = lambda plan: model.predict(plan, 10)["peak_bytes"]  # noqa: E731
+    none = peak(Plan((), (), 4))
+    cost = {n: model.bytes[(n, "offload")] for n in model.names}
+    assert peak(Plan((), ("n0",), 4)) == pytest.approx(none + 10 * (cost["n0"] - 5000))
+    assert peak(Plan((), ("n0", "n1"), 4)) == pytest.approx(none + 10 * (cost["n0"] + cost["n1"] - 2000))
+    assert peak(Plan((), ("n0", "n2"), 4)) == pytest.approx(none + 10 * (cost["n0"] + cost["n2"]))
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_with_offload_savings_the_solver_is_still_the_brute_force_optimum(seed):
+    model = _with_savings(seed, k=5)
+    rng = random.Random(100 + seed)
+    batch = rng.randint(1, 12)
+    budget = model.intercept_full + batch * rng.uniform(0.1, 1.2) * model.slope_full
+    got, want = solve(model, budget, "min-recompute", batch)["candidates"], brute_force(model, budget, batch)
+    assert (want is None) == (not got)
+    if want is not None:
+        for g, w in zip(_objective(got[0])[:2], _objective(want)[:2], strict=True):
+            assert g == pytest.approx(w, rel=1e-9, abs=1e-6)
+    import itertools
+
+    from remat_lab.studies.synthesize.solve import _plan
+    budget = model.intercept_full + rng.uniform(2, 30) * model.slope_base
+    largest = max(model.largest_batch(_plan(model.names, picks, r), budget) for r in model.layer_counts
+                  for picks in itertools.product(model.choices(), repeat=len(model.names)))
+    assert solve(model, budget, "max-batch")["batch"] == largest

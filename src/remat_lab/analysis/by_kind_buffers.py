@@ -16,7 +16,11 @@ For a compiled step (the gradient step or the whole training step), from its dum
   checkpoint name, ``timeline_names.label``).
 * **other** is ``peak_bytes`` less the five: the input, values with no source (a layer's weights
   sliced out of a scan's stack, scalars, the optimizer's temporaries), constants, the gaps XLA's
-  packing of the temporary memory leaves, generated code.
+  packing of the temporary memory leaves, generated code. ``other_parts`` names them, summing to
+  it: each input argument by its name, a layer's parameters sliced out of the scan's stack (a
+  value of a stacked parameter's shape less its layer axis), every other value live at the peak by
+  its producer (the instruction's name without its number and the JAX operation, ``producer``),
+  the generated code, and what no value holds at the peak (``GAPS``).
 
 On a TPU only HBM's allocations count (those without a ``color``: colour 1 is the on-chip VMEM).
 """
@@ -41,7 +45,8 @@ METHOD = ("from XLA's buffer assignment: parameters and optimizer_state: the all
           "step: its outputs), the accumulators it comes out of and what is written into them; "
           "logits: values named logits; activations: other values with a source (a layer or a "
           "checkpoint name); other: the rest of peak_bytes (the input, values with no source, "
-          "constants, the temporary memory's packing gaps, generated code)")
+          "constants, the temporary memory's packing gaps, generated code), named part by part "
+          "in memory.by_kind_other")
 SOURCE = "buffers"
 FALLBACK = "size split (fallback)"
 KINDS = ("parameters", "optimizer_state", "gradients", "activations", "logits")
@@ -85,7 +90,7 @@ def kinds_from_buffers(dump, memory: dict, *, depth: int = 1, names: Sequence[st
     if not any(op.startswith("leaves[") for op, _ in params.values()):
         return None
     out = dict.fromkeys(KINDS, 0)
-    inputs = 0
+    inputs, unnamed = 0, {}  # unnamed: other's parts, {part: bytes}
     for size, number, color in allocations.values():
         if number is None or color != 0:
             continue
@@ -94,6 +99,7 @@ def kinds_from_buffers(dump, memory: dict, *, depth: int = 1, names: Sequence[st
                 "optimizer_state" if op.startswith("opt_state") else None)
         if kind is None:
             inputs += size
+            _add(unnamed, f"input: {op or f'argument {number}'}", size)
         else:
             out[kind] += size
     n, last = len(sequence), len(sequence) - 1
@@ -108,6 +114,7 @@ def kinds_from_buffers(dump, memory: dict, *, depth: int = 1, names: Sequence[st
     peak = int(np.argmax(live)) if n else 0
     leaf_shapes = {shape for op, shape in params.values() if op.startswith("leaves[") and shape}
     grads = gradient_values(program, others, leaf_shapes)
+    layer_shapes = {(dtype, dims[1:]) for dtype, dims in leaf_shapes if depth > 1 and dims[:1] == (depth,)}
     judge, sources = Witness(dump.hlo, None), Sources(dump.hlo)
     for (_, _, size), values in others.items():
         if not any(max(v[0], 0) <= peak <= min(v[1], last) for v in values):
@@ -122,13 +129,57 @@ def kinds_from_buffers(dump, memory: dict, *, depth: int = 1, names: Sequence[st
             out["logits"] += size
         elif name or layer != "other":
             out["activations"] += size
+        elif program.get(value[3]).shape in layer_shapes:  # a layer's weights out of the stack
+            _add(unnamed, LAYER_WEIGHTS, size)
+        else:
+            _add(unnamed, f"temporary: {producer(program, value[3])}", size)
     peak_bytes = left = int(memory["peak_bytes"])
     for kind in KINDS:  # never over the peak: each cut to what the kinds before it leave
         out[kind] = min(out[kind], max(left, 0))
         left -= out[kind]
     out["other"] = max(peak_bytes - sum(out.values()), 0)
-    return {**out, "detail": {"peak_index": peak, "instructions": n,
-                              "live_bytes": int(live[peak]) if n else 0, "input_bytes": inputs}}
+    return {**out, "other_parts": other_parts(out["other"], unnamed, memory),
+            "detail": {"peak_index": peak, "instructions": n,
+                       "live_bytes": int(live[peak]) if n else 0, "input_bytes": inputs}}
+
+
+def _add(parts: dict, key: str, size: int) -> None:
+    parts[key] = parts.get(key, 0) + size
+
+
+def producer(program: Program, instr: str) -> str:
+    """What made a value, as XLA names it: the instruction's name without its number (a fusion's
+    name says what it fuses: ``loop_add_fusion``), and the JAX operation it comes from."""
+    me = program.get(instr)
+    stem = re.sub(r"[.]\d+$", "", instr)
+    jax_op = (me.op or "").rsplit("/", 1)[-1]
+    return f"{stem} ({jax_op})" if jax_op and jax_op != stem else stem
+
+
+LAYER_WEIGHTS = "a layer's parameters sliced out of the scan's stack"
+GAPS = "not live at the peak (the temporary memory's packing gaps, buffers live elsewhere)"
+CODE = "generated code"
+SMALL = 0.01  # parts under this share of other are summed into one
+
+
+def other_parts(other: int, unnamed: dict, memory: dict) -> dict:
+    """``other`` by what it holds, largest first, summing to it: the input arguments and the
+    values live at the peak with no source (each by its producer, ``producer``; those under
+    ``SMALL`` of other together), the generated code, and what no live value holds at the peak
+    (``GAPS``: the allocations' bytes free there). Each part cut to what the ones before leave."""
+    parts, left = {}, other
+    code = int(memory.get("generated_code_bytes") or 0)
+    named = sorted(unnamed.items(), key=lambda kv: -kv[1])
+    kept = lambda k, v: v >= SMALL * other or not k.startswith("temporary: ")  # noqa: E731
+    small = sum(v for k, v in named if not kept(k, v))
+    for key, size in [*((k, v) for k, v in named if kept(k, v)),
+                      (f"temporaries under {SMALL:.0%} of other each", small), (CODE, code)]:
+        if size and left > 0:
+            parts[key] = min(size, left)
+            left -= parts[key]
+    if left > 0:
+        parts[GAPS] = left
+    return parts
 
 
 def compile_with_dump(lowered):

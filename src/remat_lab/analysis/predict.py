@@ -169,12 +169,24 @@ def predict_step(target: Target, bound: dict, *, text: str | None = None,
     return {"predicted_s": None, "basis": NONE_BASIS.format(name=target.name)}
 
 
+# What each MFU counts as attention's model flops (MaxText's ``calculate_tflops_training_per_device``)
+MFU_DEFINITIONS = {
+    "predicted_mfu": "causal attention (half the score square), as MaxText counts today",
+    "predicted_mfu_full_attention": "full-square attention, as MaxText's tiering.md and its "
+                                    "published v6e runs count"}
+
+
 def rates(predicted_s: float | None, *, model_flops: float | None, tokens: float | None,
-          target: Target) -> dict:
-    """``predicted_mfu`` (model flops per device over the predicted step at the bf16 peak) and
+          target: Target, model_flops_full_attention: float | None = None) -> dict:
+    """``predicted_mfu`` (model flops per device, attention causal, over the predicted step at the
+    bf16 peak), ``predicted_mfu_full_attention`` (the same with ``model_flops_full_attention``,
+    attention the full square: MaxText's published definition) and
     ``predicted_tokens_per_s_per_device``; None where a part is unknown."""
     if not predicted_s:
-        return {"predicted_mfu": None, "predicted_tokens_per_s_per_device": None}
+        return {"predicted_mfu": None, "predicted_mfu_full_attention": None,
+                "predicted_tokens_per_s_per_device": None}
     peak = target.peak_flops.get("bfloat16")
-    return {"predicted_mfu": model_flops / (predicted_s * peak) if model_flops and peak else None,
+    mfu = lambda flops: flops / (predicted_s * peak) if flops and peak else None
+    return {"predicted_mfu": mfu(model_flops),
+            "predicted_mfu_full_attention": mfu(model_flops_full_attention),
             "predicted_tokens_per_s_per_device": tokens / predicted_s if tokens else None}

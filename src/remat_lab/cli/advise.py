@@ -126,7 +126,8 @@ def format_advice(doc: dict) -> str:
         searched = "answered from the configuration alone: nothing compiled, nothing searched"
     lines = [*decision_lines(doc), "", head, searched, "", format_table(rows, list(table.columns)), ""]
     if doc["timed"] and doc.get("peak_flops_per_s"):
-        lines.append(f"MFU / HFU: model (no_remat) / hardware flops per second over the "
+        lines.append(f"MFU / HFU: model (the llm: MaxText's count, attention causal; other models: "
+                     f"no_remat's program) / hardware flops per second over the "
                      f"{sig(doc['peak_flops_per_s'] / 1e9)} GFLOP/s peak: {doc['peak_source']}")
     said = set((doc.get("decision") or {}).get("cannot_show") or [])  # each sentence once
     lines += [f"note: {n}" for n in doc.get("notes", []) if n not in said]

@@ -182,7 +182,8 @@ def _row(r: dict) -> str:
     return (f"{r['mesh']:<28} {r['plan_text'][:44]:<44} b{r['per_device_batch']:g} x{r['microbatches']}"
             f"{' +opt-offload' if r['optimizer_offload'] else '':<13} peak {human_bytes(r['peak_bytes']):>10}"
             f"  step {human_seconds(r['predicted_s'] or r['bound_s'] or 0)}  "
-            + (f"{tps:,.0f} tok/s/dev" if tps else "-") + (f"  MFU {mfu:.1%}" if mfu else "")
+            + (f"{tps:,.0f} tok/s/dev" if tps else "-") + (f"  MFU {mfu:.1%} causal" if mfu else "")
+            + (f", {full:.1%} full square" if (full := r.get("predicted_mfu_full_attention")) else "")
             + (f"  ${cost:.3f}/M tok" if cost else ""))
 
 

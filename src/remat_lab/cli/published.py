@@ -7,7 +7,7 @@ import json
 
 from remat_lab.cli.common import engine_errors
 from remat_lab.cli.format import format_table
-from remat_lab.config import human_bytes
+from remat_lab.config import human_bytes, mfu_text
 from remat_lab.config import published as pub
 
 
@@ -69,6 +69,8 @@ def format_check(doc: dict) -> str:
                      + (f"{bound:.3f} s ({_ratio_text(bound, doc['measured_step_s'])})" if bound else "-"))
     else:
         lines.append("  step time:     no figure published")
+    if mfu := mfu_text(doc.get("timing") or {}):
+        lines.append(f"  MFU:           {mfu}")
     for d in doc["differences"]:
         lines.append(f"  difference:    {d}")
     if defaults := pub.defaults_text(pub.run_named(doc["name"])):

@@ -19,7 +19,7 @@ import sys
 from remat_lab.cli.common import add_config_args, config_from, engine_errors, record
 from remat_lab.cli.devices import quiet_if_distributed
 from remat_lab.cli.format import fmt_time, format_table, format_tables
-from remat_lab.config import flag_defaults, human_bytes
+from remat_lab.config import flag_defaults, human_bytes, mfu_text
 from remat_lab.model.models import SEQ_MODELS
 
 GRAD_MISMATCH = 3  # exit status of run: the gradients do not match the reference (MISMATCH)
@@ -151,6 +151,8 @@ def format_run(result: dict) -> str:
         lines.append(f"step time: not measured; predicted {fmt_time(pred)} "
                      f"({timing['prediction_basis']})" if pred else
                      f"step time: not measured; no prediction ({timing.get('prediction_basis')})")
+        if mfu := mfu_text(timing):
+            lines.append(f"MFU: {mfu}")
         lines.append(f"roofline bound: {fmt_time(est)} at least ({timing['estimate_basis']})"
                      if est else f"roofline bound: none ({timing['estimate_basis']})")
         terms = timing.get("estimate") or {}
@@ -187,6 +189,8 @@ def format_run(result: dict) -> str:
         if kinds:
             lines.append("memory by kind at the peak: " + ", ".join(
                 f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in kinds.items() if k != "method"))
+        if parts := mem.get("by_kind_other"):  # what other holds, as XLA's buffer assignment names it
+            lines.append("  other holds: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in parts.items()))
     else:
         lines.append("memory: this backend gives no compiled memory analysis")
     if result.get("sharding"):

@@ -85,16 +85,44 @@ def llm_model_flops(config: RunConfig, causal: bool = True) -> float:
     return 3 * (matmul + attention)
 
 
-def mfu_model_flops(config: RunConfig, no_remat_flops: float | None) -> float | None:
+def mfu_model_flops(config: RunConfig, no_remat_flops: float | None, causal: bool = True
+                    ) -> float | None:
     """MFU's numerator, one device's: for the llm MaxText's model flops (``llm_model_flops`` over
-    the mesh's devices: the field's definition), for other models no_remat's program's flops. The
+    the mesh's devices: the field's definition; ``causal=False``: attention the full square, as
+    MaxText's published runs count), for other models no_remat's program's flops. The
     llm's no_remat program computes more (cuDNN's backward recomputes q k^T, a chunked loss runs
     each chunk's forward again: ``tests/test_flops_truth.py``): hardware work, not the model's."""
     if config.model != "llm":
         return no_remat_flops
     from .mesh_text import mesh_devices
 
-    return llm_model_flops(config) / mesh_devices(config.mesh)
+    return llm_model_flops(config, causal) / mesh_devices(config.mesh)
+
+
+def mfu_flops(config: RunConfig, no_remat_flops: float | None) -> dict:
+    """Both MFU numerators as ``analysis.predict.rates`` takes them: ``model_flops`` (attention
+    causal) and ``model_flops_full_attention`` (the full square; the llm only: no other model
+    counts attention apart)."""
+    full = mfu_model_flops(config, no_remat_flops, causal=False) if config.model == "llm" else None
+    return {"model_flops": mfu_model_flops(config, no_remat_flops),
+            "model_flops_full_attention": full}
+
+
+def mfu_text(timing: dict) -> str | None:
+    """The predicted MFU on both counts of attention, each named (a compile-only run's ``timing``),
+    and where a published check's gives it the published MFU beside the figure on its own
+    definition; None without a predicted MFU (or none on the full square: not the llm)."""
+    if not (timing.get("predicted_mfu") and timing.get("predicted_mfu_full_attention")):
+        return None
+    text = (f"predicted {timing['predicted_mfu']:.2%} (attention causal, as MaxText counts today), "
+            f"{timing['predicted_mfu_full_attention']:.2%} (attention the full square, as its "
+            "published runs count)")
+    if timing.get("published_mfu") and timing.get("predicted_mfu_as_published"):
+        counted = ("the full square" if timing["published_mfu_definition"] ==
+                   "predicted_mfu_full_attention" else "causal")
+        text += (f"; published {timing['published_mfu']:.2%} (attention {counted}: its own count) "
+                 f"against the predicted {timing['predicted_mfu_as_published']:.2%}")
+    return text
 
 
 def optimizer_state_bytes(config: RunConfig) -> int:

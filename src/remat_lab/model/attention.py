@@ -8,8 +8,11 @@ key/value head ``h // (H // G)``) to the context ``(B, N, H, K)`` in the dtype, 
 * ``full_attention``: the ``(B, G, R, N, N)`` scores materialized (R = H // G), as MaxText's
   ``dot_product`` attention; autodiff saves them for the backward pass.
 * ``chunked_attention``: blockwise with an online softmax (FlashAttention-2, Dao 2023) in plain
-  JAX: query blocks in a ``lax.map``, key blocks up to the diagonal in a ``fori_loop`` (blocks above
-  it are never computed), float32 running max, sum and accumulator; a ``custom_vjp`` whose forward
+  JAX: query blocks in a ``lax.map``, key blocks below the diagonal in a ``fori_loop``, unmasked
+  (blocks above it are never computed), then the diagonal block in ``diagonal_splits`` sub-blocks of
+  which only those at or below its diagonal are computed (a whole diagonal block would compute
+  half a block of masked scores a query block: 25 % over the causal work at four blocks), float32
+  running max, sum and accumulator; a ``custom_vjp`` whose forward
   keeps only the output and the float32 log-sum-exp ``(B, G, R, N)`` and whose backward recomputes
   each block's probabilities from them, in two passes (dk and dv per key block, dq per query block)
   that each accumulate one block at a time. Memory is linear in ``seq`` for a fixed block. A sequence
@@ -61,40 +64,68 @@ def _pad(x: jax.Array, to: int) -> jax.Array:
     return x if x.shape[1] == to else jnp.pad(x, [(0, 0), (0, to - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
 
-def _scores(qi: jax.Array, kj: jax.Array, i, j, blk: int) -> jax.Array:
-    """Block (i, j)'s scaled float32 scores ``(B, G, R, blk, blk)``, -inf above the diagonal."""
+DIAGONAL_SPLITS = (4, 2)  # a diagonal block is split into this many sub-blocks (the first dividing it)
+
+
+def diagonal_splits(blk: int) -> int:
+    """How many sub-blocks a diagonal block of ``blk`` tokens is split into (1 where none divides)."""
+    return next((k for k in DIAGONAL_SPLITS if blk % k == 0), 1)
+
+
+def _scores(qi: jax.Array, kj: jax.Array, masked: bool = False) -> jax.Array:
+    """The scaled float32 scores ``(B, G, R, q, k)`` of a query and a key block; ``masked``: the two
+    cover the same positions (a diagonal sub-block), -inf above its diagonal."""
     s = jnp.einsum("bqgrd,bkgd->bgrqk", qi, kj, preferred_element_type=F32) / math.sqrt(qi.shape[-1])
-    causal = (i * blk + jnp.arange(blk))[:, None] >= (j * blk + jnp.arange(blk))[None, :]
-    return jnp.where(causal, s, -jnp.inf)
+    if not masked:
+        return s
+    n = qi.shape[1]
+    return jnp.where(jnp.arange(n)[:, None] >= jnp.arange(n)[None, :], s, -jnp.inf)
+
+
+def _online(carry: tuple, s: jax.Array, vj: jax.Array) -> tuple:
+    """The online softmax's running max, sum and float32 accumulator after the scores ``s`` of one
+    key block (values ``vj``)."""
+    m, total, acc = carry
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    p = jnp.exp(s - m_new[..., None])
+    corr = jnp.exp(m - m_new)
+    pv = jnp.einsum("bgrqk,bkgd->bgrqd", p.astype(vj.dtype), vj, preferred_element_type=F32)
+    return m_new, total * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+
+
+def _pieces(x: jax.Array, k: int, axis: int) -> list[jax.Array]:
+    return jnp.split(x, k, axis=axis)
 
 
 def _forward(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
     """The context ``(B, N, H, K)`` in the dtype and the log-sum-exp ``(B, G, R, Np)`` in float32
-    (Np: N padded to whole blocks)."""
+    (Np: N padded to whole blocks). Query block i reads key blocks j < i whole, unmasked, then its
+    diagonal block split in ``diagonal_splits`` sub-blocks, of which only those at or below the diagonal."""
     b, n, h, d = q.shape
     g = k.shape[2]
     blk = min(block, n)
-    nb = -(-n // blk)
+    nb, parts = -(-n // blk), diagonal_splits(blk)
     qp = _pad(q, nb * blk).reshape(b, nb * blk, g, h // g, d)
     kp, vp = _pad(k, nb * blk), _pad(v, nb * blk)
 
     def query_block(i):
-        qi = lax.dynamic_slice_in_dim(qp, i * blk, blk, axis=1)
+        qi, ki, vi = (lax.dynamic_slice_in_dim(x, i * blk, blk, axis=1) for x in (qp, kp, vp))
 
         def key_block(j, carry):
-            m, total, acc = carry
-            s = _scores(qi, lax.dynamic_slice_in_dim(kp, j * blk, blk, axis=1), i, j, blk)
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            p = jnp.exp(s - m_new[..., None])
-            corr = jnp.exp(m - m_new)
-            vj = lax.dynamic_slice_in_dim(vp, j * blk, blk, axis=1)
-            pv = jnp.einsum("bgrqk,bkgd->bgrqd", p.astype(v.dtype), vj, preferred_element_type=F32)
-            return m_new, total * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+            kj, vj = (lax.dynamic_slice_in_dim(x, j * blk, blk, axis=1) for x in (kp, vp))
+            return _online(carry, _scores(qi, kj), vj)
 
         shape = (b, g, h // g, blk)
-        m, total, acc = lax.fori_loop(0, i + 1, key_block, (jnp.full(shape, -jnp.inf, F32),
-                                                         jnp.zeros(shape, F32),
-                                                         jnp.zeros((*shape, d), F32)))
+        carry = lax.fori_loop(0, i, key_block, (jnp.full(shape, -jnp.inf, F32), jnp.zeros(shape, F32),
+                                                jnp.zeros((*shape, d), F32)))
+        qs, ks, vs = _pieces(qi, parts, 1), _pieces(ki, parts, 1), _pieces(vi, parts, 1)
+        done = []
+        for a in range(parts):  # the diagonal block: sub-blocks at or below its diagonal
+            state = tuple(_pieces(x, parts, 3)[a] for x in carry)
+            for c in range(a + 1):
+                state = _online(state, _scores(qs[a], ks[c], masked=a == c), vs[c])
+            done.append(state)
+        m, total, acc = (jnp.concatenate(x, axis=3) for x in zip(*done, strict=True))
         return (acc / total[..., None]).astype(q.dtype), m + jnp.log(total)
 
     out, lse = lax.map(query_block, jnp.arange(nb))  # (nb, B, G, R, blk, K), (nb, B, G, R, blk)
@@ -121,46 +152,71 @@ def _chunked_bwd(block, res, dout):
     give its dq. Each pass recomputes p from the log-sum-exp, ``ds = p * (dp - rowsum(dout *
     out))``, and accumulates one block in float32, kept in the dtype once done: no accumulator
     spans the sequence (two more block products a block pair than one pass with a whole-sequence
-    float32 dq)."""
+    float32 dq). The diagonal block pair is read in sub-blocks as the forward reads it."""
     q, k, v, out, lse = res
     b, n, h, d = q.shape
     g = k.shape[2]
     r, blk = h // g, min(block, n)
-    nb = -(-n // blk)
+    nb, parts = -(-n // blk), diagonal_splits(blk)
     grouped = lambda x: _pad(x, nb * blk).reshape(b, nb * blk, g, r, d)
     qp, op, dop = grouped(q), grouped(out), grouped(dout)
     kp, vp = _pad(k, nb * blk), _pad(v, nb * blk)
     delta = jnp.einsum("bngrd,bngrd->bgrn", dop.astype(F32), op.astype(F32))
     scale = 1.0 / math.sqrt(d)
 
-    def ds_of(i, j, kj, vj):
-        """Block (i, j)'s probabilities and score gradient, and query block i's q and dout."""
-        qi, doi = (lax.dynamic_slice_in_dim(x, i * blk, blk, axis=1) for x in (qp, dop))
-        lse_i, delta_i = (lax.dynamic_slice_in_dim(x, i * blk, blk, axis=3) for x in (lse, delta))
-        p = jnp.exp(_scores(qi, kj, i, j, blk) - lse_i[..., None])
+    def rows(i):
+        """Query block i's q, dout (B, blk, G, R, K), log-sum-exp and delta (B, G, R, blk)."""
+        return (*(lax.dynamic_slice_in_dim(x, i * blk, blk, axis=1) for x in (qp, dop)),
+                *(lax.dynamic_slice_in_dim(x, i * blk, blk, axis=3) for x in (lse, delta)))
+
+    def ds_of(qi, doi, lse_i, delta_i, kj, vj, masked=False):
+        """A query and a key block's probabilities and score gradient (in the dtype)."""
+        p = jnp.exp(_scores(qi, kj, masked) - lse_i[..., None])
         dp = jnp.einsum("bqgrd,bkgd->bgrqk", doi, vj, preferred_element_type=F32)
-        return p, (p * (dp - delta_i[..., None]) * scale).astype(q.dtype), qi, doi
+        return p, (p * (dp - delta_i[..., None]) * scale).astype(q.dtype)
+
+    def diagonal(i):
+        """Block (i, i) in sub-blocks at or below its diagonal: ``(a, c, p, ds, q_a, do_a, k_c)``."""
+        qi, doi, lse_i, delta_i = rows(i)
+        qs, dos, ks, vs = (_pieces(x, parts, 1) for x in (qi, doi, *(
+            lax.dynamic_slice_in_dim(y, i * blk, blk, axis=1) for y in (kp, vp))))
+        ls, deltas = _pieces(lse_i, parts, 3), _pieces(delta_i, parts, 3)
+        for a in range(parts):
+            for c in range(a + 1):
+                p, ds = ds_of(qs[a], dos[a], ls[a], deltas[a], ks[c], vs[c], masked=a == c)
+                yield a, c, p, ds, qs[a], dos[a], ks[c]
 
     def key_block(j):
         kj, vj = (lax.dynamic_slice_in_dim(x, j * blk, blk, axis=1) for x in (kp, vp))
 
         def query_block(i, carry):
             dk, dv = carry
-            p, ds, qi, doi = ds_of(i, j, kj, vj)
+            qi, doi, lse_i, delta_i = rows(i)
+            p, ds = ds_of(qi, doi, lse_i, delta_i, kj, vj)
             dv = dv + jnp.einsum("bgrqk,bqgrd->bkgd", p.astype(v.dtype), doi, preferred_element_type=F32)
             return dk + jnp.einsum("bgrqk,bqgrd->bkgd", ds, qi, preferred_element_type=F32), dv
 
         zero = jnp.zeros((b, blk, g, d), F32)
-        dk, dv = lax.fori_loop(j, nb, query_block, (zero, zero))
-        return dk.astype(k.dtype), dv.astype(v.dtype)
+        dk, dv = lax.fori_loop(j + 1, nb, query_block, (zero, zero))
+        dks, dvs = _pieces(dk, parts, 1), _pieces(dv, parts, 1)
+        for _, c, p, ds, qa, doa, _ in diagonal(j):
+            dvs[c] = dvs[c] + jnp.einsum("bgrqk,bqgrd->bkgd", p.astype(v.dtype), doa,
+                                         preferred_element_type=F32)
+            dks[c] = dks[c] + jnp.einsum("bgrqk,bqgrd->bkgd", ds, qa, preferred_element_type=F32)
+        return jnp.concatenate(dks, axis=1).astype(k.dtype), jnp.concatenate(dvs, axis=1).astype(v.dtype)
 
     def query_block(i):
+        qi, doi, lse_i, delta_i = rows(i)
+
         def key_block_dq(j, dq):
             kj, vj = (lax.dynamic_slice_in_dim(x, j * blk, blk, axis=1) for x in (kp, vp))
-            _, ds, _, _ = ds_of(i, j, kj, vj)
+            _, ds = ds_of(qi, doi, lse_i, delta_i, kj, vj)
             return dq + jnp.einsum("bgrqk,bkgd->bqgrd", ds, kj, preferred_element_type=F32)
 
-        return lax.fori_loop(0, i + 1, key_block_dq, jnp.zeros((b, blk, g, r, d), F32)).astype(q.dtype)
+        dqs = _pieces(lax.fori_loop(0, i, key_block_dq, jnp.zeros((b, blk, g, r, d), F32)), parts, 1)
+        for a, _, _, ds, _, _, kc in diagonal(i):
+            dqs[a] = dqs[a] + jnp.einsum("bgrqk,bkgd->bqgrd", ds, kc, preferred_element_type=F32)
+        return jnp.concatenate(dqs, axis=1).astype(q.dtype)
 
     dk, dv = lax.map(key_block, jnp.arange(nb))  # (nb, B, blk, G, K) each, in the dtype
     dq = lax.map(query_block, jnp.arange(nb))  # (nb, B, blk, G, R, K)

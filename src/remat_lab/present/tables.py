@@ -382,3 +382,11 @@ def memory_by_kind_frame(results: list[dict]) -> pd.DataFrame:
             for r in results for k, v in ((r.get("memory") or {}).get("by_kind") or {}).items()
             if k != "method" and isinstance(v, int | float) and not isinstance(v, bool)]
     return pd.DataFrame(rows, columns=["run", "kind", "bytes"])
+
+
+def other_parts_frame(result: dict) -> pd.DataFrame:
+    """Columns part, bytes, share (of other): ``memory.by_kind_other``, what other holds at the peak."""
+    mem = result.get("memory") or {}
+    parts, other = mem.get("by_kind_other") or {}, (mem.get("by_kind") or {}).get("other") or 0
+    return pd.DataFrame([{"part": k, "bytes": v, "share": v / other if other else None}
+                         for k, v in parts.items()], columns=["part", "bytes", "share"])

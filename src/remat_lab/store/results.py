@@ -95,7 +95,7 @@ ENV = {"backend": str, "device_kind": str, "device_count": int, "jax": str}
 STEP = {"median": NUM, "p25": NUM, "p75": NUM, "min": NUM, "max": NUM, "repeats": int, "warmup": int,
         "samples": (OPT, list), "ci_low": (OPT, NUM), "ci_high": (OPT, NUM)}  # ci: sweeps, interleaved
 MEMORY = {**{f"{p}_bytes": NUM for p in ("argument", "output", "alias", "temp", "generated_code", "peak")},
-          "by_kind": (OPT, dict), "by_kind_source": (OPT, str)}
+          "by_kind": (OPT, dict), "by_kind_source": (OPT, str), "by_kind_other": (OPT, dict)}
 # XLA's and JAX's log lines and warnings, summarized (program/native_log.Captured.document)
 LOG = {"lines": int, "xla_remat_lines": list, "xla_lines": list, "warnings": list,
        "warnings_total": int, "shown_with": (OPT, str)}
@@ -217,6 +217,8 @@ def _kind(doc) -> str:
     kinds = (doc.get("memory") or {}).get("by_kind") or {}
     if not all(_is(v, NUM) for k, v in kinds.items() if k != "method"):
         raise Invalid("memory.by_kind must hold numbers (and its method)")
+    if not all(_is(v, NUM) for v in ((doc.get("memory") or {}).get("by_kind_other") or {}).values()):
+        raise Invalid("memory.by_kind_other must hold numbers")
     return "run"
 
 

@@ -19,7 +19,7 @@ from remat_lab.analysis.costs import cost_of, memory_report, program_flops, step
 from remat_lab.analysis.dissect import Dissection, dissect
 from remat_lab.analysis.estimate import estimate_step
 from remat_lab.analysis.gradcheck import check_gradients
-from remat_lab.analysis.predict import predict_step
+from remat_lab.analysis.predict import MFU_DEFINITIONS, predict_step
 from remat_lab.analysis.predict import rates as prediction_rates
 from remat_lab.analysis.roofline import roofline_report
 from remat_lab.analysis.timeline import compile_dumped, memory_timeline
@@ -32,7 +32,7 @@ from remat_lab.config import (
     check_budget,
     check_compiled,
     get_target,
-    mfu_model_flops,
+    mfu_flops,
     resolve_budget,
 )
 from remat_lab.config.budget import sig
@@ -71,6 +71,8 @@ from remat_lab.studies.device_checks import allocator_before, allocator_report, 
 from remat_lab.studies.witness_compiles import Witnesses, baseline_program  # noqa: F401 (re-exported)
 
 # The no_remat witness and its cache live in ``witness_compiles`` (beside the main compile).
+# the prediction's rates a compile-only run's ``timing`` carries (``analysis.predict.rates``)
+RATES = ("predicted_mfu", "predicted_mfu_full_attention", "predicted_tokens_per_s_per_device")
 STAGES = ("waiting", "building", "lowering", "compiling", "timing", "checking", "dissecting")
 
 
@@ -286,8 +288,8 @@ def _with_program(config: RunConfig, result: dict, problem: Problem) -> dict:
                                train=config.step == "train", logits_bytes=logits,
                                timeline=result.get("memory_timeline"),
                                buffers=buffers if config.step == "train" else None)
-        result["memory"]["by_kind"] = kinds
-        result["memory"]["by_kind_source"] = by_kind_source(kinds)
+        result["memory"].update(by_kind=kinds, by_kind_source=by_kind_source(kinds),  # other's parts
+                                by_kind_other=(buffers or {}).get("other_parts") if kinds else None)
     return result
 
 
@@ -301,11 +303,10 @@ def _train_prediction(config: RunConfig, result: dict, text: str, where: list[in
     pred = predict_step(target, timing["estimate"], text=text, granules=where,
                         overlap=config.collective_overlap)
     pred.update({k: v for k, v in old.items() if k.startswith("libtpu")})
-    pred.update(prediction_rates(pred["predicted_s"], model_flops=mfu_model_flops(
+    pred.update(prediction_rates(pred["predicted_s"], **mfu_flops(
                                      config, (result.get("baseline") or {}).get("flops")),
                                  tokens=_tokens_per_device(config), target=target))
-    timing.update(predicted_s=pred["predicted_s"], predicted_mfu=pred.get("predicted_mfu"),
-                  predicted_tokens_per_s_per_device=pred.get("predicted_tokens_per_s_per_device"),
+    timing.update({k: pred.get(k) for k in RATES}, predicted_s=pred["predicted_s"],
                   prediction=pred, prediction_basis=pred["basis"])
 
 
@@ -347,7 +348,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
                                   granules=granules(problem.mesh),
                                   overlap=config.collective_overlap)
         prediction.update(prediction_rates(
-            prediction["predicted_s"], model_flops=mfu_model_flops(config, base and base["flops"]),
+            prediction["predicted_s"], **mfu_flops(config, base and base["flops"]),
             tokens=_tokens_per_device(config), target=target))
         reason = f"compiled for {config.target} without the device: nothing was run"
     else:
@@ -360,9 +361,7 @@ def _run_on_target(config: RunConfig, progress: Progress) -> dict:
                     "xla_remat": sec["xla_remat"]},
         "step_time_s": None,
         "timing": {"measured": False, "predicted_s": prediction["predicted_s"],
-                   "predicted_mfu": prediction.get("predicted_mfu"),
-                   "predicted_tokens_per_s_per_device":
-                       prediction.get("predicted_tokens_per_s_per_device"),
+                   **{k: prediction.get(k) for k in RATES}, "mfu_definitions": MFU_DEFINITIONS,
                    "prediction_basis": prediction["basis"], "prediction": prediction,
                    "bound_s": estimate["estimate_s"], "estimate_s": estimate["estimate_s"],
                    "estimate_basis": estimate["basis"], "estimate": estimate, "reason": reason},

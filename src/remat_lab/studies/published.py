@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from remat_lab.analysis.costs import step_costs
 from remat_lab.analysis.estimate import estimate_step
-from remat_lab.analysis.predict import predict_step
+from remat_lab.analysis.predict import MFU_DEFINITIONS, predict_step
 from remat_lab.analysis.traffic import traffic_of
 from remat_lab.config import RunConfig, get_target
 from remat_lab.config import published as pub
@@ -45,6 +45,7 @@ def check(name: str, progress: Progress | None = None) -> dict:
                                        "chip's HBM, so it is not compiled past HBM")
         else:
             doc.update(past_hbm_prediction(config, doc["measured_step_s"]))
+            doc["timing"] = mfu_timing(doc)
         return doc
 
 
@@ -144,4 +145,25 @@ def judge(name: str, result: dict | None, refused: Exception | None = None) -> d
     doc["bound_over_measured"] = _ratio(doc["bound_s"], doc["measured_step_s"])
     doc["predicted_over_measured"] = _ratio(doc["predicted_s"], doc["measured_step_s"])
     doc["program_over_source_flops"] = _ratio(doc["program_flops"], doc["source_model_flops"])
+    doc["timing"] = mfu_timing(doc)
     return doc
+
+
+def mfu_timing(doc: dict) -> dict:
+    """A check's predicted step as MFU on both of MaxText's counts of attention, from the record's
+    own model flops (``source_model_flops``: causal; ``source_model_flops_full_square``) at the
+    chip's bf16 peak, and the one the published MFU uses (``published_mfu_definition``, the key of
+    the figure to hold it against: ``mfu_definition``'s match of its MFU and tokens/s). Reads only
+    the document, so a stored check gives it too."""
+    run, step = pub.run_named(doc["name"]), doc.get("predicted_s")
+    peak = get_target(run["target"]).peak_flops["bfloat16"]
+    causal, full = (f / step / peak if step and f else None for f in (
+        doc.get("source_model_flops"), doc.get("source_model_flops_full_square")))
+    matches = (doc.get("mfu_definition") or {}).get("matches")
+    key = {"full_square": "predicted_mfu_full_attention", "causal": "predicted_mfu"}.get(matches)
+    return {"predicted_s": step, "predicted_mfu": causal, "predicted_mfu_full_attention": full,
+            "mfu_definitions": MFU_DEFINITIONS,
+            "published_mfu": (run.get("measured") or {}).get("mfu"),
+            "published_mfu_definition": key,
+            "predicted_mfu_as_published": {"predicted_mfu": causal,
+                                           "predicted_mfu_full_attention": full}.get(key)}

@@ -26,19 +26,20 @@ METHOD = ("Each mesh's first plan is compiled at two per-device batches of one s
           "and one the fit did not compile was among them. Every figure of a plan is its compile's.")
 
 
-def _rates(config: RunConfig, step_s: float | None) -> tuple[float | None, float | None]:
+def _rates(config: RunConfig, step_s: float | None) -> dict:
     """Predicted tokens/s per device and MFU (MaxText's model flops, ``config.budget``, at the bf16
-    peak) at ``step_s`` (``analysis/predict.rates``)."""
-    found = rates(step_s, model_flops=llm_model_flops(config) / config.target_devices,
-                  tokens=config.batch * config.seq / config.target_devices,
-                  target=get_target(config.target, config.network))
-    return found["predicted_tokens_per_s_per_device"], found["predicted_mfu"]
+    peak; attention causal, and the full square as MaxText's published runs count) at ``step_s``
+    (``analysis/predict.rates``)."""
+    return rates(step_s, model_flops=llm_model_flops(config) / config.target_devices,
+                 model_flops_full_attention=llm_model_flops(config, causal=False) / config.target_devices,
+                 tokens=config.batch * config.seq / config.target_devices,
+                 target=get_target(config.target, config.network))
 
 
 def plan_row(space: Space, config: RunConfig, found: dict, predicted: dict | None) -> dict:
     """One compiled plan as the document gives it."""
     step = found.get("predicted_s") or found.get("bound_s")
-    tps, mfu = _rates(config, step)
+    found_rates = _rates(config, step)
     return {"mesh": config.mesh, "plan": (predicted or {}).get("plan") or _plan_of(config),
             "plan_text": plan_label((predicted or {}).get("plan") or _plan_of(config)),
             "policy": config.policy, "save_names": list(config.save_names),
@@ -52,7 +53,7 @@ def plan_row(space: Space, config: RunConfig, found: dict, predicted: dict | Non
             "predicted_peak_bytes": (predicted or {}).get("predicted_peak_bytes"),
             "predicted_s": found.get("predicted_s"), "bound_s": found.get("bound_s"),
             "step_basis": "prediction" if found.get("predicted_s") else "roofline bound",
-            "predicted_tokens_per_s_per_device": tps, "predicted_mfu": mfu,
+            **found_rates,
             "limited_by": found.get("limited_by"), "xla_remat": found.get("xla_remat"),
             "maxtext_yaml": maxtext_yaml(config), "maxtext_flags": maxtext_flags(config),
             "run_command": run_command(config)}

@@ -385,6 +385,6 @@ def descend_note(record: dict) -> str:
                              if r["plan"][k]) or "every name recomputed"
             said.append(f"{tried}: {what} fits, its largest batch "
                         f"{r['searched_max_batch'] or r['batch']}")
-    return ("descended from the best compiled plan (the model prices an offloaded name at no device "
-            "bytes, so plans keeping less can fit more): " + "; ".join(said)
+    return ("descended from the best compiled plan (the model prices offloaded names at no device "
+            "bytes but the least one saves alone, so plans keeping less can fit more): " + "; ".join(said)
             + (f" ({record['stopped']})" if record["stopped"] else ""))

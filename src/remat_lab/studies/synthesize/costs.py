@@ -200,15 +200,17 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
         basis = f"the names' own spared flops ({_refused(meter.base, LO, full[0])}, at any batch)"
     else:
         raise ConfigError(_no_flops(meter.base, "no_remat", hi, full[-1]["peak_bytes"]))
-    sizes, spared, host = {}, {}, {}
+    sizes, spared, host, saving = {}, {}, {}, {}
     for n in names:
         for choice in ("save", "offload") if offload else ("save",):
             plan = Plan((n,), (), depth) if choice == "save" else Plan((), (n,), depth)
             got = fig(plan, hi, f"{choice} {n}")
             sizes[(n, choice)] = (got["peak_bytes"] - base[-1]["peak_bytes"]) / hi
             if choice == "offload" and got["host_bytes"]:  # it went to the host: no device bytes
-                # per example (the compiled difference is XLA's schedule moving, by -262 KB to +40 B
-                # per example on the SwiGLU block, and does not add up across names)
+                # per example; the compiled difference (-262 KB to +40 B per example on the SwiGLU
+                # block) is the layer's backward reading it back instead of recomputing it, which
+                # does not add up across names: kept apart (``Model._offload_saving``)
+                saving[n] = min(sizes[(n, choice)], 0.0)
                 sizes[(n, choice)] = 0.0
             spared[(n, choice)] = max(base[-1]["flops"] - (got["flops"] or base[-1]["flops"]), 0.0) / hi
             host[(n, choice)] = got["host_bytes"] / hi
@@ -216,7 +218,8 @@ def measure(meter: Meter, names: tuple[str, ...], offload: bool, partial: bool, 
         recompute = sum(max(spared[(n, c)] for c in ("save", "offload") if (n, c) in spared) for n in names)
     model = Model(names=names, layers=depth, layer_counts=counts, intercept_full=a_full,
                   slope_full=s_full, intercept_base=a_base, slope_base=s_base, recompute=recompute,
-                  bytes=sizes, flops=spared, host=host, offload=offload, recompute_basis=basis)
+                  bytes=sizes, flops=spared, host=host, offload=offload, recompute_basis=basis,
+                  offload_saving=saving)
     return model, rows
 
 

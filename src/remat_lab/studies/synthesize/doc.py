@@ -149,5 +149,7 @@ def _costs(model: Model) -> dict:
             "layers": model.layers, "layer_counts": list(model.layer_counts),
             "names": [{"name": n, "choice": c, "bytes_per_example": model.bytes[(n, c)],
                        "flops_spared_per_example": model.flops[(n, c)],
-                       "host_bytes_per_example": model.host[(n, c)]}
+                       "host_bytes_per_example": model.host[(n, c)],
+                       **({"offload_saving_per_example": model.offload_saving.get(n, 0.0)}
+                          if c == "offload" else {})}
                       for n in model.names for c in ("save", "offload") if (n, c) in model.bytes]}

@@ -6,6 +6,11 @@ flops ``b * (r / L) * (R - sum of what its saved or offloaded names spare)``, wh
 interpolates between the slope with every layer saved whole (no_remat) and the slope of the plan with
 every layer remat'd (the recompute-everything slope plus each saved or offloaded name's bytes per example).
 
+An offloaded name may also lower the peak below recompute-everything's (the layer's backward
+reads it back instead of recomputing it): the plan's offloads save the least any of them saves alone
+(``Model._offload_saving``), not additive, so the solver solves once per name that can set it
+(``_witnesses``: that name offloaded, those saving less not) and once without, and keeps the best.
+
 Solved exactly by meet in the middle over the names (for each layer count ``r``): the ``k`` names
 are split into two halves, each half's ``3^(k/2)`` choices listed, one half sorted by bytes with a
 running best, and every choice of the other half paired with the best that fits beside it by
@@ -19,7 +24,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 MAX_NAMES = 16  # 3^8 half-plans a side; beyond it the names are too many to solve exactly here
 CHOICES = ("recompute", "save", "offload")
@@ -66,6 +71,9 @@ class Model:
     host: dict[tuple[str, str], float]
     offload: bool  # the target has a host memory space
     recompute_basis: str = "no_remat"  # what ``recompute`` was measured against (measure says)
+    # per name, how far offloading it alone lowers the peak below every name recomputed, per example
+    # (<= 0: the layer's backward then reads it back instead of recomputing it; see ``_offload_saving``)
+    offload_saving: dict[str, float] = field(default_factory=dict)
 
     def choices(self) -> tuple[str, ...]:
         return CHOICES if self.offload else CHOICES[:2]
@@ -75,6 +83,15 @@ class Model:
             return 0.0, 0.0, 0.0
         key = (name, choice)
         return self.bytes[key], self.flops[key], self.host[key]
+
+    def _offload_saving(self, plan: Plan) -> float:
+        """The plan's offloaded names' saving on the peak, per example (<= 0): the least any of them
+        saves alone (read back together for a layer's backward, they are live at once: on the
+        SwiGLU block gate alone saves 262 KB, up none, the two together none). Not additive: the
+        solver takes it name by name (``_witnesses``)."""
+        if not plan.offload:
+            return 0.0
+        return min(max(self.offload_saving.get(n, 0.0) for n in plan.offload), 0.0)
 
     def _line(self, r: int, extra_bytes: float) -> tuple[float, float]:
         """``(intercept, slope)`` of the peak with ``r`` layers remat'd and ``extra_bytes`` per
@@ -88,7 +105,7 @@ class Model:
         ``batch`` by the model."""
         parts = [self._part(n, "save" if n in plan.save else "offload" if n in plan.offload
                             else "recompute") for n in self.names]
-        extra = sum(p[0] for p in parts)
+        extra = sum(p[0] for p in parts) + self._offload_saving(plan)
         a, s = self._line(plan.remat_layers, extra)
         share = plan.remat_layers / self.layers
         return {"peak_bytes": a + s * batch,
@@ -99,7 +116,7 @@ class Model:
         """The largest per-device batch whose predicted peak is within ``budget`` (0: none)."""
         a, s = self._line(plan.remat_layers, sum(
             self._part(n, "save" if n in plan.save else "offload" if n in plan.offload
-                       else "recompute")[0] for n in self.names))
+                       else "recompute")[0] for n in self.names) + self._offload_saving(plan))
         if s <= 0:
             return 0 if a > budget else 1 << 30
         return max(int(math.floor((budget - a) / s + 1e-9)), 0)
@@ -147,39 +164,66 @@ def best_under(model: Model, cap: float) -> tuple[float, float, float, tuple[str
     return found
 
 
+def _witnesses(model: Model) -> list[tuple[str | None, Model]]:
+    """The ways a plan's offload saving can be set (``Model._offload_saving``): none (``None``, the
+    additive model), or by name ``w`` offloaded, saving its own, every other name offloaded saving
+    at least as much: ``(w, the model of the other names, those saving less than w not
+    offloadable)``. Every plan is one of them, so the best over them is exact."""
+    out: list[tuple[str | None, Model]] = [(None, model)]
+    for w, t in model.offload_saving.items():
+        if t < 0 and w in model.names:
+            banned = {(n, "offload") for n in model.names if model.offload_saving.get(n, 0.0) > t}
+            out.append((w, replace(model, names=tuple(n for n in model.names if n != w),
+                                   bytes={k: math.inf if k in banned else v
+                                          for k, v in model.bytes.items()})))
+    return out
+
+
+def _with(model: Model, w: str | None, picks: tuple[str, ...]) -> tuple[str, ...]:
+    """``picks`` of the names less ``w`` with ``w`` offloaded, in ``model.names`` order."""
+    if w is None:
+        return picks
+    rest = iter(picks)
+    return tuple("offload" if n == w else next(rest) for n in model.names)
+
+
 def min_recompute(model: Model, budget: float, batch: int, top: int = 3) -> list[dict]:
     """At per-device ``batch``, the best plan of each layer count that fits ``budget`` by the model,
     the best first (fewest recomputed flops, then offloaded bytes, then peak); up to ``top``.
-    Each: ``{"plan", "predicted": Model.predict}``."""
+    Each: ``{"plan", "predicted": Model.predict}``; with offload savings, the best of each way the
+    saving can be set (``_witnesses``)."""
     out = []
+    order = lambda c: (c["predicted"]["recomputed_flops"], c["predicted"]["offloaded_bytes"],  # noqa: E731
+                       c["predicted"]["peak_bytes"])
     for r in model.layer_counts:
+        plans = []
         if r == 0:
-            picks = ("recompute",) * len(model.names)
-            plan = _plan(model.names, picks, 0)
+            plans.append(_plan(model.names, ("recompute",) * len(model.names), 0))
         else:
             share = r / model.layers
             a, s0 = model._line(r, 0.0)
             cap = (budget - a - s0 * batch) / (batch * share)
-            found = best_under(model, cap)
-            if found is None:
-                continue
-            plan = _plan(model.names, found[3], r)
-        predicted = model.predict(plan, batch)
-        if predicted["peak_bytes"] <= budget + 1e-6:
-            out.append({"plan": plan, "predicted": predicted})
-    out.sort(key=lambda c: (c["predicted"]["recomputed_flops"], c["predicted"]["offloaded_bytes"],
-                            c["predicted"]["peak_bytes"]))
+            for w, m in _witnesses(model):
+                given = 0.0 if w is None else model.offload_saving[w] + model.bytes[(w, "offload")]
+                if (found := best_under(m, cap - given)) is not None:
+                    plans.append(_plan(model.names, _with(model, w, found[3]), r))
+        fits = [c for plan in plans if (c := {"plan": plan, "predicted": model.predict(plan, batch)})
+                ["predicted"]["peak_bytes"] <= budget + 1e-6]
+        if fits:
+            out.append(min(fits, key=order))
+    out.sort(key=order)
     return out[:top]
 
 
 def max_batch(model: Model, budget: float) -> int:
     """The largest per-device batch any plan fits by the model (0: none fits batch 1): the fewest
-    bytes per example at each layer count, each name its cheapest choice."""
+    bytes per example at each layer count, each name its cheapest choice (each way the offload
+    saving can be set, ``_witnesses``)."""
     best = 0
-    for r in model.layer_counts:
-        picks = tuple(min(model.choices(), key=lambda c, n=n: (model._part(n, c)[0], -model._part(n, c)[1]))
-                      for n in model.names)
-        best = max(best, model.largest_batch(_plan(model.names, picks, r), budget))
+    for r, (w, m) in itertools.product(model.layer_counts, _witnesses(model)):
+        picks = tuple(min(m.choices(), key=lambda c, n=n: (m._part(n, c)[0], -m._part(n, c)[1]))
+                      for n in m.names)
+        best = max(best, model.largest_batch(_plan(model.names, _with(model, w, picks), r), budget))
     return best
 
 

@@ -139,10 +139,11 @@ METHOD = {
                "compiled fits, its lighter moves (a saved name offloaded or recomputed, an offloaded "
                "one recomputed, one layer more remat'd) compiled, fewest recomputed flops first, until "
                "one fits; that plan's own largest batch is searched (compiles of its own, outside the "
-               "limit), and once more from there. The additive model prices an offloaded name at no "
-               "device bytes, while a compiled program keeps staging buffers that do not add up "
-               "across names, so keeping less can fit more (the 3-name SwiGLU block on the H100: "
-               "gate and up offloaded fit 60, gate alone 70)",
+               "limit), and once more from there. The model prices offloaded names at no device bytes "
+               "but the least any of them saves alone (gate on the 3-name SwiGLU block on the H100: "
+               "262 KB per example, read back instead of recomputed), while a compiled program keeps "
+               "staging buffers that do not add up across names, so keeping less can fit more "
+               "(there gate and up offloaded fit 60, gate alone 70)",
     "compiles": "3k + 12 for k names: the measurement, the candidates (each batch search started "
                 "only with room for it, k + 2 kept for the refinement) and the refinement's moves; "
                 "recompiles forced by XLA's own rematerialization pass (a probe it rewrote, compiled "
