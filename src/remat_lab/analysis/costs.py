@@ -119,7 +119,7 @@ def step_flops(xla_flops: float | None, text: str) -> float | None:
     XLA's cost analysis counts a loop body once. Each body's own cost (products, element-wise work,
     reductions: XLA's rules, from ``body_costs``) is added ``runs - 1`` more times. Where XLA's
     analysis cannot be re-run on the text (see ``body_costs``), only the body's products are
-    scaled (``hlo.loop_flops_left_out``) and element-wise work in a body stays counted once."""
+    scaled (``loop_products_left_out``) and element-wise work in a body stays counted once."""
     parts = _step_parts(xla_flops, text)
     return None if parts is None else parts[0] + parts[1]
 
