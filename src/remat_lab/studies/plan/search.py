@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from remat_lab.config import RunConfig
+from remat_lab.studies.plan.converge import bracket, fits, next_batch, ruled_out
 from remat_lab.studies.plan.fanout import Fanout, default_workers
-from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, step_line
+from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, relative_error, step_line
 from remat_lab.studies.plan.instant import estimate
+from remat_lab.studies.plan.ledger import Progress, Said, collect, key_text
 from remat_lab.studies.plan.question import PREDICTION_SLACK, Space
 from remat_lab.studies.plan.space import DEFAULT_PLANS, DEFAULT_TENSOR, Family
-from remat_lab.studies.progress import Step
-
-Progress = Callable[[str], None]
 
 
 def fit_points(space: Space) -> list[tuple[Family, int, int]]:
@@ -203,7 +201,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     """Fit, predict, compile the best: ``{"space", "compiled", "lines", "candidates", "extra",
     "wall_s", "workers", "ray"}``. ``extra``: named configurations compiled beside the search (the
     published row); ``ray``: a Ray cluster's address, the compiles run there (``workers`` unused)."""
-    say = _Said(progress or (lambda message: None))
+    say = Said(progress or (lambda message: None))
     t0 = time.perf_counter()
     space = Space(config, tokens, slices, tuple(tensor), tuple(plans), offload)
     if ray:
@@ -217,13 +215,14 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     compiled: dict[tuple, dict] = {}
     extras: dict[str, dict] = {}
     instant = estimate(space)
+    say.instant = {(r["family"], r["per_device_batch"], r["microbatches"]): r for r in instant}
     said = [r for r in instant if r["instant_fits"]][:3]
     say.estimates = [{"what": "estimate by hand (not compiled): "
-                      + _key_text((r["family"], r["per_device_batch"], r["microbatches"])),
+                      + key_text((r["family"], r["per_device_batch"], r["microbatches"])),
                       "peak_bytes": r["instant_peak_bytes"], "predicted_s": r["instant_step_s"],
                       "took_s": None, "error": "an estimate: the compiles below replace it"} for r in said]
     say("estimate in seconds (by hand, uncompiled; compiles follow): " + ("; ".join(
-        f"{_key_text((r['family'], r['per_device_batch'], r['microbatches']))} ~"
+        f"{key_text((r['family'], r['per_device_batch'], r['microbatches']))} ~"
         f"{r['instant_peak_bytes'] / 2**30:.1f} GiB, "
         f"~{r['instant_tokens_per_s_per_device']:,.0f} tokens/s/device"
         for r in said) or "no candidate is estimated to fit"))
@@ -235,12 +234,12 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
         say(f"fitting the model: {len(jobs)} compiles over {n} mesh{'es' * (n != 1)} and "
             f"{k} plan{'s' * (k != 1)}, {max(workers, 1)} at a time"
             + (f" on the Ray cluster at {ray}" if ray else ""))
-        _collect(pool, jobs, compiled, extras, say)
+        collect(pool, jobs, compiled, extras, say)
         again = second_points(space, compiled)
         if again:
             say.planned += len(again)
             say(f"{len(again)} plans refused at their largest batch: each compiled at its smallest too")
-            _collect(pool, again, compiled, extras, say)
+            collect(pool, again, compiled, extras, say)
         lines = fit(space, compiled)
         candidates = predict(space, lines)
         before: dict[tuple, int] = {}  # what the model said of each refinement compile beforehand
@@ -254,90 +253,82 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
             say.planned += len(again)
             say(f"the best families measured on their own: {len(again)} compiles (a second batch, "
                 "their own accumulation steps)")
-            _collect(pool, again, compiled, extras, say)
+            collect(pool, again, compiled, extras, say)
             lines = fit(space, compiled)
             candidates = predict(space, lines)
         say("estimate (the model, not yet compiled): " + "; ".join(
-            _key_text((c["family"], c["per_device_batch"], c["microbatches"]))
+            key_text((c["family"], c["per_device_batch"], c["microbatches"]))
             for c in candidates[:3] if c["predicted_fits"]))
-        _verify(space, pool, candidates, compiled, extras, top, max(workers, 1), say)
+        checked: dict[tuple, int | None] = {}
+        lines, candidates = _verify(space, pool, candidates, lines, compiled, extras, top,
+                                    max(workers, 1), say, checked)
     finally:
         pool.close()
     return {"space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
             "extra": extras, "wall_s": time.perf_counter() - t0, "workers": max(workers, 1), "ray": ray,
-            "before_refinement": before, "instant": instant}
+            "before_refinement": before, "before_check": checked, "instant": instant}
 
 
-class _Said:
-    """The search's progress as counted steps: compiles done of those planned, one row each, after
-    the estimate by hand's rows (``estimates``: labelled so, kept above the compiles as they land)."""
-
-    def __init__(self, say: Progress) -> None:
-        self.say, self.t0, self.rows, self.planned = say, time.time(), [], 0
-        self.estimates: list[dict] = []
-
-    def __call__(self, text: str, row: dict | None = None) -> None:
-        if row is not None:
-            self.rows.append(row)
-        now = time.time()
-        done = len(self.rows)
-        left = (now - self.t0) / done * (self.planned - done) if done and self.planned > done else None
-        self.say(Step(text, phase="compiling", done=done, planned=self.planned or None,
-                      unit="compiles", item="compile", at_most=True, elapsed_s=now - self.t0,
-                      phase_s=now - self.t0, left_s=left, left_why="from the pace so far; the "
-                      "compiles that check the best plans may end the search sooner",
-                      rows=tuple(self.estimates + self.rows), at=now))
-
-
-def _collect(pool: Fanout, jobs: list, compiled: dict, extras: dict, say: _Said) -> None:
-    for key, out in pool.run(jobs):
-        if isinstance(out, Exception):
-            text = str(out).strip()
-            out = {"error": f"{type(out).__name__}: {text.splitlines()[0][:300] if text else ''}"}
-        if key[0] == "extra":
-            extras[key[1]] = out
-        else:
-            compiled[key] = out
-        said = out.get("error") or ("refused (over HBM)" if out["refused"] else
-                                    f"peak {out['peak_bytes'] / 2**30:.2f} GiB")
-        say(f"compiled {_key_text(key)}: {said}",
-            {"what": _key_text(key), "peak_bytes": None if out.get("error") or out["refused"]
-             else out["peak_bytes"], "predicted_s": out.get("predicted_s"), "took_s": out.get("compile_s"),
-             "error": said if out.get("error") or out["refused"] else None})
-
-
-def _key_text(key: tuple) -> str:
-    if key[0] == "extra":
-        return f"the published configuration {key[1]}"
-    fam, b, m = key
-    return f"{fam.mesh} · {fam.plan}{' · optimizer offload' if fam.optimizer_offload else ''} · b{b}x{m}"
-
-
-def _verify(space: Space, pool: Fanout, candidates: list[dict], compiled: dict, extras: dict,
-            top: int, width: int, say: _Said) -> None:
-    """Compile candidates best first (``width`` at a time) until ``top`` compiled ones fit, one
-    candidate the fit did not compile is among them (the model's error is measured on it), or none
-    is left that the model says may fit."""
-    def key(c):
-        return (c["family"], c["per_device_batch"], c["microbatches"])
-
-    queue = _checked(space, candidates, compiled)
-    while queue:
-        fitting = [c for c in candidates if _fits(compiled.get(key(c)), space.hbm)]
-        held_out = any(c.get("held_out") for c in candidates if key(c) in compiled)
-        if len(fitting) >= top and held_out:
-            return
-        batch = []
-        while queue and len(batch) < width:
-            c = queue.pop(0)
-            if key(c) in compiled:
-                continue
-            c["held_out"] = True
-            batch.append((key(c), c["family"].apply(space.config, c["per_device_batch"], c["microbatches"])))
+def _verify(space: Space, pool: Fanout, candidates: list[dict], lines: dict, compiled: dict,
+            extras: dict, top: int, width: int, say: Said, before: dict) -> tuple[dict, list[dict]]:
+    """Compile candidates best first (``width`` at a time) until the ``top`` best are compiled and
+    fit, one of them held out (a compile the fit did not use: the model's error is measured on it),
+    or none is left that the model says may fit. A compile over the HBM rules out what it dominates
+    (``converge.ruled_out``); with no global batch the best family's batch is bracketed between its
+    largest fit and its smallest refusal (``converge.next_batch``), never walked down one a compile.
+    ``before``: what the model said of each compile's peak beforehand; the model is fitted again
+    when a compile is off it by more than its stated error (``PREDICTION_SLACK``)."""
+    while True:
+        batch = _next_compiles(space, candidates, lines, compiled, top, width, bool(before))
         if not batch:
-            return
-        _collect(pool, batch, compiled, extras, say)
+            return lines, candidates
+        said = {_key(c): c["predicted_peak_bytes"] for c in candidates}
+        for k, _ in batch:
+            fam, b, m = k
+            line = (lines.get(fam) or {}).get("peak")
+            before[k] = said.get(k) or (int(line.at(b)) if line and m == 1 else None)
+        collect(pool, batch, compiled, extras, say)
+        off = [(k, before[k], compiled[k]) for k, _ in batch if before.get(k) and not compiled[k].get("error")
+               and (compiled[k]["refused"] and before[k] <= space.hbm
+                    or relative_error(before[k], compiled[k]["peak_bytes"]) > PREDICTION_SLACK)]
+        if off:
+            k, p, c = off[0]
+            say(f"{key_text(k)}: the model said {p / 2**30:.2f} GiB, the compile "
+                + ("was refused over HBM" if c["refused"] else f"{c['peak_bytes'] / 2**30:.2f} GiB")
+                + f", more than the model's stated error ({PREDICTION_SLACK:.0%}): the model is fitted again "
+                "with it")
+            lines = fit(space, compiled)
+            candidates = predict(space, lines)
 
 
-def _fits(found: dict | None, hbm: int) -> bool:
-    return bool(found) and not found.get("error") and not found["refused"] and found["peak_bytes"] <= hbm
+def _key(c: dict) -> tuple:
+    return (c["family"], c["per_device_batch"], c["microbatches"])
+
+
+def _next_compiles(space: Space, candidates: list[dict], lines: dict, compiled: dict, top: int,
+                   width: int, held_out: bool) -> list[tuple[tuple, RunConfig]]:
+    """The next ``width`` compiles of the check, or none when it is done (``held_out``: one was
+    compiled already)."""
+    limit, hbm = space.hbm * (1 + PREDICTION_SLACK), space.hbm
+    ranked = [c for c in candidates if (_key(c) in compiled and fits(compiled[_key(c)], hbm))
+              or (_key(c) not in compiled and c["predicted_peak_bytes"] <= limit
+                  and not ruled_out(_key(c), compiled, hbm))]
+    out: list[tuple] = []
+    if space.sequences is None:  # as large as fits: the best families bracketed
+        fams = list(dict.fromkeys(c["family"] for c in ranked))[:top]
+        for i, fam in enumerate(fams):
+            first = next(c for c in ranked if c["family"] == fam)
+            lo, _, hi, _ = bracket(fam, compiled, hbm)
+            closed = hi is not None and hi - lo <= 1
+            if _key(first) in compiled and (closed or i > 0):
+                continue
+            b = next_batch(fam, (lines.get(fam) or {}).get("peak"), compiled, hbm)
+            b = first["per_device_batch"] if b is None else b
+            if (fam, b, 1) not in compiled and len(out) < width:
+                out.append(((fam, b, 1), fam.apply(space.config, b, 1)))
+        return out
+    if held_out and all(_key(c) in compiled for c in ranked[:top]):
+        return out
+    for c in [c for c in ranked if _key(c) not in compiled][:width]:
+        out.append((_key(c), c["family"].apply(space.config, c["per_device_batch"], c["microbatches"])))
+    return out

@@ -1,0 +1,112 @@
+"""The planner's check converging (studies/plan/converge): refusals rule out, batches are bracketed."""
+
+from __future__ import annotations
+
+import pytest
+
+from remat_lab.config import RunConfig
+from remat_lab.studies.plan.converge import bracket, next_batch, ruled_out
+from remat_lab.studies.plan.fit import Line
+from remat_lab.studies.plan.space import Family
+
+TINY = dict(model="llm", width=64, heads=4, depth=1, seq=64, vocab=256, mlp_dim=128, step="train",
+            attention="flash", dtype="bfloat16", compile_only=True, target="tpu-v6e", target_devices=8,
+            mesh="fsdp=8", batch=8)
+FAM = Family("fsdp=8", "full")
+GIB = 2**30
+
+
+def _fit(peak):
+    return {"peak_bytes": peak, "refused": False, "predicted_s": 1.0}
+
+
+def _refused(need):
+    return {"peak_bytes": need, "refused": True, "predicted_s": None}
+
+
+def test_a_refusal_rules_out_larger_batches_and_accumulation_on_them():
+    compiled = {(FAM, 10, 1): _refused(40 * GIB)}
+    hbm = 30 * GIB
+    assert ruled_out((FAM, 12, 1), compiled, hbm) and ruled_out((FAM, 10, 2), compiled, hbm)
+    assert not ruled_out((FAM, 9, 1), compiled, hbm)
+    assert not ruled_out((Family("fsdp=8", "minimal"), 12, 1), compiled, hbm)  # another plan
+    # a refusal with accumulation says nothing of one step at that batch
+    assert not ruled_out((FAM, 5, 1), {(FAM, 5, 2): _refused(40 * GIB)}, hbm)
+
+
+def test_the_next_batch_goes_where_the_refusals_bytes_say_and_never_creeps():
+    hbm = 100 * GIB
+    line = Line(10 * GIB, 0.5 * GIB)  # the fit's line: 180 a device would fit
+    compiled = {(FAM, 2, 1): _fit(11 * GIB), (FAM, 180, 1): _refused(370 * GIB)}
+    assert bracket(FAM, compiled, hbm) == (2, 11 * GIB, 180, 370 * GIB)
+    # where the line between the fit (11 GiB) and the refusal's bytes (370 GiB) reaches 100 GiB
+    b = next_batch(FAM, line, compiled, hbm)
+    assert b == 2 + int(178 * 89 / 359) == 46
+    compiled[(FAM, b, 1)] = _fit(90 * GIB)
+    assert next_batch(FAM, line, compiled, hbm) == 46 + int(134 * 10 / 280)
+    compiled[(FAM, 50, 1)] = _fit(91 * GIB)
+    # two fits in a row: the refusal's end weighed half (270 GiB over counts as 135)
+    assert next_batch(FAM, line, compiled, hbm) == 50 + int(130 * 9 / (9 + 135))
+    # no refusal yet and one fit: where the line reaches the HBM, at least one more; closed: none
+    assert next_batch(FAM, line, {(FAM, 4, 1): _fit(int(99.8 * GIB))}, hbm) == 5
+    assert next_batch(FAM, line, {(FAM, 4, 1): _fit(90 * GIB)}, hbm) == 4 + 20
+    assert next_batch(FAM, line, {(FAM, 4, 1): _fit(99 * GIB), (FAM, 5, 1): _refused(101 * GIB)},
+                      hbm) is None
+
+
+def test_as_large_as_fits_converges_in_few_compiles(monkeypatch):
+    """Issue 64: the fit's line said 145 a device, the compiles fit only up to 64; the check once
+    compiled 145, 144, ... one batch a compile. Here a peak convex in the batch: the check brackets
+    the largest fitting batch and closes it in at most 12 compiles after the fit."""
+    from remat_lab.studies.plan import fanout
+    from remat_lab.studies.plan.question import Space
+    from remat_lab.studies.plan.search import search
+
+    hbm = Space(RunConfig(**TINY), None, None, (1,), ("full",), False).hbm
+    base, slope = 0.05 * hbm, 0.0025 * hbm
+    curve = (hbm - base - slope * 64.5) / 64.5**2  # the peak reaches the HBM at 64.5 a device
+
+    def fake(fields: dict) -> dict:
+        b = fields["batch"] // 8 // fields["microbatches"]
+        peak = int(base + slope * b + curve * b * b + (0.01 * hbm if fields["microbatches"] > 1 else 0))
+        out = {"peak_bytes": peak, "refused": peak > hbm,
+               "predicted_s": None if peak > hbm else 0.1 + 0.01 * b,
+               "bound_s": None, "limited_by": "compute", "temp_bytes": None, "flops": 1.0,
+               "xla_remat": False, "compile_s": 0.0}
+        return out
+
+    monkeypatch.setattr(fanout, "compile_one", fake)
+    lines = []
+    result = search(RunConfig(**TINY), tokens=None, tensor=(1,), plans=("full",), offload=False, top=1,
+                    workers=0, cache=False, progress=lines.append)
+    fitted = {k for k in result["compiled"] if k not in result["before_check"]}
+    checked = result["before_check"]
+    assert len(checked) <= 12, [k[1] for k in checked]
+    best = max(b for (f, b, m), c in result["compiled"].items() if not c["refused"] and m == 1)
+    assert best == 64 and (FAM, 65, 1) in result["compiled"]  # the bracket closed on the answer
+    assert fitted and any("fitted again" in str(line) for line in lines)
+
+
+def test_a_tie_with_the_published_configuration_matches_it():
+    from remat_lab.studies.plan.doc import STEP_ERROR, _against_published
+
+    pub = {"name": "x", "predicted_tokens_per_s_per_device": 1000.0}
+    same = {"predicted_tokens_per_s_per_device": 1000.0, "same_as": "the published configuration x"}
+    assert _against_published(same, pub)["beats_published"] is False
+    assert _against_published(same, pub)["against_published"]["verdict"] == "matches"
+    near = {"predicted_tokens_per_s_per_device": 1000.0 * (1 + STEP_ERROR / 2)}
+    assert _against_published(near, pub)["against_published"]["verdict"] == "matches"
+    far = {"predicted_tokens_per_s_per_device": 1000.0 * (1 + 2 * STEP_ERROR)}
+    assert _against_published(far, pub)["beats_published"] is True
+    assert _against_published(None, pub)["beats_published"] is None
+
+
+@pytest.mark.parametrize("mesh", ["fsdp=8", "fsdp=2,tensor=4"])
+def test_the_estimate_moves_different_bytes_on_different_meshes(mesh):
+    from remat_lab.studies.plan.instant import Instant
+    from remat_lab.studies.plan.question import Space
+
+    space = Space(RunConfig(**TINY), None, None, (1, 4), ("full",), False)
+    est = Instant(space)
+    assert est.collectives_s(mesh, 2, 1) > 0
+    assert est.collectives_s(mesh, 2, 2) > est.collectives_s(mesh, 2, 1)  # gathered each microbatch
