@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
+import threading
 
 from remat_lab.cli.advise import progress_lines
 from remat_lab.cli.common import (
@@ -121,11 +123,18 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM ends ``plan`` as Ctrl-C does: the search's ``finally`` ends its compile workers."""
+    raise SystemExit(128 + signum)
+
+
 def main(args: argparse.Namespace) -> int:
     """Plan the run ``args`` describe; print it (or the JSON)."""
     from remat_lab.cli.common import given
     from remat_lab.studies.plan import DEFAULT_PLANS, DEFAULT_TENSOR, KNOBS, plan
 
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
     with engine_errors():
         if "attention" not in given(args):
             args.attention = "flash"  # a pod-scale question: the blockwise kernel, as MaxText's runs
