@@ -229,7 +229,8 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     try:
         jobs = [((fam, b, m), fam.apply(space.config, b, m)) for fam, b, m in fit_points(space)]
         jobs += [(("extra", name), c) for name, c in (extra or [])]
-        say.planned = len(jobs) + top + 1
+        say.planned, say.workers = len(jobs) + top + 1, max(workers, 1)
+        say.why = "fitting the model: each mesh's plans at two batches, the lines every candidate follows"
         n, k = len(space.rows), len(plans)
         say(f"fitting the model: {len(jobs)} compiles over {n} mesh{'es' * (n != 1)} and "
             f"{k} plan{'s' * (k != 1)}, {max(workers, 1)} at a time"
@@ -238,6 +239,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
         again = second_points(space, compiled)
         if again:
             say.planned += len(again)
+            say.why = "plans refused at their largest batch, compiled at their smallest"
             say(f"{len(again)} plans refused at their largest batch: each compiled at its smallest too")
             collect(pool, again, compiled, extras, say)
         lines = fit(space, compiled)
@@ -251,6 +253,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
                     for c in candidates}
             before.update({k: said[k] for k, _ in again if k in said})
             say.planned += len(again)
+            say.why = "the best families measured on their own"
             say(f"the best families measured on their own: {len(again)} compiles (a second batch, "
                 "their own accumulation steps)")
             collect(pool, again, compiled, extras, say)
@@ -287,6 +290,9 @@ def _verify(space: Space, pool: Fanout, candidates: list[dict], lines: dict, com
             fam, b, m = k
             line = (lines.get(fam) or {}).get("peak")
             before[k] = said.get(k) or (int(line.at(b)) if line and m == 1 else None)
+        say.planned = max(say.planned, len(say.rows) + len(batch))
+        say.why = ("checking the best candidates at full size" if space.sequences is not None else
+                   "the largest batch that fits, between the largest fit and the smallest refusal")
         collect(pool, batch, compiled, extras, say)
         off = [(k, before[k], compiled[k]) for k, _ in batch if before.get(k) and not compiled[k].get("error")
                and (compiled[k]["refused"] and before[k] <= space.hbm
