@@ -110,3 +110,37 @@ def test_the_estimate_moves_different_bytes_on_different_meshes(mesh):
     est = Instant(space)
     assert est.collectives_s(mesh, 2, 1) > 0
     assert est.collectives_s(mesh, 2, 2) > est.collectives_s(mesh, 2, 1)  # gathered each microbatch
+
+
+def _fake_compile(hbm_of):
+    """A compile's figures from a peak convex in the per-device batch, for the target compiled for."""
+    def fake(fields: dict) -> dict:
+        hbm = hbm_of(fields["target"])
+        b = fields["batch"] // fields["target_devices"] // fields["microbatches"]
+        peak = int(0.05 * hbm + 0.01 * hbm * b)
+        over = peak > hbm
+        return {"peak_bytes": peak, "refused": over, "predicted_s": None if over else 0.1 + 0.01 * b,
+                "bound_s": None, "limited_by": "compute", "temp_bytes": None, "flops": 1.0,
+                "xla_remat": False, "compile_s": 0.0}
+    return fake
+
+
+def test_also_an_h100_with_no_price_typed_shows_both_costs(monkeypatch, capsys):
+    """``plan ... --also h100:8`` with no price: each accelerator's cost per million tokens at its
+    sourced default price, side by side; a token budget gives the days and dollars."""
+    from remat_lab.cli import main
+    from remat_lab.config import get_target
+    from remat_lab.studies.plan import fanout
+
+    monkeypatch.setattr(fanout, "compile_one", _fake_compile(lambda t: get_target(t).memory_bytes))
+    status = main(["plan", "--model", "llm", "--width", "64", "--heads", "4", "--depth", "1", "--seq", "64",
+                   "--vocab", "256", "--mlp-dim", "128", "--target", "tpu-v6e", "--target-devices", "8",
+                   "--tensor", "1", "--plans", "full", "--no-optimizer-offload", "--workers", "0",
+                   "--no-cache", "--global-batch-tokens", str(64 * 8 * 4), "--also", "h100:8",
+                   "--token-budget", "1T"])
+    out = capsys.readouterr().out
+    assert status == 0
+    side = out[out.index("Side by side"):]
+    assert side.count("per million tokens") == 2 and "8 x h100" in side and "8 x tpu-v6e" in side
+    assert "days for $" in side
+    assert "price: $2.7 a device-hour (default, as of 2026-12-07" in out
