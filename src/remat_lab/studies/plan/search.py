@@ -281,8 +281,9 @@ def _verify(space: Space, pool: Fanout, candidates: list[dict], lines: dict, com
     largest fit and its smallest refusal (``converge.next_batch``), never walked down one a compile.
     ``before``: what the model said of each compile's peak beforehand; the model is fitted again
     when a compile is off it by more than its stated error (``PREDICTION_SLACK``)."""
+    focus: dict = {}
     while True:
-        batch = _next_compiles(space, candidates, lines, compiled, top, width, bool(before))
+        batch = _next_compiles(space, candidates, lines, compiled, top, width, bool(before), focus)
         if not batch:
             return lines, candidates
         said = {_key(c): c["predicted_peak_bytes"] for c in candidates}
@@ -312,27 +313,38 @@ def _key(c: dict) -> tuple:
 
 
 def _next_compiles(space: Space, candidates: list[dict], lines: dict, compiled: dict, top: int,
-                   width: int, held_out: bool) -> list[tuple[tuple, RunConfig]]:
+                   width: int, held_out: bool, focus: dict) -> list[tuple[tuple, RunConfig]]:
     """The next ``width`` compiles of the check, or none when it is done (``held_out``: one was
-    compiled already)."""
+    compiled already; ``focus``: the family being bracketed, kept between calls)."""
     limit, hbm = space.hbm * (1 + PREDICTION_SLACK), space.hbm
     ranked = [c for c in candidates if (_key(c) in compiled and fits(compiled[_key(c)], hbm))
               or (_key(c) not in compiled and c["predicted_peak_bytes"] <= limit
                   and not ruled_out(_key(c), compiled, hbm))]
     out: list[tuple] = []
-    if space.sequences is None:  # as large as fits: the best families bracketed
-        fams = list(dict.fromkeys(c["family"] for c in ranked))[:top]
-        for i, fam in enumerate(fams):
-            first = next(c for c in ranked if c["family"] == fam)
+    if space.sequences is None and ranked:  # as large as fits: the best family's batch bracketed
+        # the family being bracketed is kept until it is closed (ties would spread the compiles)
+        fam = next((c["family"] for c in ranked if c["family"] == focus.get("family")), ranked[0]["family"])
+        lo, _, hi, _ = bracket(fam, compiled, hbm)
+        first = next(c for c in ranked if c["family"] == fam)
+        if _key(first) in compiled and hi is not None and hi - lo <= 1:
+            rate = "model_tokens_per_s_per_device"
+            if _key(ranked[0]) in compiled or (ranked[0][rate] or 0) <= (first[rate] or 0) * (1 + 1e-9):
+                return out  # its largest batch that fits is compiled, the next one over the HBM
+            # another family is predicted better: bracketed in turn, first at the batch the closed
+            # one found (its line has not yet met what the compiles said of this mesh's growth)
+            known, fam, first = lo, ranked[0]["family"], ranked[0]
             lo, _, hi, _ = bracket(fam, compiled, hbm)
-            closed = hi is not None and hi - lo <= 1
-            if _key(first) in compiled and (closed or i > 0):
-                continue
-            b = next_batch(fam, (lines.get(fam) or {}).get("peak"), compiled, hbm)
-            b = first["per_device_batch"] if b is None else b
-            if (fam, b, 1) not in compiled and len(out) < width:
-                out.append(((fam, b, 1), fam.apply(space.config, b, 1)))
-        return out
+            if hi is None and lo < known < first["per_device_batch"]:
+                focus["family"] = fam
+                return [((fam, known, 1), fam.apply(space.config, known, 1))]
+        focus["family"] = fam
+        b = next_batch(fam, (lines.get(fam) or {}).get("peak"), compiled, hbm)
+        b = first["per_device_batch"] if b is None else b
+        # one compile a round: a second at once halves no more rounds than the first alone
+        if (fam, b, 1) not in compiled and lo < b and (hi is None or b < hi):
+            out.append(((fam, b, 1), fam.apply(space.config, b, 1)))
+        if out or _key(first) in compiled:
+            return out
     if held_out and all(_key(c) in compiled for c in ranked[:top]):
         return out
     for c in [c for c in ranked if _key(c) not in compiled][:width]:
