@@ -272,7 +272,10 @@ def test_an_estimate_by_hand_comes_first_and_is_held_to_the_compiles(tiny_plan):
     # the page's table: the estimate's rows, labelled, stay above the compiles as they land
     said = [r["what"] for r in lines[first].rows]
     assert said and all(w.startswith("estimate by hand (not compiled)") for w in said)
-    assert lines[first].done == 0 and list(lines[-1].rows[:len(said)]) == list(lines[first].rows)
+    assert lines[first].done == 0 and [r["what"] for r in lines[-1].rows[:len(said)]] == said
+    # each carries the estimate's error against the compiles so far, updated as they land
+    assert lines[first].rows[0]["error"] == "an estimate: the compiles below replace it"
+    assert "an estimate: off by up to" in lines[-1].rows[0]["error"]
     assert doc["instant"] and all(r["instant_peak_bytes"] > 0 for r in doc["instant"])
     pairs = [(r["instant_peak_bytes"], r["peak_bytes"]) for r in doc["compiled_rows"]
              if r["instant_peak_bytes"] and not r["refused"]]
