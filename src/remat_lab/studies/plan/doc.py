@@ -153,6 +153,8 @@ def document(space: Space, result: dict, published: dict[str, RunConfig], top: i
         "wall_s": result["wall_s"], "workers": result.get("workers"), "ray": result.get("ray"),
         "candidates_predicted": len(result["candidates"]),
         "candidates_compiled": len(result["compiled"]) + len(result["extra"]),
+        # the compiles of each phase: fitting the model, measuring the best families, the check
+        "compiles_by_phase": result.get("phases"),
         "memory_model_error": {"max": max(errors) if errors else None,
                                "mean": sum(errors) / len(errors) if errors else None,
                                "compiled_candidates": len(errors)},

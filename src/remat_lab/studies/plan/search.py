@@ -242,6 +242,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
             say.why = "plans refused at their largest batch, compiled at their smallest"
             say(f"{len(again)} plans refused at their largest batch: each compiled at its smallest too")
             collect(pool, again, compiled, extras, say)
+        phases = {"fit": len(compiled) + len(extras)}
         lines = fit(space, compiled)
         candidates = predict(space, lines)
         before: dict[tuple, int] = {}  # what the model said of each refinement compile beforehand
@@ -259,15 +260,21 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
             collect(pool, again, compiled, extras, say)
             lines = fit(space, compiled)
             candidates = predict(space, lines)
+        phases["refine"] = len(compiled) + len(extras) - phases["fit"]
+        off = [relative_error(p, compiled[k]["peak_bytes"]) for k, p in before.items()
+               if not compiled[k].get("error") and not compiled[k]["refused"]]
         say("estimate (the model, not yet compiled): " + "; ".join(
             key_text((c["family"], c["per_device_batch"], c["microbatches"]))
-            for c in candidates[:3] if c["predicted_fits"]))
+            for c in candidates[:3] if c["predicted_fits"])
+            + (f" (the model's peak was off by up to {max(off):.0%} on the {len(off)} compiles that "
+               "measured the best families before they were compiled)" if off else ""))
         checked: dict[tuple, int | None] = {}
         lines, candidates = _verify(space, pool, candidates, lines, compiled, extras, top,
                                     max(workers, 1), say, checked)
+        phases["check"] = len(compiled) + len(extras) - phases["fit"] - phases["refine"]
     finally:
         pool.close()
-    return {"space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
+    return {"phases": phases, "space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
             "extra": extras, "wall_s": time.perf_counter() - t0, "workers": max(workers, 1), "ray": ray,
             "before_refinement": before, "before_check": checked, "instant": instant}
 
