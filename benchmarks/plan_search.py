@@ -1,4 +1,4 @@
-"""Issue 64's planner benchmark: each question's wall time, its longest silence, its compiles by phase, with the machine and its load.
+"""Issue 64's planner benchmark: wall time, longest silence, compiles by phase, the machine and its load.
 
     python benchmarks/plan_search.py 70b      # Llama 3.1 70B on 256 v6e, MaxText's published global batch
     python benchmarks/plan_search.py fits     # "as large as fits": Llama 3.1 8B at depth 2 on 8 v6e
