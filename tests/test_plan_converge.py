@@ -144,3 +144,30 @@ def test_also_an_h100_with_no_price_typed_shows_both_costs(monkeypatch, capsys):
     assert side.count("per million tokens") == 2 and "8 x h100" in side and "8 x tpu-v6e" in side
     assert "days for $" in side
     assert "price: $2.7 a device-hour (default, as of 2026-12-07" in out
+
+
+def test_a_heartbeat_says_what_compiles_how_long_and_why():
+    """While compiles run the search is never silent for long: a line names what compiles, the
+    time since the first compile, how many are queued and what for; the time left is paced from
+    the first compile, not from the start."""
+    import time
+
+    from remat_lab.studies.plan.ledger import HEARTBEAT_S, Said
+
+    lines = []
+    say = Said(lines.append)
+    say.t0 -= 600  # ten minutes of estimate and set-up before the first compile
+    say.first, say.workers, say.planned = time.time() - 60, 1, 4
+    say.running = [(FAM, 4, 1), (FAM, 2, 1)]
+    say.why = "the largest batch that fits"
+    say.last = time.time()
+    say.beat()
+    assert not lines  # a line was said just now
+    say.last -= HEARTBEAT_S + 1
+    say.beat()
+    assert HEARTBEAT_S <= 30 and len(lines) == 1
+    text = str(lines[0])
+    assert "compiling fsdp=8 · full · b4x1" in text and "1 min 00 s since the first compile" in text
+    assert "1 more queued in this phase: the largest batch that fits" in text
+    say("compiled one", {"what": "x", "peak_bytes": 1})
+    assert lines[-1].left_s == pytest.approx(60 * 3, rel=0.05)  # 60 s a compile, 3 left
