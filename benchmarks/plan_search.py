@@ -7,7 +7,9 @@ Each runs ``python -m remat_lab plan ... --json --no-cache`` in a fresh process 
 persistent compile cache off, nothing compiled before in it), reads its progress lines on stderr as
 they come (the longest gap between two is the CLI's longest silence), and stores the answer's
 figures with the machine (cores, memory, load averages before and after) in
-``benchmarks/plan_search/NAME.json``. The load of other users of the machine is what it was: say so.
+``benchmarks/plan_search/NAME.json`` (its progress lines in ``NAME.log`` as they come); ``LIMIT_S``:
+SIGTERM past it, the answer then unfinished. The load of other users of the machine is what it was:
+``LOAD_NOTE`` says so.
 """
 
 from __future__ import annotations
@@ -37,30 +39,45 @@ def machine() -> dict:
             "python": platform.python_version(), "load_average": os.getloadavg()}
 
 
-def run(name: str, note: str) -> dict:
+def run(name: str, note: str, limit_s: float | None = None) -> dict:
     cmd = [sys.executable, "-m", "remat_lab", "plan", *QUESTIONS[name], "--json", "--no-cache"]
     before = machine()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stamps, lines = [t0], []
+    (HERE / "plan_search").mkdir(exist_ok=True)
+    log = (HERE / "plan_search" / f"{name}.log").open("w")
 
     def read() -> None:
         for line in proc.stderr:
             stamps.append(time.monotonic())
             lines.append(line.rstrip())
+            log.write(f"[{stamps[-1] - t0:8.1f} s] {line}")
+            log.flush()
+
+    def stop() -> None:  # past the limit: SIGTERM, as a user would (the planner ends its workers)
+        if proc.poll() is None:
+            proc.terminate()
+
+    timer = threading.Timer(limit_s, stop) if limit_s else None
+    if timer:
+        timer.start()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     out = proc.stdout.read()
     proc.wait()
     reader.join()
+    if timer:
+        timer.cancel()
     wall = time.monotonic() - t0
     stamps.append(time.monotonic())
     doc = json.loads(out) if proc.returncode == 0 else {}
     top = (doc.get("plans") or [None])[0]
     result = {
         "question": "python -m remat_lab plan " + " ".join(QUESTIONS[name]) + " --json --no-cache",
-        "returncode": proc.returncode, "wall_s": wall,
+        "returncode": proc.returncode, "wall_s": wall, "limit_s": limit_s,
+        "finished": proc.returncode == 0,
         "longest_silence_s": max(b - a for a, b in zip(stamps, stamps[1:])),
         "progress_lines": len(lines), "compiles_by_phase": doc.get("compiles_by_phase"),
         "candidates_compiled": doc.get("candidates_compiled"),
@@ -76,7 +93,6 @@ def run(name: str, note: str) -> dict:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "stderr_tail": lines[-12:],
     }
-    (HERE / "plan_search").mkdir(exist_ok=True)
     (HERE / "plan_search" / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -84,5 +100,6 @@ def run(name: str, note: str) -> dict:
 if __name__ == "__main__":
     which = sys.argv[1:] or list(QUESTIONS)
     note = os.environ.get("LOAD_NOTE", "")
+    limit = float(os.environ["LIMIT_S"]) if os.environ.get("LIMIT_S") else None
     for name in which:
-        print(json.dumps(run(name, note), indent=1))
+        print(json.dumps(run(name, note, limit), indent=1))
