@@ -173,3 +173,25 @@ def test_a_config_file_is_planned_with_costs_side_by_side(monkeypatch, tiny_doc)
     at.text_input(key="plan_price").set_value("5.4").run()
     again = next(df.value for df in at.dataframe if "accelerator" in df.value.columns)
     assert again["$ per M tokens"][0] == pytest.approx(across["$ per M tokens"][0] * 5.4 / 2.70)
+
+
+def test_a_stopped_plan_keeps_what_was_compiled(monkeypatch, tiny_doc):
+    """After the Stop (its callback lets go of the job: the pool kills the worker), the page shows
+    the rows finished before it, the estimate first, and no answer until the next click."""
+    from pages import _advisor_run
+
+    monkeypatch.setattr(_advisor_run, "run", lambda kind, cache, key, payload, say, need: tiny_doc)
+    at = _page(plan_preset="llama3.2-1b", plan_devices="8")
+    at.button(key="plan_run").click().run()
+    key = at.session_state["_plan_doc"][0]
+    del at.session_state["_plan_doc"]
+    rows = ({"what": "estimate by hand (not compiled): fsdp=8 · full · b4x1", "peak_bytes": 1 << 30,
+             "error": "an estimate: off by up to 10% (median 5%) on the 1 compile so far"},
+            {"what": "fsdp=8 · full · b4x1", "peak_bytes": 1 << 30, "predicted_s": 1.5})
+    at.session_state["_plan_stop"] = key
+    at.session_state["_plan_rows"] = (key, rows)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.warning and at.warning[0].value.startswith("**Stopped.** The 2 rows")
+    table = at.dataframe[0].value
+    assert list(table["compiled"]) == [r["what"] for r in rows] and not at.success
