@@ -65,8 +65,13 @@ def answer(doc: dict, per_chip: float | None, budget: float | None, also: list) 
     if pub:
         st.markdown(md(f"**The published configuration** ({pub['name']}, `{pub['source']}`), compiled the "
                        "same way:"))
-        st.dataframe(_table([pub], doc["devices"], usd, budget), hide_index=True, width="stretch",
-                     key="plan_published")
+        same = [i for i, r in enumerate(doc["plans"], 1)
+                if r.get("same_as") == f"the published configuration {pub['name']}"]
+        if same:  # one compile, listed once
+            st.caption(f"It is plan {same[0]} above: the same program, compiled once.")
+        else:
+            st.dataframe(_table([pub], doc["devices"], usd, budget), hide_index=True, width="stretch",
+                         key="plan_published")
         a = doc.get("against_published")
         if a:
             said = {"beats": "beats", "matches": "matches", "below": "is below"}[a["verdict"]]

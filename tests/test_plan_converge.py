@@ -171,3 +171,30 @@ def test_a_heartbeat_says_what_compiles_how_long_and_why():
     assert "1 more queued in this phase: the largest batch that fits" in text
     say("compiled one", {"what": "x", "peak_bytes": 1})
     assert lines[-1].left_s == pytest.approx(60 * 3, rel=0.05)  # 60 s a compile, 3 left
+
+
+def test_the_published_configuration_among_the_plans_is_compiled_and_listed_once(monkeypatch):
+    """Issue 67: the top plan was the published configuration itself and the same compile was
+    listed twice. A program the search already compiled is filed from that compile, and the text
+    lists it once."""
+    from remat_lab.cli.plan import format_plan
+    from remat_lab.config import get_target
+    from remat_lab.studies.plan import fanout
+    from remat_lab.studies.plan.search import search
+
+    calls = []
+    fake = _fake_compile(lambda t: get_target(t).memory_bytes)
+    monkeypatch.setattr(fanout, "compile_one", lambda fields: (calls.append(fields), fake(fields))[1])
+    published = FAM.apply(RunConfig(**TINY), 4, 1)
+    result = search(RunConfig(**TINY), tokens=64 * 8 * 4, tensor=(1,), plans=("full",), offload=False, top=2,
+                    workers=0, cache=False, extra=[("tiny-published", published)])
+    assert result["compiled"][(FAM, 4, 1)]["same_as"] == "the published configuration tiny-published"
+    assert len(calls) == len(result["compiled"]) + len(result["extra"]) - 1  # compiled once
+    row = {"same_as": "the published configuration tiny-published", "mesh": "fsdp=8", "plan_text": "full",
+           "per_device_batch": 4, "microbatches": 1, "optimizer_offload": False, "peak_bytes": 1,
+           "predicted_s": 1.0, "bound_s": None, "maxtext_yaml": "", "run_command": ""}
+    doc = {"config": {"preset": ""}, "devices": 8, "target": "tpu-v6e", "slices": 1, "hbm_bytes": 1,
+           "global_batch_tokens": 2048, "plans": [row], "published_rows": [{"name": "tiny-published"}],
+           "against_published": None, "memory_model_error": {"max": None, "compiled_candidates": 0},
+           "candidates_predicted": 1, "candidates_compiled": 1, "wall_s": 0, "left_out": []}
+    assert "published tiny-published: plan 1 above (the same program)" in format_plan(doc)

@@ -201,8 +201,11 @@ def format_plan(doc: dict) -> str:
     for i, r in enumerate(doc["plans"], 1):
         lines.append(f"{i}. {_row(r)}")
     for p in doc["published_rows"]:
-        lines.append(f"published {p['name']}: " + (p["error"] if "error" in p else _row(p)))
-    lines += [f"  (the same program as {r['same_as']})" for r in doc["plans"][:1] if r.get("same_as")]
+        same = [i for i, r in enumerate(doc["plans"], 1)  # one compile, listed once
+                if r.get("same_as") == f"the published configuration {p['name']}"]
+        lines.append(f"published {p['name']}: " + (p["error"] if "error" in p else
+                                                    f"plan {same[0]} above (the same program)" if same
+                                                    else _row(p)))
     lines += [published_sentence(doc)] if doc.get("against_published") else []
     e = doc["memory_model_error"]
     lines.append(f"{doc['candidates_predicted']} candidates predicted, {doc['candidates_compiled']} "

@@ -80,17 +80,23 @@ def _clock(seconds: float) -> str:
 def collect(pool: Fanout, jobs: list, compiled: dict, extras: dict, say: Said) -> None:
     """Compile ``jobs``, filing each answer as it lands; a program already compiled in this search
     (the published configuration is one of the search's candidates) is filed from it, not again."""
-    fresh = []
+    fresh, again = [], []
     for key, config in jobs:
         same = say.programs.get(_program(config))
         if same is None:
             fresh.append((key, config))
             say.programs[_program(config)] = key
-            continue
+        else:  # filed once its first compile has landed (it may be in this batch)
+            again.append((key, same))
+    if fresh:
+        _compile(pool, fresh, compiled, extras, say)
+    for key, same in again:
         _file(key, dict(extras[same[1]] if same[0] == "extra" else compiled[same], same_as=key_text(same)),
               compiled, extras, say)
-    if not fresh:
-        return
+
+
+def _compile(pool: Fanout, fresh: list, compiled: dict, extras: dict, say: Said) -> None:
+    """The programs not compiled before, with a heartbeat while they run."""
     say.first = say.first or time.time()
     say.running = [k for k, _ in fresh]
     stop = threading.Event()

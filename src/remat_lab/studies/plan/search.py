@@ -228,7 +228,8 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
         for r in said) or "no candidate is estimated to fit"))
     try:
         jobs = [((fam, b, m), fam.apply(space.config, b, m)) for fam, b, m in fit_points(space)]
-        jobs += [(("extra", name), c) for name, c in (extra or [])]
+        # the published rows first: a candidate that is one of them is filed from its compile
+        jobs = [(("extra", name), c) for name, c in (extra or [])] + jobs
         say.planned, say.workers = len(jobs) + top + 1, max(workers, 1)
         say.why = "fitting the model: each mesh's plans at two batches, the lines every candidate follows"
         n, k = len(space.rows), len(plans)
