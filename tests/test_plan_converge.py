@@ -198,3 +198,11 @@ def test_the_published_configuration_among_the_plans_is_compiled_and_listed_once
            "against_published": None, "memory_model_error": {"max": None, "compiled_candidates": 0},
            "candidates_predicted": 1, "candidates_compiled": 1, "wall_s": 0, "left_out": []}
     assert "published tiny-published: plan 1 above (the same program)" in format_plan(doc)
+
+
+def test_a_refusal_that_names_no_bytes_bisects():
+    """A refusal whose message names no bytes is filed at 2**60: the bracket is halved, never crept
+    up one batch a compile from the largest fit."""
+    hbm = 100 * GIB
+    compiled = {(FAM, 2, 1): _fit(11 * GIB), (FAM, 180, 1): _refused(1 << 60)}
+    assert next_batch(FAM, Line(10 * GIB, 0.5 * GIB), compiled, hbm) == 91

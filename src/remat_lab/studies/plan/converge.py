@@ -5,6 +5,9 @@ from __future__ import annotations
 from remat_lab.studies.plan.fit import Line
 from remat_lab.studies.plan.space import Family
 
+# A refusal whose message names no bytes is filed at 2**60 (``advisor.search._over_the_device``).
+UNNAMED = 1 << 59
+
 
 def over(found: dict | None, hbm: int) -> bool:
     """A compile that does not fit: refused by the compiler, or its peak over the HBM."""
@@ -59,7 +62,9 @@ def next_batch(fam: Family, line: Line | None, compiled: dict, hbm: int) -> int 
         excess /= 2 ** (kept - 1)  # the refusal end has stayed put: weigh it less
     elif kept < -1:
         deficit /= 2 ** (-kept - 1)
-    if deficit <= 0 or excess <= 0:
+    # bisect where the bytes say nothing (a refusal that named none) or one end has stayed put
+    # four probes running: never more than four probes a halving
+    if deficit <= 0 or excess <= 0 or need >= UNNAMED or abs(kept) > 3:
         return (lo + hi) // 2
     return min(max(lo + int((hi - lo) * deficit / (deficit + excess)), lo + 1), hi - 1)
 
