@@ -273,7 +273,10 @@ def test_an_estimate_by_hand_comes_first_and_is_held_to_the_compiles(tiny_plan):
     # the page's table: the estimate's rows, labelled, stay above the compiles as they land
     said = [r["what"] for r in lines[first].rows]
     assert said and all(w.startswith("estimate by hand (not compiled)") for w in said)
-    assert lines[first].done == 0 and list(lines[-1].rows[:len(said)]) == list(lines[first].rows)
+    assert lines[first].done == 0 and [r["what"] for r in lines[-1].rows[:len(said)]] == said
+    # each carries the estimate's error against the compiles so far, updated as they land
+    assert lines[first].rows[0]["error"] == "an estimate: the compiles below replace it"
+    assert "an estimate: off by up to" in lines[-1].rows[0]["error"]
     assert doc["instant"] and all(r["instant_peak_bytes"] > 0 for r in doc["instant"])
     pairs = [(r["instant_peak_bytes"], r["peak_bytes"]) for r in doc["compiled_rows"]
              if r["instant_peak_bytes"] and not r["refused"]]
@@ -360,11 +363,16 @@ def test_the_estimate_prices_every_split_without_a_global_batch():
     rows = estimate(space, most=3)
     assert {r["family"].mesh for r in rows} == set(space.rows) and len(space.rows) == 2
     one = [r for r in rows if r["family"].plan == "full" and r["microbatches"] == 1]
-    by_mesh = {}
-    for r in one:  # the step grows with the batch, linearly in the model flops
-        by_mesh.setdefault(r["family"].mesh, {})[r["per_device_batch"]] = r["instant_step_s"]
+    by_mesh, moved = {}, {}
+    for r in one:  # the compute grows with the batch, linearly in the model flops
+        by_mesh.setdefault(r["family"].mesh, {})[r["per_device_batch"]] = r["instant_compute_s"]
+        moved.setdefault(r["family"].mesh, {})[r["per_device_batch"]] = r["instant_collectives_s"]
+        # the step: the compute, or the mesh's collectives where they take longer
+        assert r["instant_step_s"] == pytest.approx(max(r["instant_compute_s"], r["instant_collectives_s"]))
     for steps in by_mesh.values():
         assert steps[2] == pytest.approx(2 * steps[1], rel=1e-9) and steps[3] == pytest.approx(3 * steps[1])
+    # meshes that move different bytes read different collectives (a tensor group's all-reduces)
+    assert moved["fsdp=8"] != moved["fsdp=2,tensor=4"]
     # "as large as fits": among candidates as fast as the first, none has a larger batch that fits
     top = rows[0]
     ties = [r for r in rows if r["instant_fits"] and r["microbatches"] == top["microbatches"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
+import threading
 
 from remat_lab.cli.advise import progress_lines
 from remat_lab.cli.common import (
@@ -80,6 +82,30 @@ def _also_arg(text: str) -> tuple[str, int, float | None]:
     return target, devices, price
 
 
+def _price_arg(text: str) -> float:
+    """A price in dollars: a positive number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"a price is a positive number of dollars, not {text[:40]!r}")
+    return value
+
+
+def _budget_arg(text: str) -> float:
+    """Tokens: a number, or with a suffix K, M, B (or G) or T."""
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(text[-1:].upper(), 1.0)
+    try:
+        value = float(text[:-1] if scale != 1.0 else text) * scale
+    except ValueError:
+        value = 0.0
+    if not 1 <= value <= 1e18:
+        raise argparse.ArgumentTypeError(f"a token budget is a number of tokens (1e12, 1T, 500B), "
+                                         f"not {text[:40]!r}")
+    return value
+
+
 def add_parsers(sub) -> None:
     """``plan`` under the subcommands ``sub``."""
     p = sub.add_parser("plan", help="the whole run planned: mesh, remat plan, per-device batch, "
@@ -109,8 +135,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--top", type=count_arg("top", 10), default=3, help="compiled plans to return")
     p.add_argument("--workers", type=count_arg("workers", 64, lo=0), default=None,
                    help="compiles side by side in worker processes (default: cores, memory allowing)")
-    p.add_argument("--price-per-device-hour", type=float, default=None, metavar="USD",
-                   help="with it, each plan's cost per million tokens")
+    p.add_argument("--price-per-device-hour", type=_price_arg, default=None, metavar="USD",
+                   help="the price of one device an hour (default: the target's sourced default in "
+                        "config/targets.json, where it has one): each plan's cost per million tokens")
+    p.add_argument("--token-budget", type=_budget_arg, default=None, metavar="TOKENS",
+                   help="tokens to train on (1e12 or 1T): the days and dollars each plan takes for them")
     p.add_argument("--also", type=_also_arg, action="append", default=[], metavar="TARGET:N[:USD]",
                    help="plan the same model and global batch on another accelerator too, side by "
                         "side (N devices; USD: its price per device-hour); repeatable")
@@ -121,59 +150,34 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="disable the persistent compile cache")
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM ends ``plan`` as Ctrl-C does: the search's ``finally`` ends its compile workers."""
+    raise SystemExit(128 + signum)
+
+
 def main(args: argparse.Namespace) -> int:
     """Plan the run ``args`` describe; print it (or the JSON)."""
     from remat_lab.cli.common import given
-    from remat_lab.studies.plan import DEFAULT_PLANS, DEFAULT_TENSOR, KNOBS, plan
+    from remat_lab.studies.plan import DEFAULT_PLANS, DEFAULT_TENSOR, KNOBS, plan_across
 
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
     with engine_errors():
         if "attention" not in given(args):
             args.attention = "flash"  # a pod-scale question: the blockwise kernel, as MaxText's runs
         args.step, args.mesh, args.policy = "train", f"fsdp={args.target_devices}", "full"
         args.batch, args.compile_only, args.warmup = args.target_devices, True, 0
         config = config_from(args)
-        if args.price_per_device_hour is not None and not args.price_per_device_hour > 0:
-            raise ConfigError("--price-per-device-hour must be a positive number of dollars.")
         say = progress_lines()
         question = dict(global_batch_tokens=args.global_batch_tokens,
                         tensor=tuple(args.tensor or DEFAULT_TENSOR), plans=args.plans or DEFAULT_PLANS,
                         offload=not args.no_optimizer_offload,
-                        top=args.top, workers=args.workers, cache=not args.no_cache, progress=say,
-                        ray=args.ray)
+                        top=args.top, workers=args.workers, cache=not args.no_cache, ray=args.ray)
         question["knobs_from_published"] = tuple(k for k in KNOBS if k not in given(args))
-        doc = plan(config, slices=args.slices, **question)
-        _costs(doc, args.price_per_device_hour)
-        across = [(config.target, config.target_devices, args.price_per_device_hour, doc)]
-        for target, devices, price in args.also:
-            say(f"the same question on {devices} x {target}")
-            other = config.replace(target=target, target_devices=devices, mesh=f"fsdp={devices}",
-                                   batch=devices, network="", collective_overlap="")
-            found = plan(other, **question)
-            _costs(found, price)
-            across.append((target, devices, price, found))
-        if args.also:
-            doc["across"] = [_across_row(*a) for a in across]
+        doc = plan_across(config, args.also, price=args.price_per_device_hour,
+                          budget_tokens=args.token_budget, progress=say, slices=args.slices, **question)
     print(json.dumps(doc, indent=2) if args.json else format_plan(doc))
     return 0
-
-
-def _costs(doc: dict, price: float | None) -> None:
-    """Each plan's cost per million tokens at ``price`` dollars per device-hour (None without)."""
-    for row in doc["plans"] + [r for r in doc["published_rows"] if "error" not in r]:
-        tps = row.get("predicted_tokens_per_s_per_device")
-        row["cost_per_million_tokens"] = price / 3600 / tps * 1e6 if price and tps else None
-
-
-def _across_row(target: str, devices: int, price: float | None, doc: dict) -> dict:
-    """One accelerator's best plan, for the side-by-side table."""
-    best = doc["plans"][0] if doc["plans"] else None
-    tps = best and best["predicted_tokens_per_s_per_device"]
-    return {"target": target, "devices": devices, "price_per_device_hour": price,
-            "best": best and {k: best[k] for k in ("mesh", "plan_text", "per_device_batch", "microbatches",
-                                                   "optimizer_offload", "peak_bytes", "predicted_s",
-                                                   "predicted_mfu", "cost_per_million_tokens")},
-            "predicted_tokens_per_s_per_device": tps,
-            "predicted_tokens_per_s": tps * devices if tps else None, "wall_s": doc["wall_s"]}
 
 
 def _row(r: dict) -> str:
@@ -202,10 +206,12 @@ def format_plan(doc: dict) -> str:
     for i, r in enumerate(doc["plans"], 1):
         lines.append(f"{i}. {_row(r)}")
     for p in doc["published_rows"]:
-        lines.append(f"published {p['name']}: " + (p["error"] if "error" in p else _row(p)))
-    if doc["beats_published"] is not None:
-        lines.append("the top plan's predicted tokens/s per device is "
-                     + ("at least" if doc["beats_published"] else "BELOW") + " the published configuration's")
+        same = [i for i, r in enumerate(doc["plans"], 1)  # one compile, listed once
+                if r.get("same_as") == f"the published configuration {p['name']}"]
+        lines.append(f"published {p['name']}: " + (p["error"] if "error" in p else
+                                                    f"plan {same[0]} above (the same program)" if same
+                                                    else _row(p)))
+    lines += [published_sentence(doc)] if doc.get("against_published") else []
     e = doc["memory_model_error"]
     lines.append(f"{doc['candidates_predicted']} candidates predicted, {doc['candidates_compiled']} "
                  f"compiled in {doc['wall_s']:.0f} s; memory model error on "
@@ -219,6 +225,12 @@ def format_plan(doc: dict) -> str:
     if r.get("max") is not None:
         lines.append(f"before each family was measured on its own, the model was off by up to {r['max']:.1%} "
                      f"on the {r['compiled_candidates']} compiles that measured them (mean {r['mean']:.1%})")
+    c = doc.get("cost") or {}
+    if c:
+        lines.append(("price: " + (f"${c['usd_per_device_hour']:.4g} a device-hour ({c['price_source']})"
+                                   if c.get("usd_per_device_hour") else c["price_source"]))
+                     + "".join(f"; plan {i}: {_budget(r['cost'])}" for i, r in enumerate(doc["plans"], 1)
+                               if c.get("budget_tokens") and r.get("cost")))
     if doc["plans"]:
         lines += ["", "MaxText (the top plan):", doc["plans"][0]["maxtext_yaml"], "",
                   "The lab's compile of it:", doc["plans"][0]["run_command"]]
@@ -233,5 +245,23 @@ def format_plan(doc: dict) -> str:
                 f"{human_seconds(b['predicted_s'] or 0)}, {a['predicted_tokens_per_s_per_device']:,.0f} "
                 f"tokens/s/device, {a['predicted_tokens_per_s']:,.0f} tokens/s in all"
                 + (f", ${b['cost_per_million_tokens']:.3f} per million tokens"
-                   if b.get("cost_per_million_tokens") else ""))))
+                   if b.get("cost_per_million_tokens") else ", no price (type one: TARGET:N:USD)")
+                + (f", {_budget(b['cost'])}" if (b.get("cost") or {}).get("days") else ""))))
     return "\n".join(lines)
+
+
+def _budget(c: dict) -> str:
+    """``1e12 tokens: 12.3 days, $4.56M``."""
+    if c.get("days") is None:
+        return "no cost without a price"
+    return f"{c['budget_tokens']:.3g} tokens in {c['days']:,.1f} days for ${c['usd']:,.0f}"
+
+
+def published_sentence(doc: dict) -> str:
+    """The top plan against the published configuration, within the step prediction's stated error."""
+    a = doc["against_published"]
+    if a["same_program"]:
+        return "the top plan IS the published configuration (the same program): it matches it"
+    said = {"beats": "beats", "matches": "matches", "below": "is BELOW"}[a["verdict"]]
+    return (f"the top plan {said} the published configuration: {a['ratio']:.3f}x its predicted tokens/s "
+            f"per device, against the step prediction's stated error of {a['step_error']:.0%}")

@@ -61,6 +61,15 @@ class Target:
     # default, the one the figures above are; ``on_network`` takes another
     network: str = ""
     networks: Mapping[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    # the default price: ``usd_per_chip_hour``, ``devices_per_chip``, ``source``, ``as_of`` (a
+    # figure to edit: region, commitment and discounts change it); None: no sourced default
+    price: Mapping[str, object] | None = None
+
+    def usd_per_device_hour(self) -> float | None:
+        """The default price of one of this target's devices an hour (a v4 device is half a chip)."""
+        if not self.price:
+            return None
+        return float(self.price["usd_per_chip_hour"]) / int(self.price.get("devices_per_chip", 1))
 
     def usable_bytes(self) -> int:
         """The memory JAX can give the program by default (the advisor's default budget), per
@@ -90,7 +99,7 @@ class Target:
                 "dcn_bytes_per_s": self.dcn_bytes_per_s, "dcn_source": self.dcn_source,
                 "network": self.network, "networks": list(self.networks),
                 "step_model": None if self.step_model is None else dict(self.step_model),
-                "deviceless": True}
+                "price": None if self.price is None else dict(self.price), "deviceless": True}
 
 
 def _load() -> dict[str, Target]:
@@ -108,7 +117,8 @@ def _load() -> dict[str, Target]:
                               dcn_bytes_per_s=float(t["dcn_bytes_per_s"]), dcn_source=t["dcn_source"],
                               step_model=t.get("step_model"), network=t.get("network", ""),
                               networks={k: (float(v["dcn_bytes_per_s"]), v["dcn_source"])
-                                        for k, v in t.get("networks", {}).items()})
+                                        for k, v in t.get("networks", {}).items()},
+                              price=t.get("price"))
             for t in raw["targets"]}
 
 

@@ -76,15 +76,18 @@ def execute(kind: str, payload: dict, progress: Callable[[str], None]) -> Any:
                           max_batch=int(payload.get("max_batch") or 65536), progress=progress,
                           should_stop=stopper(kind, payload.get("stop_file")))
     if kind == "plan":  # the planner: compiles in this worker, one at a time (the server's pool bounds them)
-        from remat_lab.studies.plan import plan
+        from remat_lab.studies.plan import plan_across
 
         tokens = payload.get("global_batch_tokens")
-        return plan(cfg, global_batch_tokens=int(tokens) if tokens else None,
-                    slices=int(payload["slices"]) if payload.get("slices") else None,
-                    tensor=tuple(int(t) for t in payload["tensor"]), plans=tuple(payload["plans"]),
-                    offload=bool(payload["offload"]), top=int(payload["top"]), workers=0,
-                    knobs_from_published=("attention_block", "stack", "loss_chunks"),
-                    progress=progress)
+        also = [(str(t), int(n), float(p) if p else None) for t, n, p in payload.get("also") or []]
+        return plan_across(cfg, also, price=float(payload["price"]) if payload.get("price") else None,
+                           budget_tokens=float(payload["budget_tokens"]) if payload.get("budget_tokens")
+                           else None, global_batch_tokens=int(tokens) if tokens else None,
+                           slices=int(payload["slices"]) if payload.get("slices") else None,
+                           tensor=tuple(int(t) for t in payload["tensor"]), plans=tuple(payload["plans"]),
+                           offload=bool(payload["offload"]), top=int(payload["top"]), workers=0,
+                           knobs_from_published=("attention_block", "stack", "loss_chunks"),
+                           progress=progress)
     raise ValueError(f"unknown job kind {kind!r}")
 
 

@@ -219,6 +219,10 @@ class Pool:
         ran_here = getattr(job, "thread", None) == threading.get_ident()
         return job.wait(None if ran_here else progress, alive)  # stages already shown if ran here
 
+    def running(self, kind: str, key: Any) -> bool:
+        """Whether a job of ``kind`` for ``key`` is in flight (another tab's, found again)."""
+        return (job := self._in_flight.get((kind, key))) is not None and not job.done.is_set()
+
     def warm(self) -> None:
         """Start every worker now (in the background) so the first answer does not wait for it."""
         for i in range(self.size):

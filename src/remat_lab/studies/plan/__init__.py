@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from remat_lab.config import RunConfig
+from remat_lab.studies.plan.cost import across_row, add_costs
 from remat_lab.studies.plan.doc import document, published_rows
 from remat_lab.studies.plan.search import Progress, search
 from remat_lab.studies.plan.space import DEFAULT_PLANS, DEFAULT_TENSOR
@@ -41,4 +42,25 @@ def plan(config: RunConfig, *, global_batch_tokens: int | None = None, slices: i
     return doc
 
 
-__all__ = ["DEFAULT_PLANS", "DEFAULT_TENSOR", "KNOBS", "plan"]
+def plan_across(config: RunConfig, also: list[tuple[str, int, float | None]], *, price: float | None = None,
+                budget_tokens: float | None = None, progress: Progress | None = None, **question) -> dict:
+    """``plan`` on ``config``'s accelerator and on each of ``also`` (``(target, devices, price per
+    device-hour or None for its default)``), the same model and global batch: the first's document,
+    each priced (``cost.add_costs``), with ``across``: every accelerator's best plan side by side."""
+    say = progress or (lambda message: None)
+    doc = plan(config, progress=progress, **question)
+    add_costs(doc, price, budget_tokens)
+    across = [across_row(config.target, config.target_devices, doc)]
+    for target, devices, typed in also:
+        say(f"the same question on {devices} x {target}")
+        other = config.replace(target=target, target_devices=devices, mesh=f"fsdp={devices}",
+                               batch=devices, network="", collective_overlap="")
+        found = plan(other, progress=progress, **{k: v for k, v in question.items() if k != "slices"})
+        add_costs(found, typed, budget_tokens)
+        across.append(across_row(target, devices, found))
+    if also:
+        doc["across"] = across
+    return doc
+
+
+__all__ = ["DEFAULT_PLANS", "DEFAULT_TENSOR", "KNOBS", "plan", "plan_across"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
+import time
 import types
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -27,12 +29,23 @@ def default_workers(memory_bytes: int | None = None) -> int:
     return max(1, min(cores, memory_bytes // WORKER_BYTES))
 
 
-def start_worker(cache: bool) -> None:
-    """A worker's start: the persistent compile cache turned on when ``cache``."""
+def start_worker(cache: bool, parent: int | None = None) -> None:
+    """A worker's start: it ends itself once ``parent`` (the planner's process) is gone, whatever
+    ended it (a signal, the app's Stop killing its job's process, a closed tab), and the persistent
+    compile cache is turned on when ``cache``."""
+    if parent is not None:
+        threading.Thread(target=_orphaned, args=(parent,), daemon=True, name="plan-watchdog").start()
     if cache:
         from remat_lab.program.backend import enable_compilation_cache
 
         enable_compilation_cache()
+
+
+def _orphaned(parent: int, every_s: float = 0.5) -> None:
+    """Exit this process once its parent is no longer ``parent`` (reparented: the planner died)."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
 
 
 def compile_one(fields: dict) -> dict:
@@ -74,14 +87,15 @@ class Fanout:
             sys.modules["__main__"] = types.ModuleType("__main__")
             try:
                 self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=start_worker, initargs=(cache,))
+                                                 initializer=start_worker, initargs=(cache, os.getpid()))
             finally:
                 sys.modules["__main__"] = main
         elif cache:
             start_worker(cache)
 
     def run(self, jobs: Iterable[tuple[object, RunConfig]]) -> Iterator[tuple[object, dict | Exception]]:
-        """``(key, config)`` jobs compiled; yields ``(key, figures)`` (or the exception) as each ends."""
+        """``(key, config)`` jobs compiled; yields ``(key, figures)`` (or the exception) as each ends
+        (the caller's heartbeat runs beside it: ``ledger.collect``)."""
         jobs = list(jobs)
         if self._pool is None:
             for key, config in jobs:
@@ -96,8 +110,16 @@ class Fanout:
                 yield key, err if err is not None else f.result()
 
     def close(self) -> None:
+        """Stop at once: queued compiles cancelled, running ones' workers terminated (a compile
+        runs to its end otherwise, minutes at pod scale)."""
         if self._pool is not None:
+            procs = list((getattr(self._pool, "_processes", None) or {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
+            for proc in procs:
+                proc.join(timeout=5)
             self._pool = None
 
 

@@ -15,7 +15,11 @@ once and the compiled answers replace them as they land. Per device, for a decod
 * **gathered weights**: FSDP gathers a layer's weights for use, two layers' at a time in a scan,
   every layer's in an unrolled stack (XLA's scheduler gathers ahead), over the tensor group;
 * **step**: MaxText's model flops, plus the forward products of the names the plan recomputes, at
-  the target's measured GEMM efficiency (``step_model``): compute only, no collectives or transfers.
+  the target's measured GEMM efficiency (``step_model``), or the mesh's collectives if they take
+  longer (``collectives_s``: FSDP's weight gathers forward, again backward, and the gradients'
+  reduce-scatter; a tensor group's two all-reduces of a layer's activations each way; a mixture of
+  experts' all-to-all of its routed tokens each way; across slices or hosts the gradients'
+  all-reduce, at the cross-slice rate), so meshes that move different bytes read different steps.
 
 It is an estimate to rank by and is labelled one: the document sets it beside each compiled
 candidate (``instant_error``), and no returned figure is ever its. Its terms were shaped by looking
@@ -118,7 +122,32 @@ class Instant:
                 "bytes": {n: cfg.depth * tokens * v for n, v in stored.items()},
                 "flops": {n: global_tokens * cfg.depth * _forward_flops(cfg, n) / self.space.devices
                           for n in self.widths},
-                "model_flops": self.per_sequence * global_tokens / cfg.seq / self.space.devices}
+                "model_flops": self.per_sequence * global_tokens / cfg.seq / self.space.devices,
+                "collectives_s": self.collectives_s(mesh, b, m)}
+
+    def collectives_s(self, mesh: str, b: int, m: int) -> float:
+        """The mesh's collectives a step, in seconds, each at its link's rate: a ring moves (n-1)/n
+        of the gathered bytes per device (an all-reduce twice that)."""
+        cfg, sizes, target = self.config, parse_mesh(mesh), self.space.target
+        ici = target.interconnect_bytes_per_s or 0.0
+        dcn = target.dcn_bytes_per_s or ici
+        if not ici:
+            return 0.0
+        tensor, expert = sizes.get("tensor", 1), sizes.get("expert", 1)
+        fsdp = sizes.get("fsdp", 1) * expert
+        weights = self.gathered / tensor  # one device's tensor shard of every layer's weights, gathered
+        ring = (fsdp - 1) / fsdp
+        seconds = 3 * m * weights * ring / ici  # gathered forward, again backward; gradients reduce-scattered
+        tokens = b * cfg.seq
+        if tensor > 1:  # two all-reduces a layer forward, two backward (and the recompute's forward)
+            seconds += 6 * m * cfg.depth * tokens * cfg.width * self.dtype * 2 * (tensor - 1) / tensor / ici
+        if expert > 1 and cfg.experts:  # the routed tokens out and back, forward and backward
+            moved = tokens * cfg.width * self.dtype * cfg.experts_per_token * (expert - 1) / expert
+            seconds += 4 * m * cfg.depth * moved / ici
+        replicas = sizes.get("data", 1)
+        if replicas > 1:
+            seconds += 2 * weights / fsdp * (replicas - 1) / replicas / dcn
+        return seconds
 
     def price(self, parts: dict, saves: set[str], offloads: set[str], m: int) -> tuple[float, float]:
         """``(peak bytes, step seconds)`` of a plan from ``parts``: saved names on the device,
@@ -127,16 +156,19 @@ class Instant:
         recomputed = set(self.widths) - saves - offloads - {"decoder_layer_input"}
         compute = (parts["model_flops"] + sum(parts["flops"][n] for n in recomputed)) / self.rate
         host = 2 * m * sum(parts["bytes"][n] for n in offloads) / self.host_bw if self.host_bw else 0.0
-        return peak, max(compute, host)
+        return peak, max(compute, host, parts["collectives_s"])
 
     def row(self, fam: Family, b: int, m: int) -> dict:
         """One candidate's estimated per-device peak and step (``b`` sequences a batch row and
         microbatch, ``m`` microbatches)."""
         saves, offloads = kept(fam.plan, self.widths)
-        peak, step = self.price(self.parts(fam.mesh, b, m), saves, offloads, m)
+        parts = self.parts(fam.mesh, b, m)
+        peak, step = self.price(parts, saves, offloads, m)
         step += self.space.offload_s(fam)
         tok = self.space.tokens_per_device(fam, b, m)
         return {"family": fam, "per_device_batch": b, "microbatches": m, "instant_peak_bytes": int(peak),
+                "instant_collectives_s": parts["collectives_s"],
+                "instant_compute_s": self.price({**parts, "collectives_s": 0.0}, saves, offloads, m)[1],
                 "instant_fits": peak <= self.space.hbm, "instant_step_s": step,
                 "instant_tokens_per_s_per_device": tok / step if step else None}
 

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from remat_lab.config import RunConfig
+from remat_lab.studies.plan.converge import bracket, fits, next_batch, ruled_out
 from remat_lab.studies.plan.fanout import Fanout, default_workers
-from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, step_line
+from remat_lab.studies.plan.fit import Line, accumulated_step, peak_line, relative_error, step_line
 from remat_lab.studies.plan.instant import estimate
+from remat_lab.studies.plan.ledger import Progress, Said, collect, key_text
 from remat_lab.studies.plan.question import PREDICTION_SLACK, Space
 from remat_lab.studies.plan.space import DEFAULT_PLANS, DEFAULT_TENSOR, Family
-from remat_lab.studies.progress import Step
-
-Progress = Callable[[str], None]
 
 
 def fit_points(space: Space) -> list[tuple[Family, int, int]]:
@@ -203,7 +201,7 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     """Fit, predict, compile the best: ``{"space", "compiled", "lines", "candidates", "extra",
     "wall_s", "workers", "ray"}``. ``extra``: named configurations compiled beside the search (the
     published row); ``ray``: a Ray cluster's address, the compiles run there (``workers`` unused)."""
-    say = _Said(progress or (lambda message: None))
+    say = Said(progress or (lambda message: None))
     t0 = time.perf_counter()
     space = Space(config, tokens, slices, tuple(tensor), tuple(plans), offload)
     if ray:
@@ -217,30 +215,35 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
     compiled: dict[tuple, dict] = {}
     extras: dict[str, dict] = {}
     instant = estimate(space)
+    say.instant = {(r["family"], r["per_device_batch"], r["microbatches"]): r for r in instant}
     said = [r for r in instant if r["instant_fits"]][:3]
     say.estimates = [{"what": "estimate by hand (not compiled): "
-                      + _key_text((r["family"], r["per_device_batch"], r["microbatches"])),
+                      + key_text((r["family"], r["per_device_batch"], r["microbatches"])),
                       "peak_bytes": r["instant_peak_bytes"], "predicted_s": r["instant_step_s"],
                       "took_s": None, "error": "an estimate: the compiles below replace it"} for r in said]
     say("estimate in seconds (by hand, uncompiled; compiles follow): " + ("; ".join(
-        f"{_key_text((r['family'], r['per_device_batch'], r['microbatches']))} ~"
+        f"{key_text((r['family'], r['per_device_batch'], r['microbatches']))} ~"
         f"{r['instant_peak_bytes'] / 2**30:.1f} GiB, "
         f"~{r['instant_tokens_per_s_per_device']:,.0f} tokens/s/device"
         for r in said) or "no candidate is estimated to fit"))
     try:
         jobs = [((fam, b, m), fam.apply(space.config, b, m)) for fam, b, m in fit_points(space)]
-        jobs += [(("extra", name), c) for name, c in (extra or [])]
-        say.planned = len(jobs) + top + 1
+        # the published rows first: a candidate that is one of them is filed from its compile
+        jobs = [(("extra", name), c) for name, c in (extra or [])] + jobs
+        say.planned, say.workers = len(jobs) + top + 1, max(workers, 1)
+        say.why = "fitting the model: each mesh's plans at two batches, the lines every candidate follows"
         n, k = len(space.rows), len(plans)
         say(f"fitting the model: {len(jobs)} compiles over {n} mesh{'es' * (n != 1)} and "
             f"{k} plan{'s' * (k != 1)}, {max(workers, 1)} at a time"
             + (f" on the Ray cluster at {ray}" if ray else ""))
-        _collect(pool, jobs, compiled, extras, say)
+        collect(pool, jobs, compiled, extras, say)
         again = second_points(space, compiled)
         if again:
             say.planned += len(again)
+            say.why = "plans refused at their largest batch, compiled at their smallest"
             say(f"{len(again)} plans refused at their largest batch: each compiled at its smallest too")
-            _collect(pool, again, compiled, extras, say)
+            collect(pool, again, compiled, extras, say)
+        phases = {"fit": len(compiled) + len(extras)}
         lines = fit(space, compiled)
         candidates = predict(space, lines)
         before: dict[tuple, int] = {}  # what the model said of each refinement compile beforehand
@@ -252,92 +255,106 @@ def search(config: RunConfig, *, tokens: int | None, slices: int | None = None,
                     for c in candidates}
             before.update({k: said[k] for k, _ in again if k in said})
             say.planned += len(again)
+            say.why = "the best families measured on their own"
             say(f"the best families measured on their own: {len(again)} compiles (a second batch, "
                 "their own accumulation steps)")
-            _collect(pool, again, compiled, extras, say)
+            collect(pool, again, compiled, extras, say)
             lines = fit(space, compiled)
             candidates = predict(space, lines)
+        phases["refine"] = len(compiled) + len(extras) - phases["fit"]
+        off = [relative_error(p, compiled[k]["peak_bytes"]) for k, p in before.items()
+               if not compiled[k].get("error") and not compiled[k]["refused"]]
         say("estimate (the model, not yet compiled): " + "; ".join(
-            _key_text((c["family"], c["per_device_batch"], c["microbatches"]))
-            for c in candidates[:3] if c["predicted_fits"]))
-        _verify(space, pool, candidates, compiled, extras, top, max(workers, 1), say)
+            key_text((c["family"], c["per_device_batch"], c["microbatches"]))
+            for c in candidates[:3] if c["predicted_fits"])
+            + (f" (the model's peak was off by up to {max(off):.0%} on the {len(off)} compiles that "
+               "measured the best families before they were compiled)" if off else ""))
+        checked: dict[tuple, int | None] = {}
+        lines, candidates = _verify(space, pool, candidates, lines, compiled, extras, top,
+                                    max(workers, 1), say, checked)
+        phases["check"] = len(compiled) + len(extras) - phases["fit"] - phases["refine"]
     finally:
         pool.close()
-    return {"space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
+    return {"phases": phases, "space": space, "compiled": compiled, "lines": lines, "candidates": candidates,
             "extra": extras, "wall_s": time.perf_counter() - t0, "workers": max(workers, 1), "ray": ray,
-            "before_refinement": before, "instant": instant}
+            "before_refinement": before, "before_check": checked, "instant": instant}
 
 
-class _Said:
-    """The search's progress as counted steps: compiles done of those planned, one row each, after
-    the estimate by hand's rows (``estimates``: labelled so, kept above the compiles as they land)."""
-
-    def __init__(self, say: Progress) -> None:
-        self.say, self.t0, self.rows, self.planned = say, time.time(), [], 0
-        self.estimates: list[dict] = []
-
-    def __call__(self, text: str, row: dict | None = None) -> None:
-        if row is not None:
-            self.rows.append(row)
-        now = time.time()
-        done = len(self.rows)
-        left = (now - self.t0) / done * (self.planned - done) if done and self.planned > done else None
-        self.say(Step(text, phase="compiling", done=done, planned=self.planned or None,
-                      unit="compiles", item="compile", at_most=True, elapsed_s=now - self.t0,
-                      phase_s=now - self.t0, left_s=left, left_why="from the pace so far; the "
-                      "compiles that check the best plans may end the search sooner",
-                      rows=tuple(self.estimates + self.rows), at=now))
-
-
-def _collect(pool: Fanout, jobs: list, compiled: dict, extras: dict, say: _Said) -> None:
-    for key, out in pool.run(jobs):
-        if isinstance(out, Exception):
-            text = str(out).strip()
-            out = {"error": f"{type(out).__name__}: {text.splitlines()[0][:300] if text else ''}"}
-        if key[0] == "extra":
-            extras[key[1]] = out
-        else:
-            compiled[key] = out
-        said = out.get("error") or ("refused (over HBM)" if out["refused"] else
-                                    f"peak {out['peak_bytes'] / 2**30:.2f} GiB")
-        say(f"compiled {_key_text(key)}: {said}",
-            {"what": _key_text(key), "peak_bytes": None if out.get("error") or out["refused"]
-             else out["peak_bytes"], "predicted_s": out.get("predicted_s"), "took_s": out.get("compile_s"),
-             "error": said if out.get("error") or out["refused"] else None})
-
-
-def _key_text(key: tuple) -> str:
-    if key[0] == "extra":
-        return f"the published configuration {key[1]}"
-    fam, b, m = key
-    return f"{fam.mesh} · {fam.plan}{' · optimizer offload' if fam.optimizer_offload else ''} · b{b}x{m}"
-
-
-def _verify(space: Space, pool: Fanout, candidates: list[dict], compiled: dict, extras: dict,
-            top: int, width: int, say: _Said) -> None:
-    """Compile candidates best first (``width`` at a time) until ``top`` compiled ones fit, one
-    candidate the fit did not compile is among them (the model's error is measured on it), or none
-    is left that the model says may fit."""
-    def key(c):
-        return (c["family"], c["per_device_batch"], c["microbatches"])
-
-    queue = _checked(space, candidates, compiled)
-    while queue:
-        fitting = [c for c in candidates if _fits(compiled.get(key(c)), space.hbm)]
-        held_out = any(c.get("held_out") for c in candidates if key(c) in compiled)
-        if len(fitting) >= top and held_out:
-            return
-        batch = []
-        while queue and len(batch) < width:
-            c = queue.pop(0)
-            if key(c) in compiled:
-                continue
-            c["held_out"] = True
-            batch.append((key(c), c["family"].apply(space.config, c["per_device_batch"], c["microbatches"])))
+def _verify(space: Space, pool: Fanout, candidates: list[dict], lines: dict, compiled: dict,
+            extras: dict, top: int, width: int, say: Said, before: dict) -> tuple[dict, list[dict]]:
+    """Compile candidates best first (``width`` at a time) until the ``top`` best are compiled and
+    fit, one of them held out (a compile the fit did not use: the model's error is measured on it),
+    or none is left that the model says may fit. A compile over the HBM rules out what it dominates
+    (``converge.ruled_out``); with no global batch the best family's batch is bracketed between its
+    largest fit and its smallest refusal (``converge.next_batch``), never walked down one a compile.
+    ``before``: what the model said of each compile's peak beforehand; the model is fitted again
+    when a compile is off it by more than its stated error (``PREDICTION_SLACK``)."""
+    focus: dict = {}
+    while True:
+        batch = _next_compiles(space, candidates, lines, compiled, top, width, bool(before), focus)
         if not batch:
-            return
-        _collect(pool, batch, compiled, extras, say)
+            return lines, candidates
+        said = {_key(c): c["predicted_peak_bytes"] for c in candidates}
+        for k, _ in batch:
+            fam, b, m = k
+            line = (lines.get(fam) or {}).get("peak")
+            before[k] = said.get(k) or (int(line.at(b)) if line and m == 1 else None)
+        say.planned = max(say.planned, len(say.rows) + len(batch))
+        say.why = ("checking the best candidates at full size" if space.sequences is not None else
+                   "the largest batch that fits, between the largest fit and the smallest refusal")
+        collect(pool, batch, compiled, extras, say)
+        off = [(k, before[k], compiled[k]) for k, _ in batch if before.get(k) and not compiled[k].get("error")
+               and (compiled[k]["refused"] and before[k] <= space.hbm
+                    or relative_error(before[k], compiled[k]["peak_bytes"]) > PREDICTION_SLACK)]
+        if off:
+            k, p, c = off[0]
+            say(f"{key_text(k)}: the model said {p / 2**30:.2f} GiB, the compile "
+                + ("was refused over HBM" if c["refused"] else f"{c['peak_bytes'] / 2**30:.2f} GiB")
+                + f", more than the model's stated error ({PREDICTION_SLACK:.0%}): the model is fitted again "
+                "with it")
+            lines = fit(space, compiled)
+            candidates = predict(space, lines)
 
 
-def _fits(found: dict | None, hbm: int) -> bool:
-    return bool(found) and not found.get("error") and not found["refused"] and found["peak_bytes"] <= hbm
+def _key(c: dict) -> tuple:
+    return (c["family"], c["per_device_batch"], c["microbatches"])
+
+
+def _next_compiles(space: Space, candidates: list[dict], lines: dict, compiled: dict, top: int,
+                   width: int, held_out: bool, focus: dict) -> list[tuple[tuple, RunConfig]]:
+    """The next ``width`` compiles of the check, or none when it is done (``held_out``: one was
+    compiled already; ``focus``: the family being bracketed, kept between calls)."""
+    limit, hbm = space.hbm * (1 + PREDICTION_SLACK), space.hbm
+    ranked = [c for c in candidates if (_key(c) in compiled and fits(compiled[_key(c)], hbm))
+              or (_key(c) not in compiled and c["predicted_peak_bytes"] <= limit
+                  and not ruled_out(_key(c), compiled, hbm))]
+    out: list[tuple] = []
+    if space.sequences is None and ranked:  # as large as fits: the best family's batch bracketed
+        # the family being bracketed is kept until it is closed (ties would spread the compiles)
+        fam = next((c["family"] for c in ranked if c["family"] == focus.get("family")), ranked[0]["family"])
+        lo, _, hi, _ = bracket(fam, compiled, hbm)
+        first = next(c for c in ranked if c["family"] == fam)
+        if _key(first) in compiled and hi is not None and hi - lo <= 1:
+            rate = "model_tokens_per_s_per_device"
+            if _key(ranked[0]) in compiled or (ranked[0][rate] or 0) <= (first[rate] or 0) * (1 + 1e-9):
+                return out  # its largest batch that fits is compiled, the next one over the HBM
+            # another family is predicted better: bracketed in turn, first at the batch the closed
+            # one found (its line has not yet met what the compiles said of this mesh's growth)
+            known, fam, first = lo, ranked[0]["family"], ranked[0]
+            lo, _, hi, _ = bracket(fam, compiled, hbm)
+            if hi is None and lo < known < first["per_device_batch"]:
+                focus["family"] = fam
+                return [((fam, known, 1), fam.apply(space.config, known, 1))]
+        focus["family"] = fam
+        b = next_batch(fam, (lines.get(fam) or {}).get("peak"), compiled, hbm)
+        b = first["per_device_batch"] if b is None else b
+        # one compile a round: a second at once halves no more rounds than the first alone
+        if (fam, b, 1) not in compiled and lo < b and (hi is None or b < hi):
+            out.append(((fam, b, 1), fam.apply(space.config, b, 1)))
+        if out or _key(first) in compiled:
+            return out
+    if held_out and all(_key(c) in compiled for c in ranked[:top]):
+        return out
+    for c in [c for c in ranked if _key(c) not in compiled][:width]:
+        out.append((_key(c), c["family"].apply(space.config, c["per_device_batch"], c["microbatches"])))
+    return out
