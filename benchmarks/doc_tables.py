@@ -223,9 +223,15 @@ def _chip_caption(rows: list[dict]) -> str:
     jax = sorted({r["measured"]["jax"] for r in rows})
     deviceless = sorted({r["deviceless"]["jax"] for r in rows})
     span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    spans = []
+    for held, what in ((True, "held out"), (False, "fitted")):
+        ratios = [r["deviceless"]["predicted_s"] / r["measured"]["step_s"] for r in rows
+                  if bool(r.get("held_out")) == held and r["deviceless"].get("predicted_s")]
+        if ratios:
+            spans.append(f"{len(ratios)} {what}: {min(ratios):.2f}× to {max(ratios):.2f}× the measured step")
     return (f"Measured on {', '.join(kinds)} ({span}, JAX {', '.join(jax)}); predicted deviceless "
-            f"(JAX {', '.join(deviceless)}). Held-out runs were not used to fit any rate. "
-            f"From `{CHIP}`:")
+            f"(JAX {', '.join(deviceless)}). Held-out runs were not used to fit any rate "
+            f"({'; '.join(spans)}). From `{CHIP}`:")
 
 
 def table_chip(root: Path = ROOT) -> str:
@@ -260,7 +266,8 @@ def table_chip_short(root: Path = ROOT) -> str:
     for r in rows:
         m, d = r["measured"], r["deviceless"]
         predicted = _ratio(d.get("predicted_s"), m["step_s"], 1)
-        out.append(f"| `{r['name']}` | {_seconds(m['step_s'], 1)} | {predicted} "
+        held = " (held out)" if r.get("held_out") else ""
+        out.append(f"| `{r['name']}`{held} | {_seconds(m['step_s'], 1)} | {predicted} "
                    f"| {_bytes(m.get('compiled_peak_bytes'))} | {_bytes(m.get('allocator_peak_bytes'))} |")
     return _chip_caption(rows) + "\n\n" + "\n".join(out)
 
