@@ -272,6 +272,15 @@ def table_chip_short(root: Path = ROOT) -> str:
     return _chip_caption(rows) + "\n\n" + "\n".join(out)
 
 
+def table_data(root: Path, stem: str) -> str:
+    """A table whose figures are kept as data in ``docs/data/STEM.json`` (``columns``, ``rows``,
+    ``source``): measurements with no other file behind them, each row as stored."""
+    doc = json.loads((root / "docs" / "data" / f"{stem}.json").read_text())
+    line = lambda cells: "| " + " | ".join(str(c) for c in cells) + " |"
+    return "\n".join([line(doc["columns"]), "|" + "---|" * len(doc["columns"]),
+                      *(line(r) for r in doc["rows"])])
+
+
 TABLES = {"published": table_published, "published-error": table_published_error,
           "schedule": table_schedule, "maxtext-compile": table_maxtext_compile, "chip": table_chip,
           "chip-short": table_chip_short, "h200": table_h200}
@@ -281,6 +290,8 @@ def rewrite(text: str, root: Path = ROOT) -> str:
     """``text`` with every table block's body generated again; an unknown NAME is a ValueError."""
     def body(match: re.Match) -> str:
         name = match.group(2)
+        if name.startswith("data-"):  # a measurement's rows kept as data: docs/data/STEM.json
+            return f"{match.group(1)}{table_data(root, name[len('data-'):])}\n{match.group(4)}"
         if name.startswith("load-"):  # a load benchmark's rows: load-STEM for tests/load/STEM.json
             return f"{match.group(1)}{table_load(root, name[len('load-'):])}\n{match.group(4)}"
         if name not in TABLES:
