@@ -224,15 +224,16 @@ def test_the_tpu_step_model_is_its_stored_fit_and_predicts_the_other_published_r
     """No TPU is lent here, so the TPU step model's MXU efficiency is fitted: the one at which the
     lab's program of a published run (its kernels stored by ``benchmarks/tpu_step_model.py
     compile``) predicts its measured step, one fit per generation with a measured run: the v6e's
-    on the Llama 3.1 8B gold run (the v5e, with no measured run, takes it), the v5p's on Llama 2
+    on the Llama 3.1 8B gold run, the v5p's on Llama 2
     70B on v5p-512, its only one. ``targets.json`` holds those fits (recomputed here, not pasted),
     and every other stored published run of a generation is predicted out of sample within issue
     47's 20 %; each bound stays below its measured step. A v5p at the v6e's efficiency could not
-    reach the v5p run's measured MFU (65.4 %), and was 1.43x its measured step."""
+    reach the v5p run's measured MFU (65.4 %), and was 1.43x its measured step. (The v5e's is
+    fitted on a chip: the next test.)"""
     model = _tpu_model()
     v6e, v5p = model.fit("llama3.1-8b-v6e-256"), model.fit("llama2-70b-v5p-512")
     assert v6e["target"] == "tpu-v6e" and v5p["target"] == "tpu-v5p"
-    for name, fit in (("tpu-v5e", v6e), ("tpu-v6e", v6e), ("tpu-v5p", v5p)):
+    for name, fit in (("tpu-v6e", v6e), ("tpu-v5p", v5p)):
         step_model = get_target(name).step_model
         assert step_model["gemm_efficiency"] == pytest.approx(fit["mxu_efficiency"], abs=5e-4), name
         assert step_model["hbm_efficiency"] == model.HBM_EFFICIENCY
@@ -387,3 +388,26 @@ def test_a_gpu_meshs_prediction_is_its_kernels_and_the_collectives_its_schedule_
                            target)
     assert walked["kernels_s"] == pytest.approx(pred["kernels_s"], rel=1e-9)
     assert pred["predicted_s"] == pytest.approx(max(walked["step_s"], bound["estimate_s"]), rel=1e-9)
+
+
+def test_the_v5e_step_model_is_its_chip_fit():
+    """The v5e's step model is fitted on a lent v5e chip (``benchmarks/chip_catalogue.py fit``): the
+    MXU efficiency and HBM factor that minimise the squared log error over the catalogue's lines not
+    held out, recomputed here from the stored kernels (not pasted). The held-out lines are predicted
+    out of sample: 0.80x to 1.15x of their measured steps (one, gpt2-small at batch 32, at 0.798x:
+    just outside 20 %), the fitted ones 0.84x to 1.20x."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "chip_catalogue.py"
+    spec = importlib.util.spec_from_file_location("chip_catalogue", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fit = module.fit("tpu-v5e", write=False)
+    step_model = get_target("tpu-v5e").step_model
+    assert step_model["gemm_efficiency"] == pytest.approx(fit["mxu_efficiency"])
+    assert step_model["hbm_efficiency"] == pytest.approx(fit["hbm_efficiency"])
+    held = [r["predicted_over_measured"] for r in fit["rows"] if r["held_out"]]
+    fitted = [r["predicted_over_measured"] for r in fit["rows"] if not r["held_out"]]
+    assert len(held) >= 6 and len(fitted) >= 6
+    assert 0.79 <= min(held) and max(held) <= 1.2, held
+    assert all(0.8 <= r <= 1.21 for r in fitted), fitted
