@@ -254,7 +254,7 @@ def time_interleaved(configs: list[RunConfig], docs: list[dict], *, calls: int |
         cost = cost_of(executables[str(i)][0])
         scale = flops / cost["flops"] if flops and cost["flops"] else 1.0
         bytes_accessed = cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None
-        doc["roofline"] = roofline_report(flops, bytes_accessed, med, doc["config"].get("dtype", "float32"))
+        doc["roofline"] = roofline_report(flops, bytes_accessed, med, configs[i].dtype)
 
 
 def run_grid(grid: list[dict], run: Runner, *, skip: set[str] = frozenset(),
