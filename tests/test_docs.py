@@ -108,8 +108,10 @@ def test_every_generated_table_equals_its_file():
     assert tables.stale() == [], "run python benchmarks/doc_tables.py"
     names = {m for p in _documents() for m in re.findall(r"<!-- table:([a-z0-9-]+):start -->", p.read_text())}
     loads = {n for n in names if n.startswith("load-")}  # a load benchmark's rows, by its file
-    assert names - loads == set(tables.TABLES)  # every table is somewhere, and nothing else is one
+    data = {n for n in names if n.startswith("data-")}  # a measurement's rows kept in docs/data
+    assert names - loads - data == set(tables.TABLES)  # every table is somewhere, nothing else is one
     assert all((ROOT / "tests" / "load" / f"{n[len('load-'):]}.json").exists() for n in loads)
+    assert {f"data-{p.stem}" for p in (ROOT / "docs" / "data").glob("*.json")} == data  # none unused
     assert "issue" not in " ".join(tables.table_load(ROOT, n[len("load-"):]) for n in loads).lower()
 
 
@@ -132,6 +134,7 @@ def _tmp_root(tmp_path: Path) -> Path:
         shutil.copy(ROOT / "src/remat_lab/config" / name, tmp_path / "src/remat_lab/config" / name)
     (tmp_path / "docs").mkdir()
     shutil.copy(ROOT / "docs" / "published.md", tmp_path / "docs" / "published.md")
+    shutil.copytree(ROOT / "docs" / "data", tmp_path / "docs" / "data")
     shutil.copy(README, tmp_path / "README.md")
     return tmp_path
 
@@ -173,7 +176,8 @@ def test_the_chip_tables_come_from_its_jsonl_and_say_when_there_is_none(tmp_path
     assert row.startswith("| `mlp-1024` | `--model mlp --width 1024` | yes | 12.50 ms (12.40 ms–12.70 ms)")
     assert "15.00 ms (1.200×)" in row and "10.00 ms (0.800×)" in row
     assert "| 2.50 GiB | 3.00 GiB | 2.50 GiB | 1.500e+12 / 1.500e+12 |" in row
-    assert short.splitlines()[-1] == "| `mlp-1024` | 12.50 ms | 15.00 ms (1.200×) | 2.50 GiB | 3.00 GiB |"
+    assert short.splitlines()[-1] == ("| `mlp-1024` (held out) | 12.50 ms | 15.00 ms (1.200×) | 2.50 GiB "
+                                      "| 3.00 GiB |")
 
 
 def test_an_unknown_table_is_refused_by_name():
