@@ -268,9 +268,9 @@ def test_a_training_steps_prediction_is_the_whole_training_programs():
 
     c = RunConfig(model="llm", width=128, depth=1, heads=2, kv_heads=1, seq=32, batch=1, vocab=128,
                   mlp_dim=128, step="train", stack="loop", attention="full", policy="full",
-                  target="tpu-v5e", compile_only=True, dtype="bfloat16")
+                  target="tpu-v6e", compile_only=True, dtype="bfloat16")
     doc = run_experiment(c, timing=False)
-    t = get_target("tpu-v5e")
+    t = get_target("tpu-v6e")
     problem = abstract_problem(c)
     train = jit_program(problem).lower(*program_args(problem)).compile().as_text()
     grad = jit_step(problem).lower(*problem.args).compile().as_text()
