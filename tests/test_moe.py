@@ -170,7 +170,7 @@ def test_the_memory_estimate_covers_the_compiled_step(dispatch):
     from remat_lab.model.llm import next_token_loss
 
     cfg = RunConfig(model="llm", width=64, heads=4, seq=128, batch=4, vocab=128, depth=2, experts=8,
-                    expert_mlp_dim=128, moe_dispatch=dispatch)
+                    expert_mlp_dim=128, moe_dispatch=dispatch, policy="no_remat")
     graphdef, params = nnx.split(build_model(cfg.model, cfg.width, cfg.depth, seed=0, dtype=jnp.float32,
                                              stack=cfg.stack, heads=cfg.heads, **llm_options(cfg, DTYPES)))
     tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)

@@ -200,6 +200,8 @@ def _llm_bytes(config: RunConfig) -> int:
             extra = 0
         kept = rows * (w + sum(names.get(nm, 0) for nm in saved_names)) * item + extra
     logits = b * -(-config.seq // config.loss_chunks) * config.vocab * (2 * item + 8)
+    if config.experts:  # a mixture of experts: every block's values and twice for XLA's temporaries
+        return 2 * (fixed + n * item + config.depth * (block or kept) + logits) + (1 << 20)  # and a copy
     return int(_LLM_MARGIN * (fixed + config.depth * kept + block + logits)) + (1 << 20)
 
 
