@@ -197,7 +197,8 @@ from remat_lab.config import RunConfig
 from remat_lab.program.step import jit_program, model_report, problem_for, program_args
 import jax; jax.devices()
 cfg = RunConfig.from_preset('llama3-8b', seq=256, batch=1, step='train', policy='minimal',
-                            compile_only=True, dtype='bfloat16')
+                            compile_only=True, dtype='bfloat16', param_dtype='bfloat16',
+                            optimizer_dtype='bfloat16')
 before = rss()
 p = problem_for(cfg)
 compiled = jit_program(p).lower(*program_args(p)).compile()
