@@ -234,10 +234,10 @@ def test_the_timed_loop_keeps_only_the_last_output_and_the_run_checks_it():
     assert alive == [0, 0, 0, 0, 0]
     assert time_keeping_output(fake, (1,), warmup=0, repeats=0)[1] is None
 
-    from remat_lab.studies import experiment
+    from remat_lab.studies import device_checks, experiment
 
     kept, checked = [], []
-    real_time, real_check = experiment.time_keeping_output, experiment.check_gradients
+    real_time, real_check = experiment.time_keeping_output, device_checks.check_gradients
 
     def timing(*args, **kwargs):
         samples, out = real_time(*args, **kwargs)
@@ -250,7 +250,7 @@ def test_the_timed_loop_keeps_only_the_last_output_and_the_run_checks_it():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(experiment, "time_keeping_output", timing)
-        mp.setattr(experiment, "check_gradients", check)
+        mp.setattr(device_checks, "check_gradients", check)  # the run's check (fitted to the device)
         result = experiment.run_experiment(RunConfig(width=16, batch=2, repeats=3, warmup=1))
     assert result["gradient_check"]["ok"] and len(kept) == len(checked) == 1
     assert all(a is b for a, b in zip(checked[0], kept[0][1]))  # the last timed call's gradients

@@ -8,7 +8,7 @@ import pytest
 
 from remat_lab.cli import main
 from remat_lab.cli import run as run_cli
-from remat_lab.studies import compare, experiment
+from remat_lab.studies import compare
 
 TINY = ["--width", "16", "--batch", "4", "--repeats", "1", "--warmup", "0", "--no-cache"]
 
@@ -17,8 +17,10 @@ TINY = ["--width", "16", "--batch", "4", "--repeats", "1", "--warmup", "0", "--n
 
 
 def test_run_exits_3_when_the_gradient_check_fails(monkeypatch, capsys):
-    real = experiment.check_gradients
-    monkeypatch.setattr(experiment, "check_gradients",
+    from remat_lab.studies import device_checks  # the run's check, fitted to the device
+
+    real = device_checks.check_gradients
+    monkeypatch.setattr(device_checks, "check_gradients",
                         lambda *a, **k: {**real(*a, **k), "ok": False,
                                          "failures": ["w0: injected mismatch"]})
     status = main(["run", *TINY, "--json"])
