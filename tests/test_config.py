@@ -165,7 +165,7 @@ def test_cli_json_document(tmp_path, monkeypatch):
         "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
         "host_argument_bytes", "host_output_bytes", "host_alias_bytes", "host_temp_bytes",
         "host_generated_code_bytes", "peak_bytes", "xla_peak_memory_bytes",
-        "by_kind", "by_kind_source"}  # issue 23's contract: what fills the memory at the peak
+        "by_kind", "by_kind_source", "by_kind_other"}  # what fills the memory at the peak, and "other"
     assert {"parameters", "optimizer_state", "gradients", "activations", "logits", "other",
             "method"} == set(doc["memory"]["by_kind"])
     assert {"reference", "independent", "loss_err", "grad_max_abs_err", "grad_max_rel_err", "rtol", "atol",
