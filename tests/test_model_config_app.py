@@ -66,7 +66,9 @@ def test_an_uploaded_config_fills_the_shape_and_the_uploader_starts_empty():
     at.file_uploader(key="model_config_file_0").set_value(("config.json", data, "application/json")).run()
     assert not at.exception and not _errors(at), _errors(at)
     assert (at.number_input(key="width_exact").value, at.slider(key="depth").value,
-            at.toggle(key="tie_embeddings").value, at.session_state["seq"]) == (2048, 16, True, 8192)
+            at.toggle(key="tie_embeddings").value) == (2048, 16, True)
+    # the sequence the loaded model starts at fits this server (pages/_load_fit), at most its own
+    assert at.session_state["seq"] in (8192, 4096, 2048, 1024, 512, 256, 128)
     assert [u.key for u in at.file_uploader if u.key.startswith("model_config")] == ["model_config_file_1"]
     said = " ".join(c.value for c in at.sidebar.caption)
     assert "From config.json (a Hugging Face config.json (model_type llama))" in said
