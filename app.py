@@ -49,7 +49,9 @@ PAGES = [
     st.Page("pages/advisor.py", title="Advisor", icon=":material/recommend:", url_path="advisor"),
     st.Page("pages/synthesize.py", title="Synthesize", icon=":material/tune:", url_path="synthesize"),
     st.Page("pages/plan.py", title="Plan the run", icon=":material/account_tree:", url_path="plan"),
-    st.Page("pages/inspect_programs.py", title="Inspect", icon=":material/code:", url_path="inspect"),
+    # "1_inspect.py": its legacy-mode address is "inspect" (Streamlit drops a leading number), as a
+    # cold server's first /inspect request needs; "inspect.py" would shadow the standard library.
+    st.Page("pages/1_inspect.py", title="Inspect", icon=":material/code:", url_path="inspect"),
     st.Page("pages/history.py", title="History", icon=":material/history:", url_path="history"),
     st.Page("pages/results.py", title="Open results", icon=":material/upload_file:", url_path="results"),
     st.Page("pages/guide.py", title="Guide", icon=":material/menu_book:", url_path="guide"),

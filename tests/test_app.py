@@ -33,7 +33,7 @@ def _frame(at: AppTest, column: str):
 
 
 @pytest.mark.parametrize("page", ["app.py", "pages/explore.py", "pages/compare.py",
-                                  "pages/sweep.py", "pages/advisor.py", "pages/inspect_programs.py",
+                                  "pages/sweep.py", "pages/advisor.py", "pages/1_inspect.py",
                                   "pages/guide.py"])
 def test_every_page_runs(page):
     at = _app(page, **SMALL).run()
@@ -169,7 +169,7 @@ def test_inspect_shows_dot_lines_without_timing(monkeypatch):
     monkeypatch.setattr(experiment, "run_experiment",
                         lambda cfg, **kw: calls.append(kw.get("timing")) or real(cfg, **kw))
     _running._cached_programs.clear()
-    at = _app("pages/inspect_programs.py", width="32", batch="4", depth="2", repeats="3",
+    at = _app("pages/1_inspect.py", width="32", batch="4", depth="2", repeats="3",
               policy="nothing_saveable").run()
     assert not at.exception
     assert calls == [False]  # reading programs neither times nor waits for the timing lock
@@ -220,7 +220,7 @@ def test_batch_zero_with_seq_mixer_is_refused():
 
 def test_over_budget_is_flagged_in_the_sidebar_before_any_button(monkeypatch):
     monkeypatch.setenv("REMAT_LAB_MEMORY_BUDGET", "4M")  # width 256, batch 64 needs about 5 MiB
-    for page in ("pages/explore.py", "pages/inspect_programs.py", "pages/guide.py"):
+    for page in ("pages/explore.py", "pages/1_inspect.py", "pages/guide.py"):
         at = _app(page, width="256", batch="64", repeats="3").run()
         assert not at.exception
         flags = [e.value for e in at.sidebar.error]

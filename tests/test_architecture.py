@@ -124,3 +124,21 @@ def test_no_page_shadows_the_standard_library():
 
     pages = {p.stem for p in (Path(__file__).resolve().parents[1] / "pages").glob("*.py")}
     assert not pages & set(sys.stdlib_module_names), pages & set(sys.stdlib_module_names)
+
+
+def test_every_routed_page_has_its_address_in_streamlits_legacy_mode_too():
+    """A cold server's first requests can run in Streamlit's legacy ``pages/`` mode, which names a
+    page by its file (a leading number dropped): a routed page whose file gives another address
+    answers a shared link with "Page not found" (the router's default page is served at ``/``)."""
+    import re
+
+    from streamlit.source_util import page_icon_and_name
+
+    root = Path(__file__).resolve().parents[1]
+    routed = re.findall(r'st\.Page\("(pages/[^"]+)"[^)]*?url_path="([^"]+)"(,\s*default=True)?',
+                        (root / "app.py").read_text())
+    assert len(routed) >= 10, routed
+    for path, url_path, default in routed:
+        assert (root / path).exists(), path
+        if not default:
+            assert page_icon_and_name(root / path)[1] == url_path, (path, url_path)

@@ -24,7 +24,7 @@ PAYLOADS = ["[click me](https://evil.example/p)", "![pic](https://evil.example/i
             "$$x^2$$ and $y$", "see https://evil.example/plain"]
 MARKERS = ("[click me](", "![pic](", "<img", "<b>", ":red[", ":material/warning", "$$x", "https://evil")
 PAGES = ["pages/explore.py", "pages/compare.py", "pages/sweep.py", "pages/advisor.py",
-         "pages/inspect_programs.py", "pages/history.py", "pages/results.py", "pages/guide.py",
+         "pages/1_inspect.py", "pages/history.py", "pages/results.py", "pages/guide.py",
          "pages/targets.py"]
 URL_KEYS = ["model", "width", "batch", "seq", "heads", "depth", "stack", "dtype", "policy", "save_names",
             "offload_names", "objective", "repeats", "warmup", "seed", "mesh", "target"]

@@ -72,7 +72,7 @@ def test_inspect_shows_programs_without_absolute_paths():
     pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(ROOT / "pages" / "inspect_programs.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "pages" / "1_inspect.py"), default_timeout=120)
     at.query_params.update(width="16", batch="2", depth="1", repeats="1")
     at.run()
     assert not at.exception and not at.error

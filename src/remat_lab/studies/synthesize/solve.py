@@ -22,9 +22,10 @@ million plans). Ties: fewer recomputed flops, then fewer offloaded bytes, then t
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 MAX_NAMES = 16  # 3^8 half-plans a side; beyond it the names are too many to solve exactly here
 CHOICES = ("recompute", "save", "offload")
@@ -173,7 +174,7 @@ def _witnesses(model: Model) -> list[tuple[str | None, Model]]:
     for w, t in model.offload_saving.items():
         if t < 0 and w in model.names:
             banned = {(n, "offload") for n in model.names if model.offload_saving.get(n, 0.0) > t}
-            out.append((w, replace(model, names=tuple(n for n in model.names if n != w),
+            out.append((w, dataclasses.replace(model, names=tuple(n for n in model.names if n != w),
                                    bytes={k: math.inf if k in banned else v
                                           for k, v in model.bytes.items()})))
     return out
