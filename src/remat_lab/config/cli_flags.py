@@ -24,13 +24,15 @@ def shape_flags(cfg: RunConfig, batch: bool = True) -> list[str]:
         parts += [*([f"--preset {cfg.preset}"] if cfg.preset else []), f"--kv-heads {cfg.kv_heads}",
                   f"--head-dim {cfg.head_dim}", f"--mlp-dim {cfg.mlp_dim}", f"--vocab {cfg.vocab}",
                   "--tie-embeddings" if cfg.tie_embeddings else "--no-tie-embeddings",
-                  *([f"--param-dtype {cfg.param_dtype}"] if cfg.param_dtype else [])]
+                  # a training step without the flag reads the recipe's float32: name it always there
+                  *([f"--param-dtype {cfg.param_dtype_used}"] if cfg.param_dtype or cfg.step == "train"
+                    else [])]
     if cfg.model == "llm" and cfg.experts:  # a mixture of experts: every field of it
         parts += [f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in (
             "experts", "experts_per_token", "expert_mlp_dim", "shared_experts", "router_gating",
             "capacity_factor", "load_balance_loss_weight", "moe_dispatch")]
-    if cfg.optimizer_dtype:  # AdamW's moments, when not the parameters' dtype by default
-        parts.append(f"--optimizer-dtype {cfg.optimizer_dtype}")
+    if cfg.optimizer_dtype or (cfg.model == "llm" and cfg.step == "train"):  # AdamW's moments
+        parts.append(f"--optimizer-dtype {cfg.optimizer_dtype_used}")
     if cfg.model == "llm":  # loss_chunks always (a preset field); the attention's when not default
         parts.append(f"--loss-chunks {cfg.loss_chunks}")
         parts += [f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in ("attention", "attention_block")
