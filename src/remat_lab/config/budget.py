@@ -11,7 +11,7 @@ import os
 
 from remat_lab.config import limits
 
-from .catalog import SEQ_MODELS, USER_MODEL
+from .catalog import RECIPE_NAMES, SEQ_MODELS, USER_MODEL
 from .moe_config import moe_activation_bytes
 from .run import BUDGET_ENV, ConfigError, MemoryBudgetError, RunConfig
 from .targets import LOCAL
@@ -141,18 +141,15 @@ def _parameter_count(config: RunConfig) -> int:
     return d * 2 * (w * w + w)
 
 
-# The checkpoint names each policy keeps on the device between the forward and the backward, for the
-# llm's estimate (model/policies.py builds the policies; a remat'd block always keeps its input).
-# ``None``: everything (no remat); "dots": every projection and attention's two batched products.
+# What each policy keeps of an llm block for the backward, beside its input: ``None`` everything
+# (no remat); "dots" every projection and attention's two batched products; the projections for
+# dots_with_no_batch_dims (the llm's are its only unbatched products); a MaxText recipe's device
+# names (``RECIPE_NAMES``; those it offloads stay on the host); nothing for the rest.
 _PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
-_QKVO = ("query_proj", "key_proj", "value_proj", "out_proj")
 _SAVED = {
     "no_remat": None, "everything_saveable": None, "dots_saveable": "dots",
-    "dots_with_no_batch_dims_saveable": _PROJECTIONS, "minimal": _PROJECTIONS,
-    "minimal_with_context": (*_PROJECTIONS, "context"),
-    "save_dot_with_context_except_mlp": (*_QKVO, "context"),
-    "save_dot_except_mlpwi": (*_QKVO, "mlpwo"), "save_dot_except_mlp": _QKVO,
-    "save_qkv_proj": _QKVO[:3], "save_out_proj": ("out_proj",),
+    "dots_with_no_batch_dims_saveable": _PROJECTIONS,
+    **{pid: names for pid, names in RECIPE_NAMES.items() if not pid.endswith("_offloaded")},
 }
 # XLA's temporaries beside what the estimate names (the largest ratio of compiled peak to the named
 # bytes over the llm presets on XLA CPU; tests/test_config.py holds the estimate within 1.5x).

@@ -61,6 +61,24 @@ POLICY_IDS = (
     "custom",
 )
 DEFAULT_POLICY = "dots_with_no_batch_dims_saveable"
+# MaxText's recipes that keep checkpoint names (model/policies.py builds them; config/budget.py's
+# estimate keeps what they save): id -> the names saved on the device, or offloaded to the host
+# (``*_offloaded``), as MaxText's ``get_remat_policy`` lists them, with the fused ``qkv_proj`` and
+# ``mlpwi`` a model may lack.
+_MINIMAL = ("query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj", "mlpwi_0", "mlpwi_1",
+            "mlpwi", "mlpwo")
+_QKV = ("query_proj", "value_proj", "key_proj", "qkv_proj")
+RECIPE_NAMES: dict[str, tuple[str, ...]] = {
+    "minimal": _MINIMAL,
+    "minimal_with_context": (*_MINIMAL, "context"),
+    "save_dot_with_context_except_mlp": (*_QKV, "context", "out_proj"),
+    "save_dot_except_mlpwi": (*_QKV, "out_proj", "mlpwo"),
+    "save_dot_except_mlp": (*_QKV, "out_proj"),
+    "save_qkv_proj": _QKV,
+    "save_out_proj": ("out_proj",),
+    "qkv_proj_offloaded": ("query_proj", "value_proj", "key_proj"),
+    "minimal_offloaded": _MINIMAL,
+}
 
 
 # Published decoder shapes, by name: the llm fields they fill, their source and parameter count;

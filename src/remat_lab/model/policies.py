@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import jax
 
-from remat_lab.config.catalog import DEFAULT_POLICY, POLICY_IDS  # noqa: F401
+from remat_lab.config.catalog import DEFAULT_POLICY, POLICY_IDS, RECIPE_NAMES  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,6 @@ GROUPS = {"jax": "JAX policies", "maxtext": "MaxText recipes", "custom": "Custom
 
 
 _cp = jax.checkpoint_policies
-# MaxText's minimal set: every projection (qkv_proj and mlpwi are its fused variants).
-_MINIMAL = ("query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj", "mlpwi_0", "mlpwi_1",
-            "mlpwi", "mlpwo")
-_QKV = ("query_proj", "value_proj", "key_proj", "qkv_proj")
 
 
 def _quoted(names) -> str:
@@ -62,16 +58,19 @@ def _offload_code(saves, offloads) -> str:
             '    offload_src="device", offload_dst="pinned_host"))')
 
 
-def _save_names(pid: str, names: tuple[str, ...], description: str) -> Policy:
-    """A MaxText recipe that saves ``names`` on the device and recomputes the rest."""
+def _save_names(pid: str, description: str) -> Policy:
+    """A MaxText recipe that saves its names (``RECIPE_NAMES``) on the device and recomputes the rest."""
+    names = RECIPE_NAMES[pid]
     return Policy(pid, f"{pid} (MaxText)", description,
                   "@nnx.remat(policy=jax.checkpoint_policies.save_only_these_names(\n"
                   f"    {_quoted(names)}))",
                   lambda: _cp.save_only_these_names(*names), group="maxtext", saves=names)
 
 
-def _offload_names(pid: str, names: tuple[str, ...], description: str) -> Policy:
-    """A MaxText recipe that offloads ``names`` to pinned host memory and recomputes the rest."""
+def _offload_names(pid: str, description: str) -> Policy:
+    """A MaxText recipe that offloads its names (``RECIPE_NAMES``) to pinned host memory and
+    recomputes the rest."""
+    names = RECIPE_NAMES[pid]
     return Policy(pid, f"{pid} (MaxText)", description, _offload_code((), names),
                   lambda: _offload_policy((), names), group="maxtext", offloads=names)
 
@@ -81,27 +80,27 @@ _MAXTEXT = [
            "MaxText's full remat: policy None, JAX's default; saves only the block's inputs and "
            "recomputes everything else.",
            "@nnx.remat  # MaxText remat_policy=full: policy=None", lambda: None, group="maxtext"),
-    _save_names("minimal", _MINIMAL,
+    _save_names("minimal",
                 "Saves every projection output (q, k, v, out and the MLP's); recomputes the "
                 "attention scores, softmax and context, the norms and activations."),
-    _save_names("minimal_with_context", (*_MINIMAL, "context"),
+    _save_names("minimal_with_context",
                 "minimal plus the attention context (the output before the out projection): "
                 "only the norms, scores, softmax and activations are recomputed."),
-    _save_names("save_dot_with_context_except_mlp", (*_QKV, "context", "out_proj"),
+    _save_names("save_dot_with_context_except_mlp",
                 "Saves the attention projections and context; the MLP is recomputed."),
-    _save_names("save_dot_except_mlpwi", (*_QKV, "out_proj", "mlpwo"),
+    _save_names("save_dot_except_mlpwi",
                 "Saves the attention projections and the MLP's output projection; the MLP's input "
                 "projections are recomputed."),
-    _save_names("save_dot_except_mlp", (*_QKV, "out_proj"),
+    _save_names("save_dot_except_mlp",
                 "Saves the attention projections (q, k, v, out); the whole MLP is recomputed."),
-    _save_names("save_qkv_proj", _QKV,
+    _save_names("save_qkv_proj",
                 "Saves the query, key and value projections; everything else is recomputed."),
-    _save_names("save_out_proj", ("out_proj",),
+    _save_names("save_out_proj",
                 "Saves only the attention's output projection."),
-    _offload_names("qkv_proj_offloaded", ("query_proj", "value_proj", "key_proj"),
+    _offload_names("qkv_proj_offloaded",
                    "Offloads the query, key and value projections to pinned host memory; "
                    "everything else is recomputed."),
-    _offload_names("minimal_offloaded", _MINIMAL,
+    _offload_names("minimal_offloaded",
                    "minimal, but the projections go to pinned host memory instead of staying on "
                    "the device."),
 ]
