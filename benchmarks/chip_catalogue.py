@@ -13,12 +13,16 @@ line: ``name``, ``args`` (the ``run`` flags, without ``--target``), ``held_out``
   the median and quartiles of the lab's samples are the step;
 * ``deviceless`` (here, on the pinned stack): ``run --target tpu-v5e --json`` for the same flags:
   the peak, the flops, the predicted step and the bound;
+* ``recount``: each measured line's flops counted again from the chip's own program
+  (``chip/hlo/NAME.hlo.txt.gz``, kept by ``measure``) and XLA's cost on the chip, by the lab's
+  current counting (``costs.step_flops``); the count at the time is kept as ``flops_at_run``;
 * ``fit``: ``benchmarks/tpu_step_model.py``'s MXU efficiency fitted to the configurations not held
   out (their measured step against the deviceless prediction's kernel time); ``--write`` stores it
   in ``config/targets.json`` as the target's ``step_model``.
 
     python benchmarks/chip_catalogue.py measure --out /tmp/chip     # on the TPU VM
     python benchmarks/chip_catalogue.py deviceless --measured /tmp/chip/measured.jsonl
+    python benchmarks/chip_catalogue.py recount                       # after a counting fix
     python benchmarks/chip_catalogue.py report
 """
 
@@ -211,6 +215,28 @@ def measure(out: Path, only: list[str], repeats: int, warmup: int, limit_s: floa
         step = measured.get("step_s")
         print(f"{name}: {time.perf_counter() - t0:.1f} s, step {step}, "
               f"{measured.get('error', '')[-300:]}", flush=True)
+
+
+HLO = HERE / "chip" / "hlo"  # the chip's compiled programs, one NAME.hlo.txt.gz each (from measure)
+
+
+def recount() -> None:
+    """Each measured line's flops from its chip program (``HLO``) and XLA's cost on the chip, by
+    the current ``costs.step_flops``: a counting fix applies to the chip's figures as to the
+    deviceless ones (the measured program is the same text)."""
+    from remat_lab.analysis.costs import step_flops
+
+    rows, kernels = {r["name"]: r for r in _read(CATALOGUE)}, _kernels()
+    for name, row in rows.items():
+        m, path = row["measured"], HLO / f"{name}.hlo.txt.gz"
+        if "error" in m or not path.exists():
+            continue
+        with gzip.open(path, "rt") as f:
+            flops = step_flops(m["xla_cost"]["flops"], f.read())
+        m.setdefault("flops_at_run", m["flops"])
+        m["flops"] = flops
+        print(f"{name}: {m['flops_at_run']:.5e} -> {flops:.5e}", flush=True)
+    _write(rows, kernels)
 
 
 KERNELS = HERE / "chip" / "tpu-v5e-kernels.json.gz"
@@ -413,6 +439,7 @@ def main() -> int:
     d.add_argument("--measured", type=Path, required=True)
     d.add_argument("--target", default="tpu-v5e")
     d.add_argument("--only", default="")
+    sub.add_parser("recount")
     sub.add_parser("report")
     a = p.parse_args()
     only = [n for n in getattr(a, "only", "").split(",") if n]
@@ -423,6 +450,8 @@ def main() -> int:
         print(json.dumps(measure_one(a.name, args, a.out, a.repeats, a.warmup), default=float))
     elif a.command == "deviceless":
         deviceless(a.measured, a.target, only)
+    elif a.command == "recount":
+        recount()
     elif a.command == "fit":
         print(json.dumps(fit(a.target, a.write), indent=1))
     else:

@@ -7,7 +7,8 @@
 # seconds (a command on a lent chip may run 10 minutes). Uses the VM's own JAX and libtpu (the lab's
 # source runs on JAX 0.10 too) and installs the rest of what the lab imports into /tmp/site, after
 # the VM's JAX on PYTHONPATH; PIP_INDEX_URL (default: the lent chip's local index) says from where.
-# The measured lines go to OUT_DIR/measured.jsonl, each program's HLO to OUT_DIR/hlo.tar.
+# The measured lines go to OUT_DIR/measured.jsonl, each program's HLO to OUT_DIR/hlo.tar (unpacked
+# into benchmarks/chip/hlo/ here: `chip_catalogue.py recount` reads them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?OUT_DIR}
