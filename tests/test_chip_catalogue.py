@@ -5,7 +5,8 @@ the deviceless lines are this machine's compiles for ``--target tpu-v5e``. Both 
 the lab's counting, so a change to it that moves one and not the other fails."""
 
 import gzip
-import json
+import importlib.util
+import shlex
 from collections import Counter
 from pathlib import Path
 
@@ -14,14 +15,17 @@ import pytest
 from remat_lab.analysis.costs import step_flops
 from remat_lab.analysis.kernels import kernels_of
 
-CHIP = Path(__file__).resolve().parents[1] / "benchmarks" / "chip"
-ROWS = [json.loads(line) for line in (CHIP / "tpu-v5e.jsonl").read_text().splitlines() if line.strip()]
-MEASURED = [r for r in ROWS if "error" not in r["measured"] and (CHIP / "hlo" / f"{r['name']}.hlo.txt.gz").exists()]
-ROW = ("kind", "direction", "dtype", "precision", "flops", "bytes", "runs")
+_SPEC = importlib.util.spec_from_file_location(
+    "chip_catalogue", Path(__file__).resolve().parents[1] / "benchmarks" / "chip_catalogue.py")
+catalogue = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(catalogue)
+ROWS = catalogue._read(catalogue.CATALOGUE)
+MEASURED = [r for r in ROWS if "error" not in r["measured"]
+            and (catalogue.HLO / f"{r['name']}.hlo.txt.gz").exists()]
 
 
 def _chip_text(name: str) -> str:
-    with gzip.open(CHIP / "hlo" / f"{name}.hlo.txt.gz", "rt") as f:
+    with gzip.open(catalogue.HLO / f"{name}.hlo.txt.gz", "rt") as f:
         return f.read()
 
 
@@ -43,8 +47,7 @@ def test_the_chips_flops_are_its_program_counted_now_and_the_devicelesss(row):
 def test_the_deviceless_products_are_the_chips(row):
     """The matrix products of the deviceless compile (the kernels the step model prices) are the
     chip program's, kind by kind, within 0.1 % of their flops."""
-    with gzip.open(CHIP / "tpu-v5e-kernels.json.gz", "rt") as f:
-        stored = [dict(zip(ROW, k)) for k in json.load(f)[row["name"]]["kernels"]]
+    stored = [dict(zip(catalogue._ROW, k)) for k in catalogue._kernels()[row["name"]]["kernels"]]
 
     def flops(kernels) -> Counter:
         out = Counter()
@@ -57,3 +60,20 @@ def test_the_deviceless_products_are_the_chips(row):
     assert set(chip) == set(deviceless), (chip, deviceless)
     for key, value in chip.items():
         assert deviceless[key] == pytest.approx(value, rel=1e-3), key
+
+
+@pytest.mark.parametrize("row", [r for r in MEASURED if r["args"].startswith("--model mlp")],
+                         ids=lambda r: r["name"])
+def test_the_chips_mlp_products_are_the_hand_count(row):
+    """An MLP block is two ``width x width`` products: a step's products are ``2 x batch x width^2``
+    each, twice a layer, three times (forward, and the backward's two) or four with the forward
+    recomputed (nothing_saveable). The chip's program holds exactly that, and the deviceless step's
+    flops (its element-wise work too) are within 0.2 % over it."""
+    args = shlex.split(row["args"])
+    flag = {k: args[i + 1] for i, k in enumerate(args) if k.startswith("--") and i + 1 < len(args)}
+    b, w, layers = int(flag["--batch"]), int(flag["--width"]), int(flag["--depth"])
+    passes = 4 if flag["--policy"] == "nothing_saveable" else 3
+    hand = passes * 2 * (2 * b * w * w) * layers
+    chip = sum(k["flops"] * k["runs"] for k in kernels_of(_chip_text(row["name"])) if k["kind"] == "gemm")
+    assert chip == hand
+    assert hand <= row["deviceless"]["flops"] <= 1.002 * hand

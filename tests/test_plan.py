@@ -169,8 +169,9 @@ def test_a_plans_run_command_gives_its_configuration_and_its_figures(tiny_plan):
     planned = Family(top["mesh"], top["plan"], top["optimizer_offload"]).apply(
         RunConfig(**TINY), int(top["per_device_batch"]), top["microbatches"])
     # the command names the dtypes a training step uses ("" is "the compute dtype's" in the plan)
-    assert cfg.replace(repeats=planned.repeats, warmup=planned.warmup, objective=planned.objective) == planned.replace(
-        param_dtype=planned.param_dtype_used, optimizer_dtype=planned.optimizer_dtype_used)
+    named = planned.replace(param_dtype=planned.param_dtype_used,
+                            optimizer_dtype=planned.optimizer_dtype_used)
+    assert cfg.replace(repeats=planned.repeats, warmup=planned.warmup, objective=planned.objective) == named
     result = run_experiment(cfg, timing=False)
     assert result["memory"]["peak_bytes"] == top["peak_bytes"]
 
