@@ -99,3 +99,26 @@ def test_excess_flops_scale_both_programs_the_same_way(run):
     assert result["flops"] == pytest.approx(flops, rel=1e-9)
     assert result["baseline"]["flops"] == pytest.approx(base, rel=1e-9)
     assert result["hlo"]["excess_flops_vs_no_remat"] == pytest.approx(flops - base, rel=1e-9)
+
+
+
+def test_a_scanned_steps_bytes_are_its_loop_bodies_own_bytes_times_their_runs():
+    """Bytes accessed are scaled as the flops are: each loop body's own bytes (XLA's rules) by its
+    further runs. The truth: the lab's own count of the same text (``traffic``: every top-level
+    instruction's operands and result, times its computation's runs), independent of XLA's cost
+    analysis. The old rule (the program's bytes times the flops' ratio) misses it by far more.
+    (A scan moves more bytes than the same layers unrolled, its stacked buffers sliced and
+    updated, so an unrolled compile is no truth for bytes.)"""
+    from remat_lab.analysis import traffic
+    from remat_lab.analysis.costs import step_costs
+
+    cfg = RunConfig(model="transformer", width=64, batch=2, seq=32, heads=2, depth=3, stack="scan",
+                    policy="no_remat")
+    problem = build_problem(cfg)
+    compiled = jax.jit(make_step(problem)).lower(*problem.args).compile()
+    text, cost = compiled.as_text(), cost_of(compiled)
+    got = step_costs(compiled, text)["bytes_accessed"]
+    truth = traffic.traffic_of(text)["memory_bytes"]
+    assert got == pytest.approx(truth, rel=0.01)
+    by_ratio = cost["bytes_accessed"] * step_flops(cost["flops"], text) / cost["flops"]
+    assert abs(by_ratio / truth - 1) > 0.05

@@ -218,7 +218,7 @@ def time_interleaved(configs: list[RunConfig], docs: list[dict], *, calls: int |
     the bootstrap 95 % interval of the median, ``compare.median_interval``), and the fields derived
     from the median (``achieved_flops_per_s``, ``roofline``). Raises ``ExecutionError``.
     """
-    from remat_lab.analysis.costs import cost_of
+    from remat_lab.analysis.costs import step_costs
     from remat_lab.analysis.roofline import roofline_report
     from remat_lab.program.backend import xla_error
     from remat_lab.program.timing import MIN_WARMUP_S, step_time_summary, timing_slot
@@ -251,9 +251,8 @@ def time_interleaved(configs: list[RunConfig], docs: list[dict], *, calls: int |
                                            f"{compare.RESAMPLES} resamples of whole rounds")}
         flops = doc.get("flops")
         doc["achieved_flops_per_s"] = flops / med if flops and med else None
-        cost = cost_of(executables[str(i)][0])
-        scale = flops / cost["flops"] if flops and cost["flops"] else 1.0
-        bytes_accessed = cost["bytes_accessed"] * scale if cost["bytes_accessed"] else None
+        compiled = executables[str(i)][0]  # bytes accessed with each loop body's scaled by its runs
+        bytes_accessed = step_costs(compiled, compiled.as_text())["bytes_accessed"]
         doc["roofline"] = roofline_report(flops, bytes_accessed, med, configs[i].dtype)
 
 
