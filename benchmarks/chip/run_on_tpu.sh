@@ -12,22 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?OUT_DIR}
-index=${PIP_INDEX_URL:-file:///opt/pypi/simple}
-extra=()  # the lent chip's second local index, where it has one
-[ -z "${PIP_INDEX_URL:-}" ] && [ -d /opt/pypi-more/simple ] && extra=(--extra-index-url file:///opt/pypi-more/simple)
-# the Python that has the VM's JAX (a TPU VM may have several)
-py=python3
-for candidate in python3.11 python3; do
-  if command -v "$candidate" >/dev/null && "$candidate" -c 'import jax' 2>/dev/null; then py=$candidate; break; fi
-done
-site=/tmp/site
-if [ ! -d "$site/flax" ]; then
-  PIP_CONFIG_FILE=/dev/null "$py" -m pip install --isolated -q --only-binary=:all: \
-    --index-url "$index" "${extra[@]}" --target "$site" flax optax pandas rich pyyaml streamlit plotly
-fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/src:$site"
-export PYTHONUNBUFFERED=1
-"$py" -c 'import jax, sys; print(sys.version, jax.__version__, jax.devices())'
+source benchmarks/chip/setup_tpu.sh
 mkdir -p "$out/hlo"
 "$py" benchmarks/chip_catalogue.py measure --out "$out/hlo" ${2:+--only "$2"} --deadline-s "${3:-1e9}" \
   ${CHIP_IN_PROCESS:+--in-process} --repeats "${CHIP_REPEATS:-10}"

@@ -1,0 +1,160 @@
+"""Every command and page of the lab on the attached accelerator, one process: what each answered.
+
+    python benchmarks/chip_commands.py OUT.jsonl [--deadline-s S] [--only A,B]
+
+Each item is a CLI command (``remat_lab.cli.main``, in this process: a TPU process starts in ~20 s)
+or a page through Streamlit's AppTest, at configurations whose own program fits one v5e chip and
+which the lab once refused or killed (issue 63). One JSON line each, written as it finishes: the
+exit status, the wall time, the output's tail, and for pages the exceptions, errors and metrics.
+The Advisor's item runs ``run`` at the advised largest batch and one above it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT2 = "--preset gpt2-small --seq 1024"
+LLAMA = "--preset llama3.2-1b --seq 2048"
+LLM = "--model llm --width 1024 --depth 8 --heads 16 --seq 2048 --vocab 32000 --dtype bfloat16"
+
+# (name, argv): configurations the lab refused or killed on a v5e before (issue 63's list)
+COMMANDS = [
+    ("run_gpt2s_b16_nothing_train", f"run {GPT2} --batch 16 --policy nothing_saveable --step train"),
+    ("run_llama1b_b2_full_grad", f"run {LLAMA} --batch 2 --policy full"),
+    ("explain_llama1b_b1_qkv", f"explain {LLAMA} --batch 1 --policy save_qkv_proj"),
+    ("compare_gpt2s_b16_train", f"compare {GPT2} --batch 16 --step train "
+     "--policies nothing_saveable,minimal --repeats 3"),
+    ("sweep_llm_w1024_b4", "sweep --models llm --widths 1024 --depths 8 --seqs 2048 --batches 4 "
+     "--dtypes bfloat16 --heads 16 --policies minimal,no_remat --repeats 3 --out {out}/sweep.jsonl"),
+    ("synthesize_gpt2s_train", f"synthesize {GPT2} --step train --max-batch 64 --json"),
+    ("plan_local_gpt2s", f"plan {GPT2} --target local --target-devices 1 --top 1 --json"),
+]
+ADVISE = f"advise {GPT2} --step train --policies nothing_saveable --max-batch 64 --no-time --json"
+PAGE_PARAMS = {"preset": "gpt2-small", "seq": "1024", "batch": "16", "policy": "nothing_saveable",
+               "step": "train", "repeats": "3"}
+PAGES = [("pages/explore.py", PAGE_PARAMS), ("pages/compare.py", PAGE_PARAMS),
+         ("pages/1_inspect.py", PAGE_PARAMS), ("pages/advisor.py", {}), ("pages/synthesize.py", {}),
+         ("pages/plan.py", {}), ("pages/sweep.py", {}), ("app.py", {}), ("pages/begin.py", {}),
+         ("pages/results.py", {}), ("pages/history.py", {}), ("pages/targets.py", {}),
+         ("pages/published.py", {}), ("pages/guide.py", {})]
+
+
+class _Late(Exception):
+    pass
+
+
+def _alarm(_sig, _frame):
+    raise _Late()
+
+
+def cli(argv: str, limit_s: int) -> dict:
+    """``python -m remat_lab ARGV`` in this process: status, seconds, the output's last lines."""
+    from remat_lab.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    t0 = time.perf_counter()
+    signal.alarm(limit_s)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(argv.split())
+            except SystemExit as e:
+                rc = e.code
+    except _Late:
+        rc = f"over {limit_s} s"
+    except Exception as e:  # a traceback would be a bug in the lab: kept as the answer
+        rc = f"{type(e).__name__}: {str(e)[:500]}"
+    finally:
+        signal.alarm(0)
+    return {"argv": argv, "rc": rc, "wall_s": time.perf_counter() - t0,
+            "stdout": out.getvalue(), "stderr_tail": err.getvalue()[-2000:]}
+
+
+def page(path: str, params: dict, limit_s: int) -> dict:
+    """One page through AppTest with ``params`` in its URL."""
+    from streamlit.testing.v1 import AppTest
+
+    t0 = time.perf_counter()
+    at = AppTest.from_file(str(ROOT / path), default_timeout=limit_s)
+    for k, v in params.items():
+        at.query_params[k] = v
+    try:
+        at.run()
+        got = {"exceptions": [str(e.value)[:500] for e in at.exception],
+               "errors": [str(e.value)[:500] for e in at.error],
+               "warnings": [str(e.value)[:300] for e in at.warning],
+               "metrics": {m.label: m.value for m in at.metric},
+               "captions": [c.value[:300] for c in at.caption][:12]}
+    except Exception as e:
+        got = {"exceptions": [f"{type(e).__name__}: {str(e)[:500]}"]}
+    return {"page": path, "params": params, "wall_s": time.perf_counter() - t0, **got}
+
+
+def advisor_answer_runs(out: Path, limit_s: int) -> list[dict]:
+    """advise, then ``run`` at its largest batch (must run) and one above (the chip must refuse)."""
+    adv = cli(ADVISE, limit_s)
+    rows = [adv]
+    try:
+        doc = json.loads(adv["stdout"])
+        best = doc["rows"][0]
+    except (ValueError, KeyError, IndexError):
+        return rows
+    adv["stdout"] = json.dumps({"rows": [{k: r.get(k) for k in ("policy", "max_batch", "next_batch",
+                                "peak_bytes", "next_peak_bytes", "reason", "limited_by")}
+                                         for r in doc["rows"]], "budget_bytes": doc["budget_bytes"],
+                                "budget_source": doc["budget_source"]})
+    base = ADVISE.replace("advise", "run", 1).split(" --policies")[0] + f" --policy {best['policy']}"
+    for batch in (best["max_batch"], best["max_batch"] + 1):
+        rows.append(cli(f"{base} --batch {batch} --repeats 3", limit_s))
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--deadline-s", type=float, default=480)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--limit-s", type=int, default=150)
+    a = ap.parse_args()
+    import jax
+
+    signal.signal(signal.SIGALRM, _alarm)
+    only = set(filter(None, a.only.split(",")))
+    head = {"device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
+            "python": sys.version.split()[0], "date": datetime.date.today().isoformat()}
+    start = time.perf_counter()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def keep(name: str, rows) -> None:
+        with a.out.open("a") as f:
+            for r in rows if isinstance(rows, list) else [rows]:
+                f.write(json.dumps({"name": name, **head, **r}, default=str) + "\n")
+        last = rows[-1] if isinstance(rows, list) else rows
+        print(f"{name}: {last.get('rc', last.get('exceptions'))} in {last['wall_s']:.0f} s", flush=True)
+
+    items = [(n, lambda c=c: cli(c.format(out=a.out.parent), a.limit_s)) for n, c in COMMANDS[:2]]
+    items.append(("advise_gpt2s_train", lambda: advisor_answer_runs(a.out.parent, a.limit_s)))
+    items += [(n, lambda c=c: cli(c.format(out=a.out.parent), a.limit_s)) for n, c in COMMANDS[2:5]]
+    items += [(f"page_{Path(p).stem}", lambda p=p, q=q: page(p, q, a.limit_s)) for p, q in PAGES]
+    items += [(n, lambda c=c: cli(c.format(out=a.out.parent), a.limit_s)) for n, c in COMMANDS[5:]]
+    for name, fn in items:
+        if only and name not in only:
+            continue
+        if time.perf_counter() - start > a.deadline_s:
+            print(f"{name}: not started (past the {a.deadline_s:.0f} s deadline)", flush=True)
+            continue
+        keep(name, fn())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
