@@ -332,7 +332,7 @@ def fit(target_name: str, write: bool) -> dict:
     fitted = [r for r in rows if not r["held_out"]]
     loss = lambda e, h: sum(math.log(predicted(kernels[r["name"]], target, model(e, h))
                                      / r["measured"]["step_s"]) ** 2 for r in fitted)
-    grid = [(e / 100, h / 100) for e in range(30, 101) for h in range(50, 201, 5)]
+    grid = [(e / 100, h / 100) for e in range(30, 101) for h in range(50, 401, 5)]  # the optimum inside it
     mxu, hbm = min(grid, key=lambda p: loss(*p))
     out = {"target": target_name, "mxu_efficiency": mxu, "hbm_efficiency": hbm,
            "fitted_on": [r["name"] for r in fitted], "rows": []}
