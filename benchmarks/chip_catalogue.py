@@ -270,6 +270,7 @@ def deviceless(measured: Path, target: str, only: list[str]) -> None:
                                 found.get("traffic"))
             ks = [[r[k] for k in _ROW] for r in found["kernels"] or []]
             kernels[row["name"]] = {"kernels": ks, "bound_s": est["estimate_s"],
+                                    "compute_s": est.get("compute_s"),
                                     "transfers_s": (est.get("collectives_s") or 0.0)
                                     + (est.get("offload_s") or 0.0)}
             row["deviceless"] = {"jax": jax.__version__, "peak_bytes": found["peak_bytes"],
@@ -284,12 +285,14 @@ def deviceless(measured: Path, target: str, only: list[str]) -> None:
 
 def predicted(entry: dict, target, model: dict) -> float:
     """A program's step from its kernels at ``model``'s rates (``analysis/predict.py``'s model):
-    the kernels one after another, never under the transfers nor the roofline bound."""
+    the kernels one after another, never under the transfers nor the flops at the peak (the
+    roofline's compute term, ``compute_s``; kept since 2026-12-07: an entry without it is below its
+    kernels at any efficiency up to 1, the grid's)."""
     from remat_lab.analysis.predict import kernels_seconds
 
     rows = [dict(zip(_ROW, r)) for r in entry["kernels"]]
     return max(kernels_seconds(rows, target, model)["kernels_s"], entry["transfers_s"],
-               entry["bound_s"])
+               entry.get("compute_s") or 0.0)
 
 
 def _kernels() -> dict:

@@ -114,7 +114,9 @@ def run_view(doc: dict, key: str) -> None:
         st.caption(f"Compiled for {md(doc['target'].get('name'))} without the device: no step time "
                    "was measured, no gradients checked"
                    + (f"; predicted step time {human_seconds(pred)}" if pred else "")
-                   + (f"; roofline bound {human_seconds(est)} (a lower bound, not a measurement)."
+                   + (f"; roofline bound {human_seconds(est)} ("
+                      + ("over the prediction: its memory term counts bytes the chip keeps on chip"
+                         if pred and est > pred else "a lower bound, not a measurement") + ")."
                       if est else "."))
     if hlo.get("identical_to"):
         st.caption(f"Same compiled program as {safe_text.escape_markdown(hlo['identical_to'])}.")

@@ -200,14 +200,17 @@ def test_splash_kernels_are_priced_as_attention_on_a_tpu():
     counted = kernel_flops.kernel_flops(joined, hlo.executions(joined)[0])
     assert counted > 0 and sum(r["flops"] * r["runs"] for r in rows) == counted
     # XLA's bytes_accessed (the bound's memory term) counts more than the kernels read here: the
-    # prediction is then held to the bound, never under it
+    # prediction stays the kernels', never under the flops at the peak, and says the bound is over it
     t = get_target("tpu-v5e")
     cost = compiled.cost_analysis()
     bound = estimate_step(cost["flops"] + counted, cost["bytes accessed"], t, "bfloat16",
                           traffic_of(text))
     pred = predict_step(t, bound, text=text)
-    assert pred["predicted_s"] >= bound["estimate_s"] > 0
-    assert (pred["limited_by"] == "bound") == (pred["kernels_s"] < bound["estimate_s"])
+    assert pred["predicted_s"] >= bound["compute_s"] > 0
+    assert (pred["limited_by"] == "bound") == (pred["kernels_s"] < bound["compute_s"])
+    over = bound["estimate_s"] > pred["predicted_s"]
+    assert (pred["bound_note"] is not None) == over
+    assert ("is not a floor here" in pred["basis"]) == over
 
 
 def _tpu_model():
@@ -394,11 +397,9 @@ def test_the_v5e_step_model_is_its_chip_fit():
     """The v5e's step model is fitted on a lent v5e chip (``benchmarks/chip_catalogue.py fit``): the
     MXU efficiency and HBM factor that minimise the squared log error over the catalogue's lines not
     held out, recomputed here from the stored kernels (not pasted). The held-out lines are predicted
-    out of sample (2026-12-07, nine held out, nine fitted): six of the nine held out within 20 % of
-    their measured steps; three attention-heavy ones under it (0.75x to 0.78x: one MXU efficiency
-    prices every product, and the attention's batched products run slower than the MLP's). The
-    fitted ones 0.80x to 1.27x (gpt2-small's training step at batch 4: its roofline bound, XLA's
-    bytes accessed at the spec bandwidth, is over the measured step)."""
+    out of sample (2026-12-07, nine held out, nine fitted): eight of the nine held out within 20 % of
+    their measured steps, the ninth (an MLP, nothing_saveable) at 1.21x; the fitted ones 0.83x to
+    1.34x (a transformer's no_remat step at 1.34x)."""
     import importlib.util
 
     path = Path(__file__).parents[1] / "benchmarks" / "chip_catalogue.py"
@@ -412,5 +413,5 @@ def test_the_v5e_step_model_is_its_chip_fit():
     held = [r["predicted_over_measured"] for r in fit["rows"] if r["held_out"]]
     fitted = [r["predicted_over_measured"] for r in fit["rows"] if not r["held_out"]]
     assert len(held) >= 9 and len(fitted) >= 9
-    assert sum(0.8 <= r <= 1.2 for r in held) >= 6 and 0.74 <= min(held) and max(held) <= 1.2, held
-    assert all(0.8 <= r <= 1.27 for r in fitted), fitted
+    assert sum(0.8 <= r <= 1.2 for r in held) >= 8 and 0.8 <= min(held) and max(held) <= 1.22, held
+    assert all(0.8 <= r <= 1.34 for r in fitted), fitted

@@ -12,7 +12,11 @@ kernels between its start and done, the rest waited for) and host transfers besi
 a TPU collectives and host transfers run beside the kernels (as MaxText's runs overlapped them;
 ``benchmarks/tpu_step_model.py schedule`` shows the step as today's libtpu writes them): the step
 is the longer of the kernels and the transfers (the roofline's collective and offload terms). It is
-never shorter than the bound (``limited_by`` "bound" when the bound's bytes exceed the kernels').
+never shorter than the bound's compute term (the flops at the peak: ``limited_by`` "bound" when it
+exceeds the kernels'). The bound's memory term is no floor: XLA's bytes accessed count bytes the
+chip does not move (operands libtpu keeps in on-chip VMEM, an in-place update's whole buffer, a
+sliced read's whole operand), and on a v5e gpt2-small's training step at batch 4 ran in 0.79x of
+that term (``benchmarks/chip/tpu-v5e.jsonl``); a prediction under it says so (``bound_note``).
 
 * **GPU** (H100, H200): the fractions were measured on an H200 (their ``source``).
 * **TPU** (v5e, v5p, v6e): no TPU is lent here, so one MXU efficiency is fitted to one published
@@ -38,7 +42,7 @@ GPU_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM a
              "dtype's peak, cuDNN attention at {fwd:.0%} forward / {bwd:.0%} backward, every kernel "
              "no faster than its bytes at {hbm:.0%} of HBM bandwidth; each collective as XLA's "
              "schedule runs it (hidden behind the kernels between its start and done, the rest "
-             "waited for), host transfers beside them; never under the bound. Rates measured: "
+             "waited for), host transfers beside them; never under the flops at the peak. Rates measured: "
              "{source}")
 TPU_BASIS = ("no prediction for this TPU: libtpu's own cost model (optimal_seconds, shown as "
              "libtpu_optimal_s where the program's figure is meaningful) is far from MaxText's "
@@ -47,7 +51,7 @@ TPU_BASIS = ("no prediction for this TPU: libtpu's own cost model (optimal_secon
 TPU_FITTED_BASIS = ("predicted: the compiled program's kernels in sequence, each GEMM and splash "
                     "attention kernel at {mxu:.0%} of the bf16 peak, every kernel no faster than "
                     "its bytes at {hbm:.0%} of HBM bandwidth; collectives and host transfers "
-                    "beside them (the step is the longer of the two, never under the bound). "
+                    "beside them (the step is the longer of the two, never under the flops at the peak). "
                     "Rates {source}")
 NONE_BASIS = "no prediction for {name}: no measured kernel rates for it (only a lower bound)"
 
@@ -101,9 +105,10 @@ def basis(target: Target) -> str:
 
 def _kernel_model(rows: list[dict], target: Target, bound: dict, events: dict | None = None,
                   overlap: str = "") -> dict:
-    """The kernels and the transfers beside them; never under the bound, which can count more
-    bytes than the kernels read (XLA's ``bytes_accessed`` counts an in-place update's whole
-    buffer and a sliced read's whole operand): then the bound is the prediction, said so. On a
+    """The kernels and the transfers beside them; never under the bound's compute term (then the
+    bound is the prediction, said so). Its memory term may be over the kernels (XLA's
+    ``bytes_accessed`` counts an in-place update's whole buffer, a sliced read's whole operand and
+    operands kept in on-chip memory): the prediction stays the kernels', said so. On a
     GPU with the program's schedule (``schedule.events``), the collectives run as it lets them:
     the kernels plus the waits for what the schedule does not hide (``exposed_collectives_s``). On
     a TPU the collectives run beside the kernels, unless ``overlap`` (``COLLECTIVE_OVERLAPS``) says
@@ -121,23 +126,37 @@ def _kernel_model(rows: list[dict], target: Target, bound: dict, events: dict | 
         scheduled = {"exposed_collectives_s": found["exposed_s"],
                      "scheduled_collectives_s": found["collectives_s"]}
         kernels, beside = found["step_s"], offload + found["beside_s"]
-    floor = bound.get("estimate_s") or 0.0
+    floor = bound.get("compute_s") or 0.0  # the flops at the peak: no program runs faster
     limited = "kernels" if kernels >= beside else "transfers"
     if floor > max(kernels, beside):
         limited = "bound"
+    note = None
+    if (bound.get("estimate_s") or 0.0) > max(kernels, beside, floor):
+        note = (f"The roofline bound ({bound['estimate_s'] * 1e3:.4g} ms, {bound.get('bound')}-bound) is "
+                "over this prediction: its memory term is XLA's bytes accessed at the spec bandwidth, "
+                "which count bytes the chip does not move (operands kept in on-chip memory, an "
+                "in-place update's whole buffer); it is not a floor here.")
     said = "" if target.platform != "tpu" or beside_kinds is None else (
         f" Collectives (collective_overlap {overlap}): "
         + (f"{', '.join(k + 's' for k in beside_kinds)} beside the kernels, the rest" if beside_kinds
            else "every one") + " as libtpu's schedule writes it, the kernels waiting for each "
         "synchronous one (the run's libtpu flags overlap no others).")
     return {"predicted_s": max(kernels, beside, floor), **priced, **scheduled, "transfers_s": beside,
-            "limited_by": limited, "basis": basis(target) + said}
+            "limited_by": limited, "basis": _sentences(basis(target) + said, note),
+            "bound_note": note}
 
 
 def _tpu(optimal_s: float | None, loop_factor: float) -> dict:
     meaningful = optimal_s is not None and optimal_s > 0 and loop_factor == 1.0
     return {"predicted_s": None, "libtpu_optimal_s": optimal_s if meaningful else None,
             "libtpu_optimal_raw": optimal_s, "basis": TPU_BASIS}
+
+
+def _sentences(text: str, more: str | None) -> str:
+    """``text``, then ``more`` as its own sentence (``text`` may end without a full stop)."""
+    if not more:
+        return text
+    return f"{text}{'' if text.rstrip().endswith('.') else '.'} {more}"
 
 
 def predict_step(target: Target, bound: dict, *, text: str | None = None,

@@ -85,7 +85,10 @@ def _overhead(r: dict) -> str:
 def _estimated(r: dict) -> tuple[str, str]:
     """A target's step and examples/s cells: the prediction with the bound beside it, or the bound."""
     if r.get("estimate_kind") == "prediction":
-        bound = f" (≥ {ms(r['bound_s'])} bound)" if r.get("bound_s") else ""
+        bound = ""
+        if r.get("bound_s"):  # the roofline's memory term can be over the prediction (predict.py)
+            over = r["bound_s"] > r["estimate_s"]
+            bound = f" ({ms(r['bound_s'])} roofline, over it)" if over else f" (≥ {ms(r['bound_s'])} bound)"
         return (f"~{ms(r['estimate_s'])} (pred.){bound}",
                 f"~{sig(r.get('examples_per_s_estimate'))} (pred.)")
     return f"≥ {ms(r['estimate_s'])} (bound)", f"≤ {sig(r.get('examples_per_s_estimate'))} (bound)"
