@@ -160,7 +160,9 @@ if tgt:
                     + f"roofline bound {short_seconds(est['estimate_s']) if est.get('estimate_s') else 'n/a'}"
                     f" ({est.get('bound') or 'un'}-bound at {name}'s spec "
                     f"{short_flops(est.get('peak_flops_per_s') or 0)}FLOP/s, "
-                    f"{short_bytes(est.get('bandwidth_bytes_per_s') or 0)}/s: at least this)")
+                    f"{short_bytes(est.get('bandwidth_bytes_per_s') or 0)}/s: "
+                    + ("over the prediction: its memory term counts bytes the chip keeps on chip)"
+                       if pred and (est.get("estimate_s") or 0) > pred else "at least this)"))
     if mfu := mfu_text(timing):  # both counts of attention, each named
         row3[2].caption(f"MFU: {mfu}")
 else:
