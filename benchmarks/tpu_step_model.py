@@ -83,11 +83,12 @@ def _load(name: str) -> dict:
 
 
 def predicted(doc: dict, mxu: float) -> float:
-    """The run's step at MXU efficiency ``mxu`` (``analysis/predict.py``'s kernel model)."""
+    """The run's step at MXU efficiency ``mxu`` (``analysis/predict.py``'s kernel model: never under
+    the transfers nor the flops at the peak, the roofline's compute term)."""
     model = {"gemm_efficiency": mxu, "attention_forward_efficiency": mxu,
              "attention_backward_efficiency": mxu, "hbm_efficiency": HBM_EFFICIENCY}
     kernels = kernels_seconds(doc["kernels"], get_target(doc["target"]), model)["kernels_s"]
-    return max(kernels, doc["collectives_s"] + doc["offload_s"], doc["bound_s"])
+    return max(kernels, doc["collectives_s"] + doc["offload_s"], doc.get("compute_s") or 0.0)
 
 
 def fit(calibration: str) -> dict:
