@@ -38,7 +38,7 @@ COMMANDS = [
     ("synthesize_gpt2s_train", f"synthesize {GPT2} --step train --max-batch 64 --json"),
     ("plan_local_gpt2s", f"plan {GPT2} --target local --target-devices 1 --top 1 --json"),
 ]
-ADVISE = f"advise {GPT2} --step train --policies nothing_saveable --max-batch 64 --no-time --json"
+ADVISE = f"advise {GPT2} --step train --policies nothing_saveable --max-batch 256 --no-time --json"
 PAGE_PARAMS = {"preset": "gpt2-small", "seq": "1024", "batch": "16", "policy": "nothing_saveable",
                "step": "train", "repeats": "3"}
 PAGES = [("pages/explore.py", PAGE_PARAMS), ("pages/compare.py", PAGE_PARAMS),
