@@ -20,6 +20,7 @@ from __future__ import annotations
 from remat_lab.analysis import collectives, hlo, hlotext, kernel_flops, traffic
 
 _FREE = traffic.FREE
+_ASYNC_OPEN = traffic.ASYNC_OPEN
 
 
 def _fusion_products(module, op) -> tuple[float | None, str, str]:
@@ -59,7 +60,7 @@ def kernels_of(text: str) -> list[dict]:
     for comp in module.running():
         times = max(runs.get(comp, 1), 1)
         for op in module.comps[comp]:
-            if op.opcode in _FREE or op.opcode.endswith("-start"):
+            if op.opcode in _FREE or op.opcode.endswith(_ASYNC_OPEN):
                 continue
             target = hlotext.call_target(op.rest) if op.opcode == "custom-call" else ""
             if target == "AllocateBuffer":

@@ -55,7 +55,7 @@ def events(text: str, granules: list[int] | None = None) -> dict:
                 seq.append(["s" if op.opcode.endswith("-start") else "c", op.name])
             elif op.opcode.endswith("-done") and op.operands and op.operands[0] in found:
                 seq.append(["d", op.operands[0]])
-            elif op.opcode not in traffic.FREE and not op.opcode.endswith("-start"):
+            elif op.opcode not in traffic.FREE and not op.opcode.endswith(traffic.ASYNC_OPEN):
                 seq.append(["k", op.name])
         out.append([max(runs.get(comp, 1), 1), seq])
     return {"computations": out, "collectives": found}

@@ -30,6 +30,10 @@ import numpy as np
 from remat_lab.analysis import collectives, hlo, hlotext
 
 HOST_SPACE = "S(5)"  # pinned host memory on GPU and TPU
+# An async op's opening halves: its work is counted once, at its ``-done`` (from the op the done
+# reads: the start, or the last ``-update`` of a SparseCore gather, whose tuple result also holds
+# its operands: counted at the update and again at the done, a gather's bytes were counted 2.5 times)
+ASYNC_OPEN = ("-start", "-update")
 # An array type with its layout, where printed: ``f32[8,4096]{1,0:S(5)}``, ``bf16[8]{0:T(128)}``.
 _LAID_OUT = re.compile(hlotext.ARRAY.pattern + r"(\{[^{}]*\})?")
 # Instructions that move no data of their own.
@@ -194,7 +198,7 @@ def _memory(module: _Module, runs: dict[str, int]) -> dict:
     for comp in module.running():
         times = max(runs.get(comp, 1), 1)
         for op in module.comps[comp]:
-            if op.opcode in _FREE or op.opcode.endswith("-start"):
+            if op.opcode in _FREE or op.opcode.endswith(ASYNC_OPEN):
                 continue
             if op.opcode == "custom-call" and hlotext.call_target(op.rest) == "AllocateBuffer":
                 continue
