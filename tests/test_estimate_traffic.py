@@ -208,13 +208,13 @@ def test_every_target_has_a_sourced_host_link_and_interconnect():
     assert h100.interconnect_bytes_per_s == 1.5 * a100.interconnect_bytes_per_s
 
 
-_SPARSECORE_GATHER = '''HloModule m, entry_computation_layout={(bf16[1024,256]{1,0}, s32[4096]{0})->bf16[4096,256]{1,0}}
+_SPARSECORE_GATHER = '''HloModule m
 
 ENTRY %main (p0: bf16[1024,256], p1: s32[4096]) -> bf16[4096,256] {
   %p0 = bf16[1024,256]{1,0} parameter(0)
   %p1 = s32[4096]{0} parameter(1)
-  %s = ((), (), (s32[8]{0})) custom-call-start(), async_execution_thread="sparsecore", custom_call_target="gather"
-  %u = ((bf16[1024,256]{1,0}, s32[4096]{0}), bf16[4096,256]{1,0}, (s32[8]{0})) custom-call-update(%s, %p0, %p1)
+  %s = ((), (), (s32[8]{0})) custom-call-start(), async_execution_thread="sparsecore"
+  %u = ((bf16[1024,256]{1,0}, s32[4096]{0}), bf16[4096,256]{1,0}, (s32[8]{0})) custom-call-update(%s,%p0,%p1)
   ROOT %d = bf16[4096,256]{1,0} custom-call-done(%u)
 }
 '''
