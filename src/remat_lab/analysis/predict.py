@@ -19,9 +19,10 @@ sliced read's whole operand), and on a v5e gpt2-small's training step at batch 4
 that term (``benchmarks/chip/tpu-v5e.jsonl``); a prediction under it says so (``bound_note``).
 
 * **GPU** (H100, H200): the fractions were measured on an H200 (their ``source``).
-* **TPU** (v5e, v5p, v6e): no TPU is lent here, so one MXU efficiency is fitted to one published
-  run (MaxText's Llama 3.1 8B gold run on v6e-256) and held against the others out of sample
-  (``benchmarks/tpu_step_model.py``); HBM at libtpu's own 0.9 of the spec. libtpu's own cost
+* **TPU** (v5p, v6e): one MXU efficiency is fitted to one published run (MaxText's Llama 3.1 8B
+  gold run on v6e-256) and held against the others out of sample (``benchmarks/tpu_step_model.py``);
+  HBM at libtpu's own 0.9 of the spec. The v5e's MXU efficiency and HBM factor are fitted on a
+  lent v5e chip (``benchmarks/chip_catalogue.py fit``, half its catalogue held out). libtpu's own cost
   model (``optimal_seconds``) is read and shown (``libtpu_optimal_s``) but not used: it is far
   off (98.8 s against the 8B run's measured 4.55 s, read at one and two unrolled layers,
   ``studies/tpu_cost_model.py``) and negative for programs with loops (libtpu 0.0.52). On small
