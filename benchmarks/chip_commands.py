@@ -1,10 +1,13 @@
 """Every command and page of the lab on the attached accelerator, one process: what each answered.
 
-    python benchmarks/chip_commands.py OUT.jsonl [--deadline-s S] [--only A,B]
+    python benchmarks/chip_commands.py OUT.jsonl [--deadline-s S | --deadline-at EPOCH] [--only A,B]
+        [--part cli|pages]
 
 Each item is a CLI command (``remat_lab.cli.main``, in this process: a TPU process starts in ~20 s)
 or a page through Streamlit's AppTest, at configurations whose own program fits one v5e chip and
-which the lab once refused or killed (issue 63). One JSON line each, written as it finishes: the
+which the lab once refused or killed (issue 63). The pages run in a process of their own that never
+touches the chip (``--part pages``): a page's work runs in the app's worker process, which must be
+the one process holding it, as under ``streamlit run``. One JSON line each, written as it finishes: the
 exit status, the wall time, the output's tail, and for pages the exceptions, errors and metrics.
 The Advisor's item runs ``run`` at the advised largest batch and one above it.
 """
@@ -41,11 +44,12 @@ COMMANDS = [
 ADVISE = f"advise {GPT2} --step train --policies nothing_saveable --max-batch 256 --no-time --json"
 PAGE_PARAMS = {"preset": "gpt2-small", "seq": "1024", "batch": "16", "policy": "nothing_saveable",
                "step": "train", "repeats": "3"}
-PAGES = [("pages/explore.py", PAGE_PARAMS), ("pages/compare.py", PAGE_PARAMS),
-         ("pages/1_inspect.py", PAGE_PARAMS), ("pages/advisor.py", {}), ("pages/synthesize.py", {}),
-         ("pages/plan.py", {}), ("pages/sweep.py", {}), ("app.py", {}), ("pages/begin.py", {}),
-         ("pages/results.py", {}), ("pages/history.py", {}), ("pages/targets.py", {}),
-         ("pages/published.py", {}), ("pages/guide.py", {})]
+# the pages that run on load with the sidebar's default model first, gpt2-small's run last
+PAGES = [("app.py", {}), ("pages/compare.py", {}), ("pages/1_inspect.py", {}), ("pages/advisor.py", {}),
+         ("pages/synthesize.py", {}), ("pages/plan.py", {}), ("pages/sweep.py", {}),
+         ("pages/begin.py", {}), ("pages/results.py", {}), ("pages/history.py", {}),
+         ("pages/targets.py", {}), ("pages/published.py", {}), ("pages/guide.py", {}),
+         ("pages/explore.py", PAGE_PARAMS)]
 
 
 class _Late(Exception):
@@ -109,7 +113,7 @@ def advisor_answer_runs(out: Path, limit_s: int) -> list[dict]:
     except (ValueError, KeyError, IndexError):
         return rows
     adv["stdout"] = json.dumps({"rows": [{k: r.get(k) for k in ("policy", "max_batch", "next_batch",
-                                "peak_bytes", "next_peak_bytes", "reason", "limited_by")}
+                                "peak_bytes", "next_peak_bytes", "reason", "limited_by", "runs")}
                                          for r in doc["rows"]], "budget_bytes": doc["budget_bytes"],
                                 "budget_source": doc["budget_source"]})
     base = ADVISE.replace("advise", "run", 1).split(" --policies")[0] + f" --policy {best['policy']}"
@@ -122,16 +126,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--deadline-s", type=float, default=480)
+    ap.add_argument("--deadline-at", type=float, default=None, help="start nothing after this epoch")
+    ap.add_argument("--part", choices=("cli", "pages", "all"), default="all")
     ap.add_argument("--only", default="")
-    ap.add_argument("--limit-s", type=int, default=150)
+    ap.add_argument("--limit-s", type=int, default=300)
     a = ap.parse_args()
     import jax
 
     signal.signal(signal.SIGALRM, _alarm)
     only = set(filter(None, a.only.split(",")))
-    head = {"device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
+    # the pages' process leaves the chip to the app's worker: it never starts a backend
+    kind = jax.devices()[0].device_kind if a.part != "pages" else None
+    head = {"device_kind": kind, "jax": jax.__version__, "part": a.part,
             "python": sys.version.split()[0], "date": datetime.date.today().isoformat()}
-    start = time.perf_counter()
+    deadline = a.deadline_at if a.deadline_at is not None else time.time() + a.deadline_s
     a.out.parent.mkdir(parents=True, exist_ok=True)
 
     def keep(name: str, rows) -> None:
@@ -149,8 +157,10 @@ def main() -> int:
     for name, fn in items:
         if only and name not in only:
             continue
-        if time.perf_counter() - start > a.deadline_s:
-            print(f"{name}: not started (past the {a.deadline_s:.0f} s deadline)", flush=True)
+        if (name.startswith("page_")) != (a.part == "pages") and a.part != "all":
+            continue
+        if time.time() > deadline:
+            print(f"{name}: not started (past the deadline)", flush=True)
             continue
         keep(name, fn())
     return 0

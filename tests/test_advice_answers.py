@@ -173,3 +173,28 @@ def test_a_refusal_for_pinned_host_memory_is_said_as_the_hosts():
                           measure=curve)
     assert found["max_batch"] == 1 and "refuses batch 2 for pinned host memory" in found["reason"]
     assert "would need" not in found["reason"]
+
+
+def test_a_batch_the_runtime_refuses_is_the_refusal_and_the_search_goes_below_it():
+    """On a chip a compile can fit what the runtime then refuses (gpt2-small, batch 115, v5e): the
+    answer is the largest batch that compiles and runs, and the reason says the device refused."""
+    cfg = RunConfig(model="mlp", width=64, batch=1)
+    calls = []
+
+    def check(c):  # the runtime holds 10 % more than the compiled peak
+        calls.append(c.batch)
+        ok = 1.1 * (100 + 10 * c.batch) <= 400
+        return {"ran": ok, **({} if ok else {"error": "RESOURCE_EXHAUSTED: RuntimeProgramAllocationFailure"})}
+
+    found = largest_batch(cfg, budget=400, max_batch=64, measure=_curve(10, 100), check=check)
+    assert found["max_batch"] == 26 and found["next_batch"] == 27  # 1.1 x 360 = 396; 1.1 x 370 = 407
+    assert found["limited_by"] == "runtime" and "refused it when it ran" in found["reason"]
+    assert found["runs"][26]["ran"] and not found["runs"][27]["ran"]
+    assert 30 in calls  # the compile's answer was run first
+    plain = largest_batch(cfg, budget=400, max_batch=64, measure=_curve(10, 100),
+                          check=lambda c: {"ran": True})
+    assert plain["max_batch"] == 30 and plain["limited_by"] == "budget"
+    assert "ran once on the device" in plain["reason"]
+    none = largest_batch(cfg, budget=400, max_batch=64, measure=_curve(10, 100),
+                         check=lambda c: {"ran": False, "error": "RESOURCE_EXHAUSTED"})
+    assert none["max_batch"] == 0 and none["reason"].startswith("does not run even batch 1")

@@ -77,3 +77,18 @@ def test_fingerprint_ignores_names_and_metadata_but_not_the_program():
     assert hlo.fingerprint(a) == hlo.fingerprint(b)
     assert hlo.fingerprint(_compiled(lambda x: jnp.sin(x @ x).sum(), x)) != hlo.fingerprint(a)
     assert hlo.fingerprint(_compiled(lambda x: jnp.tanh(x @ x @ x).sum(), x)) != hlo.fingerprint(a)
+
+
+def test_the_bf16_upcast_note_is_xla_cpus_alone():
+    """A TPU runs float32 products as they are: the app's "bf16 products run in float32 on CPU"
+    read on a v5e (2026-12-08) was the CPU's note on another backend."""
+    from remat_lab.analysis.dissect import dissect
+    from remat_lab.config import RunConfig
+    from remat_lab.program.step import build_problem
+
+    problem = build_problem(RunConfig(model="mlp", width=16, batch=2, dtype="bfloat16"))
+    text = ("HloModule m\n%p = bf16[2,16] parameter(0)\n%d = f32[2,16]{1,0} dot(f32[2,16] %a, "
+            "f32[16,16] %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}")
+    assert hlo.upcasts_bf16_matmuls(text)  # a bf16 program whose products are all float32
+    assert dissect(problem, text, backend="cpu").compiled["bf16_upcast"]
+    assert not dissect(problem, text, backend="tpu").compiled["bf16_upcast"]

@@ -98,6 +98,7 @@ def dissect(problem: Problem, compiled_text: str, *,
     fwd_closed = jax.make_jaxpr(problem.loss)(leaves, x)
     arg_names = [*problem.paths, "x"]
     compiled = compare_compiled(compiled_text, flops, baseline)
+    compiled["bf16_upcast"] = compiled["bf16_upcast"] and backend == "cpu"  # XLA CPU's alone
     host_in_compiled = compiled["host_memory"]
     # Under a scan stack one body stands for every layer: its rows count ``depth`` times.
     scanned = depth > 1 and getattr(cfg, "stack", "loop") == "scan"

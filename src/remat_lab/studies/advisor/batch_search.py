@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from remat_lab.config import ConfigError, RunConfig, human_bytes
-from remat_lab.studies.advisor.search import MAX_BATCH, Progress, batch_unit, probe
+from remat_lab.studies.advisor.search import (
+    MAX_BATCH,
+    Progress,
+    batch_unit,
+    checks_runs,
+    probe,
+    runs_here,
+)
 
 
 def _interpolate(lo: int, p_lo: int, hi: int, p_hi: int, budget: int) -> int:
@@ -28,7 +35,8 @@ def intercept(found: dict) -> int | None:
 def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
                   max_batch: int = MAX_BATCH, progress: Progress | None = None,
                   measure: Callable[[RunConfig], dict] | None = None,
-                  base_bytes: int | None = None) -> dict:
+                  base_bytes: int | None = None,
+                  check: Callable[[RunConfig], dict] | None = None) -> dict:
     """The largest batch of ``config`` (its policy) whose compiled peak is at most ``budget``.
 
     The batch is searched per device and per microbatch: batch ``b`` is the global batch
@@ -49,8 +57,15 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     "limited_by", "margin_bytes", "xla_decided", "checked_above"}``: ``max_batch`` 0 when batch 1
     (per device) does not fit, ``next_batch`` None and ``limited_by`` "search_limit" when even
     ``max_batch`` (the lab's limit) fits: the answer is then a lower bound.
+
+    Locally on an accelerator (``search.checks_runs``; or given ``check``) the answer is also run
+    once (``search.runs_here``): where the runtime refuses what the compile fitted, that batch is
+    the refusal and the search bisects below it among batches that compile and run (``runs``:
+    ``{batch: check's answer}``; ``limited_by`` "runtime").
     """
     say = progress or (lambda message: None)
+    if check is None and measure is None and checks_runs(config):
+        check = runs_here
     measure = measure or probe  # ``probe`` (a compile); tests pass synthetic curves
     probes: dict[int, dict] = {}
     unit = batch_unit(config)
@@ -156,12 +171,52 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
         if lo < top:
             break
         hi = lo + 1 if lo + 1 in probes and not fits(lo + 1) else None  # else on up from lo
-    decided = bool(lo) and (_rewritten(probes.get(lo)) or _rewritten(probes.get(hi)))
+    ran: dict[int, dict] = {}
+
+    def runs(b: int) -> bool:
+        if b not in ran:
+            say(f"{config.policy}: running batch {b * unit} once on the device (its compile fits; "
+                "does the runtime take it?)")
+            ran[b] = check(config.replace(batch=b * unit))
+        return ran[b]["ran"]
+
+    refused_at_run = None
+    if check is not None and lo and not runs(lo):
+        # the runtime refused what the compile fitted: below it, the batches that compile and run
+        refused_at_run = hi = lo
+        below = sorted((b for b, v in probes.items() if b < lo and v["peak_bytes"] <= budget),
+                       reverse=True)
+        lo = 0
+        for b in below:
+            if runs(b):
+                lo = b
+                break
+            hi = b
+        while hi - lo > 1:
+            b = (lo + hi) // 2
+            if fits(b) and runs(b):
+                lo = b
+            else:
+                hi = b
+        refused_at_run = hi if hi in ran and not ran[hi]["ran"] else None
+    decided = (bool(lo) and refused_at_run is None
+               and (_rewritten(probes.get(lo)) or _rewritten(probes.get(hi))))
     rows = [{"batch": k * unit, "per_device_batch": k * config.microbatches,
              "peak_bytes": v["peak_bytes"], "fits": v["peak_bytes"] <= budget}
             for k, v in sorted(probes.items())]
     per = " per device" if rows_per_device > 1 else ""
-    if lo == 0 and probes[1].get("refused_memory") == "host":
+    if refused_at_run is not None:
+        measured = ran.get(lo, {}).get("measured_peak_bytes")
+        reason = "does not run even batch 1: "
+        if lo:
+            reason = (f"batch {lo * unit} peaks at {human_bytes(probes[lo]['peak_bytes'])}{per} and "
+                      "ran on the device" + (f" (the allocator measured {human_bytes(measured)})"
+                                             if measured else "") + "; ")
+        reason += (f"batch {hi * unit} compiles to {human_bytes(probes[hi]['peak_bytes'])}, under "
+                   f"the budget of {human_bytes(budget)}, but the device refused it when it ran: the "
+                   "runtime holds more than the compiled peak (on a TPU it reserves the temporaries "
+                   f"whole) ({ran[hi]['error'][:160]})")
+    elif lo == 0 and probes[1].get("refused_memory") == "host":
         reason = (f"does not fit even batch 1{per}: libtpu refuses it for pinned host memory (its "
                   f"offloaded tensors: {human_bytes(probes[1]['peak_bytes'])} a device)")
     elif lo == 0:
@@ -177,6 +232,8 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     else:
         reason = (f"batch {lo * unit} peaks at {human_bytes(probes[lo]['peak_bytes'])}{per}; batch "
                   f"{hi * unit} would need {human_bytes(probes[hi]['peak_bytes'])}")
+        if lo in ran:
+            reason += "; it ran once on the device"
     margin = budget - probes[lo]["peak_bytes"] if lo else None
     if decided:
         reason += (f"; XLA's own rematerialization pass decided it (it rewrote batch "
@@ -193,11 +250,13 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
         "probes": rows, "compiles": sum(not v["cached"] for v in probes.values()),
         "reason": reason,
         # what stopped the search: the memory budget, or its own largest batch (a lower bound)
-        "limited_by": "budget" if hi is not None else "search_limit",
+        "limited_by": ("runtime" if refused_at_run is not None else
+                       "budget" if hi is not None else "search_limit"),
         # the budget less the answer's peak; XLA's own pass rewrote the answer's or the refusal's
         # program (the batches above the refusal compiled: ``checked_above``)
         "margin_bytes": margin, "xla_decided": decided,
         "checked_above": [b * unit for b in above],
+        "runs": {b * unit: v for b, v in sorted(ran.items())},
     }
 
 
