@@ -198,3 +198,13 @@ def test_a_batch_the_runtime_refuses_is_the_refusal_and_the_search_goes_below_it
     none = largest_batch(cfg, budget=400, max_batch=64, measure=_curve(10, 100),
                          check=lambda c: {"ran": False, "error": "RESOURCE_EXHAUSTED"})
     assert none["max_batch"] == 0 and none["reason"].startswith("does not run even batch 1")
+
+
+def test_a_runtime_refusal_reads_as_one_in_the_advice_table():
+    rows = [{"policy": "nothing_saveable", "max_batch": 26, "peak_bytes": 360, "next_batch": 27,
+             "next_peak_bytes": 370, "limited_by": "runtime"},
+            {"policy": "minimal", "max_batch": 30, "peak_bytes": 400, "next_batch": 31,
+             "next_peak_bytes": 410, "limited_by": "budget"}]
+    shown = advice_display_frame({"budget_bytes": 400, "rows": rows})
+    assert list(shown["next batch (over by)"]) == ["27 (compiles to 370 B; refused when run)",
+                                                   "31 (+10 B)"]

@@ -74,6 +74,18 @@ def _batch(r: dict) -> str:
     return f"≥ {text} (the search's limit)" if r.get("limited_by") == "search_limit" else text
 
 
+def _next(r: dict, budget: int) -> str:
+    """The batch after the answer and what it is over the budget by; one the device refused when it
+    ran (its compile fitted: ``batch_search``'s runtime check) says so instead."""
+    nxt = r.get("next_batch")
+    if nxt is None or r.get("next_peak_bytes") is None:
+        return ""
+    if r.get("limited_by") == "runtime":
+        return f"{nxt} (compiles to {human_bytes(r['next_peak_bytes'])}; refused when run)"
+    at_least = "≥ " if r.get("limited_by") == "static_bytes" else ""
+    return f"{nxt} ({at_least}+{human_bytes(r['next_peak_bytes'] - budget)})"
+
+
 def _overhead(r: dict) -> str:
     """The recomputation share; split into the policy's and XLA's own where XLA's pass added some."""
     total, xla = _pct(r.get("recompute_overhead")), r.get("xla_recompute_overhead")
@@ -112,9 +124,7 @@ def advice_display_frame(doc: dict | None) -> pd.DataFrame:
         rows.append({
             "policy": r["policy"], "largest batch": _batch(r),
             "peak at it": "" if r.get("peak_bytes") is None else human_bytes(r["peak_bytes"]),
-            "next batch (over by)": ("" if nxt is None or r.get("next_peak_bytes") is None else
-                                     f"{nxt} ({'≥ ' if r.get('limited_by') == 'static_bytes' else ''}"
-                                     f"+{human_bytes(r['next_peak_bytes'] - budget)})"),
+            "next batch (over by)": _next(r, budget),
             "compiles": str(len(r.get("probes") or [])), "step time": step, "examples/s": rate,
             "95 % interval": f"{sig(ci[0])}–{sig(ci[1])}" if ci else "",
             "MFU": _pct(r.get("mfu")), "HFU": _pct(r.get("hfu")),

@@ -263,6 +263,7 @@ def runs_here(config: RunConfig) -> dict:
     compiled peak on 6 steps (benchmarks/chip). Out of memory at run time is ``ran`` False with the
     error; any other failure is raised."""
     with _RUNNING:
+        gc.collect()  # executables and buffers of earlier probes that only a collection frees
         problem, lowered = _lowered(config)
         try:
             compiled = lowered.compile()
