@@ -120,7 +120,6 @@ def advice_display_frame(doc: dict | None) -> pd.DataFrame:
         step, rate = ms(r.get("step_time_s")), sig(r.get("examples_per_s"))
         if not step and r.get("estimate_s"):
             step, rate = _estimated(r)
-        nxt = r.get("next_batch")
         rows.append({
             "policy": r["policy"], "largest batch": _batch(r),
             "peak at it": "" if r.get("peak_bytes") is None else human_bytes(r["peak_bytes"]),
