@@ -38,7 +38,9 @@ COMMANDS = [
      "--policies nothing_saveable,minimal --repeats 3"),
     ("sweep_llm_w1024_b4", "sweep --models llm --widths 1024 --depths 8 --seqs 2048 --batches 4 "
      "--dtypes bfloat16 --heads 16 --policies minimal,no_remat --repeats 3 --out {out}/sweep.jsonl"),
-    ("synthesize_gpt2s_train", f"synthesize {GPT2} --step train --max-batch 64 --json"),
+    # a small llm: gpt2-small's synthesis is 28 compiles of ~15 s each on a v5e (2026-12-08)
+    ("synthesize_llm_small_train", "synthesize --model llm --width 512 --depth 4 --heads 8 --seq 1024 "
+     "--vocab 32000 --dtype bfloat16 --step train --max-batch 512 --json"),
     ("plan_local_gpt2s", f"plan {GPT2} --target local --target-devices 1 --top 1 --json"),
 ]
 ADVISE = f"advise {GPT2} --step train --policies nothing_saveable --max-batch 256 --no-time --json"
