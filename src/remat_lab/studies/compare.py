@@ -12,7 +12,7 @@ from remat_lab.analysis import hlo
 from remat_lab.config import ConfigError, RunConfig, check_budget, human_bytes, human_seconds, resolve_budget
 from remat_lab.model.policies import POLICIES
 from remat_lab.program.backend import ExecutionError, device_memory_limit, environment, xla_error
-from remat_lab.program.step import build_problem, make_step
+from remat_lab.program.step import build_problem, make_step, release_other_models
 from remat_lab.program.timing import MIN_WARMUP_S, time_executable, timing_slot
 from remat_lab.studies.experiment import run_experiment
 from remat_lab.studies.progress import Tracker
@@ -189,6 +189,7 @@ def _policy_list(policies: Sequence[str] | None) -> list[str]:
 
 
 def _compile(config: RunConfig):
+    release_other_models(config)  # an earlier model's cached parameters off the device
     problem = build_problem(config)
     try:
         compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()

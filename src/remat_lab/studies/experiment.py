@@ -58,6 +58,7 @@ from remat_lab.program.step import (
     model_report,
     problem_for,
     program_args,
+    release_other_models,
 )
 from remat_lab.program.timing import (
     MIN_WARMUP_S,
@@ -106,6 +107,7 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
         check_budget(config, budget_bytes)
 
     progress("building")
+    release_other_models(config)  # on an accelerator: an earlier model's parameters off it
     problem = build_problem(config)
     step = jit_step(problem)  # on a mesh: explicit shardings (sharding.py)
     # no_remat's program and (on a CPU host) the reference, in threads; on an accelerator the

@@ -55,6 +55,7 @@ from remat_lab.program.step import (
     jit_program,
     logits_bytes,
     program_args,
+    release_other_models,
 )
 from remat_lab.program.tracing import trace_and_lower
 from remat_lab.studies.device_checks import allocator_before, allocator_report
@@ -264,6 +265,7 @@ def runs_here(config: RunConfig) -> dict:
     compiled peak on 6 steps (benchmarks/chip). Out of memory at run time is ``ran`` False with the
     error; any other failure is raised."""
     with _RUNNING:
+        release_other_models(config)  # an earlier model's cached parameters off the device
         gc.collect()  # executables and buffers of earlier probes that only a collection frees
         problem, lowered = _lowered(config)
         try:

@@ -36,7 +36,7 @@ from remat_lab.analysis.roofline import stated_peak
 from remat_lab.config import BUDGET_ENV, RunConfig, human_bytes, limits, resolve_budget
 from remat_lab.config.budget import COMPILE_WORKSPACE
 from remat_lab.program.backend import device_memory_limit, xla_error
-from remat_lab.program.step import abstract_problem, build_problem, make_step
+from remat_lab.program.step import abstract_problem, build_problem, make_step, release_other_models
 from remat_lab.program.timing import MIN_WARMUP_S, time_executable, timing_slot
 from remat_lab.studies.advisor.search import Progress
 from remat_lab.studies.compare import median_interval
@@ -252,6 +252,7 @@ def time_rows(rows: list[dict], configs: dict[str, RunConfig], server_budget, ti
         say(Step(f"compiling {p} at batch {r['max_batch']} for timing ({i} of {len(chosen)})", done=i - 1,
                  planned=len(chosen), unit="programs compiled for timing", item="program",
                  left_s=max(deadline - time.perf_counter(), 0.0), left_why="of the time budget"))
+        release_other_models(configs[p])  # an earlier model's cached parameters off the device
         problem = build_problem(configs[p].replace(batch=r["max_batch"]))
         try:
             compiled = jax.jit(make_step(problem)).trace(*problem.args).lower().compile()
