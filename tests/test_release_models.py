@@ -6,8 +6,9 @@ import gc
 import weakref
 
 from remat_lab.config import RunConfig
-from remat_lab.program import step
-from remat_lab.program.step import build_problem, release_other_models
+from remat_lab.program import model_cache
+from remat_lab.program.model_cache import release_other_models
+from remat_lab.program.step import build_problem
 
 A = RunConfig(model="mlp", width=32, depth=2, batch=4)
 B = RunConfig(model="mlp", width=48, depth=2, batch=4)
@@ -19,7 +20,7 @@ def _held(config: RunConfig) -> list[weakref.ref]:
 
 
 def test_another_models_parameters_leave_the_device_and_the_same_models_stay():
-    step._HELD.clear()
+    model_cache._HELD.clear()
     release_other_models(A, on_device=True)
     a = _held(A)
     gc.collect()

@@ -105,7 +105,6 @@ def run_experiment(config: RunConfig, *, budget: str | int | None = None, timing
     budget_bytes = resolve_budget(budget, device_limit)
     if device_limit is None:
         check_budget(config, budget_bytes)
-
     progress("building")
     release_other_models(config)  # on an accelerator: an earlier model's parameters off it
     problem = build_problem(config)
