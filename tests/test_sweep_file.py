@@ -35,7 +35,7 @@ def test_a_file_that_is_not_a_sweep_is_still_refused(tmp_path):
 def _hold(path, ready, release):
     f = sweep.claim(path)
     ready.set()
-    release.wait(30)
+    release.wait(300)
     f.close()
 
 
@@ -46,7 +46,7 @@ def test_a_second_sweep_on_the_same_file_is_refused(tmp_path):
     holder = ctx.Process(target=_hold, args=(str(path), ready, release))
     holder.start()
     try:
-        assert ready.wait(60)
+        assert ready.wait(300)  # a spawned interpreter's imports: over 60 s on 2 loaded cores
         with pytest.raises(sweep.SweepFileError, match="another sweep is writing to"):
             sweep.claim(path)
     finally:
