@@ -214,8 +214,8 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
                                              if measured else "") + "; ")
         reason += (f"batch {hi * unit} compiles to {human_bytes(probes[hi]['peak_bytes'])}, under "
                    f"the budget of {human_bytes(budget)}, but the device refused it when it ran: the "
-                   "runtime holds more than the compiled peak (on a TPU it reserves the temporaries "
-                   f"whole) ({ran[hi]['error'][:160]})")
+                   "device holds more than the compiled peak when it runs (the allocator's rounding, "
+                   f"other arrays) ({ran[hi]['error'][:160]})")
     elif lo == 0 and probes[1].get("refused_memory") == "host":
         reason = (f"does not fit even batch 1{per}: libtpu refuses it for pinned host memory (its "
                   f"offloaded tensors: {human_bytes(probes[1]['peak_bytes'])} a device)")

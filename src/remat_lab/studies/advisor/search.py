@@ -250,7 +250,7 @@ _RUNNING = threading.Lock()  # one runtime check on the device at a time (probes
 
 def checks_runs(config: RunConfig) -> bool:
     """Whether the search calls ``runs_here`` on its answer: locally on an accelerator, where the
-    runtime can refuse a program its compile fitted (a TPU reserves its temporaries whole)."""
+    runtime can refuse a program its compile fitted (the device holds more than the program)."""
     # (a test's stand-in configuration may have no target)
     return getattr(config, "target", None) == LOCAL and jax.default_backend() != "cpu"
 
@@ -259,11 +259,12 @@ def runs_here(config: RunConfig) -> dict:
     """``config.step``'s program compiled for this process's device and called once on zero-filled
     inputs: ``{"ran": bool, "error"?, "measured_peak_bytes"?, "exact"?}``.
 
-    A compile that fits is not yet a program that runs: on a TPU v5e (JAX 0.10.2), gpt2-small's
-    training step at batch 115 compiled to a 15.0 GiB peak, under the chip's 15.75 GiB, and the
-    runtime refused it ("RuntimeProgramAllocationFailure"); the allocator measured 1.00-1.09x the
-    compiled peak on 6 steps (benchmarks/chip). Out of memory at run time is ``ran`` False with the
-    error; any other failure is raised."""
+    A compile that fits is not yet a program that runs: the device also holds what the compile
+    does not see (this process's other arrays; the allocator's rounding: it measured 1.00-1.09x
+    the compiled peak on 6 steps of a v5e, benchmarks/chip). There gpt2-small's training step at
+    batch 115 compiled to 15.0 of the chip's 15.75 GiB and was refused when it ran
+    ("RuntimeProgramAllocationFailure") while an earlier model's parameters were still cached.
+    Out of memory at run time is ``ran`` False with the error; any other failure is raised."""
     with _RUNNING:
         release_other_models(config)  # an earlier model's cached parameters off the device
         gc.collect()  # executables and buffers of earlier probes that only a collection frees
