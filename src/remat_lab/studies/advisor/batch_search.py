@@ -64,7 +64,7 @@ def largest_batch(config: RunConfig, budget: int, *, guess: int | None = None,
     ``{batch: check's answer}``; ``limited_by`` "runtime").
     """
     say = progress or (lambda message: None)
-    if check is None and checks_runs(config):  # the Advisor's, the synthesizer's, the planner's
+    if check is None and checks_runs(config):  # the Advisor's and the synthesizer's searches
         check = runs_here
     measure = measure or probe  # ``probe`` (a compile); tests pass synthetic curves
     probes: dict[int, dict] = {}
